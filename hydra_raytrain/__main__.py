@@ -1,0 +1,3 @@
+from hydra_raytrain.cli import main
+
+main()

@@ -1,0 +1,9 @@
+"""Config: typed schemas for the framework's own settings, and driver-side validation of the whole config."""
+
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.schema import register_configs
+from hydra_raytrain.config.validate import validate
+
+register_configs()
+
+__all__ = ["ConfigError", "validate"]

@@ -1,0 +1,184 @@
+"""Typed schemas of the framework's own settings, registered in Hydra's ConfigStore.
+
+Hydra type-checks every override against these dataclasses while composing (``scaling.num_workers=two`` and
+``trainer.max_epoch=3`` fail there). Range checks live in ``__post_init__``, which runs when
+:func:`hydra_raytrain.config.validate.validate` turns the composed config into objects.
+
+Models, datasets, optimizers, schedulers and tasks stay free-form ``_target_`` nodes; they are checked
+against their callables' signatures instead. Names follow Ray's and PyTorch's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from hydra_raytrain.config.errors import ConfigError
+
+
+def _at_least(key: str, value: Optional[float], low: float) -> None:
+    if value is not None and value < low:
+        raise ConfigError(key, value, f"must be >= {low}.")
+
+
+@dataclass
+class ScalingConfig:
+    """Maps onto ``ray.train.ScalingConfig``. ``num_workers=0`` runs Ray Train's local mode (no Ray, one process)."""
+
+    num_workers: int = 2
+    use_gpu: bool = False
+    resources_per_worker: Optional[Dict[str, float]] = None  # None: {"CPU": 1} (or {"GPU": 1} with use_gpu)
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        _at_least("scaling.num_workers", self.num_workers, 0)
+        strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+        if self.placement_strategy not in strategies:
+            raise ConfigError("scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies))
+        for name, amount in (self.resources_per_worker or {}).items():
+            _at_least(f"scaling.resources_per_worker.{name}", amount, 0)
+
+
+@dataclass
+class StorageConfig:
+    """Where Ray keeps the run's results and checkpoints (``RunConfig(storage_path, name)``)."""
+
+    path: Optional[str] = None  # None: <run dir>/ray_storage. A shared path or URI (s3://...) on multi-node clusters.
+    name: Optional[str] = None  # None: derived from the config, so identical configs share it and others never do.
+
+
+@dataclass
+class FailureConfig:
+    """Maps onto ``ray.train.FailureConfig``. Ray's default controller limit (-1) retries forever; ours is finite."""
+
+    max_failures: int = 0
+    controller_failure_limit: int = 3
+
+    def __post_init__(self) -> None:
+        _at_least("failure.max_failures", self.max_failures, -1)
+        _at_least("failure.controller_failure_limit", self.controller_failure_limit, 0)
+
+
+@dataclass
+class CheckpointConfig:
+    """Maps onto ``ray.train.CheckpointConfig``. This version checkpoints the final weights at the end of training."""
+
+    num_to_keep: Optional[int] = None
+    checkpoint_score_attribute: Optional[str] = None  # a reported metric, e.g. val_accuracy
+    checkpoint_score_order: str = "max"
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.num_to_keep", self.num_to_keep, 1)
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ConfigError("checkpoint.checkpoint_score_order", self.checkpoint_score_order, "unknown order.", "max, min")
+
+
+@dataclass
+class DataLoaderConfig:
+    """``torch.utils.data.DataLoader`` options, honoured as given (we do not let Ray rebuild the loader)."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _at_least("trainer.dataloader.num_workers", self.num_workers, 0)
+        _at_least("trainer.dataloader.prefetch_factor", self.prefetch_factor, 1)
+        if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
+            raise ConfigError(
+                "trainer.dataloader.num_workers", 0,
+                "persistent_workers and prefetch_factor need loader worker processes.",
+                "set trainer.dataloader.num_workers >= 1, or leave persistent_workers=false and prefetch_factor=null.",
+            )
+
+
+@dataclass
+class TrainerConfig:
+    """The loop's settings. ``batch_size`` is global (split evenly across workers, like RaySGD's BATCH_SIZE);
+    ``batch_size_per_worker`` is the alternative (then the global size grows with the workers)."""
+
+    max_epochs: int = 10
+    seed: int = 0
+    batch_size: Optional[int] = 64
+    batch_size_per_worker: Optional[int] = None
+    val_batch_size_per_worker: Optional[int] = None  # None: the training batch size per worker
+    limit_train_batches: Optional[int] = None  # per worker and epoch; for smoke tests
+    limit_val_batches: Optional[int] = None
+    monitor: Optional[str] = None  # metric that picks the best epoch; None: the task's default
+    monitor_mode: Optional[str] = None  # "max" or "min"; None: the task's default
+    dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
+
+    def __post_init__(self) -> None:
+        _at_least("trainer.max_epochs", self.max_epochs, 1)
+        _at_least("trainer.batch_size", self.batch_size, 1)
+        _at_least("trainer.batch_size_per_worker", self.batch_size_per_worker, 1)
+        _at_least("trainer.val_batch_size_per_worker", self.val_batch_size_per_worker, 1)
+        _at_least("trainer.limit_train_batches", self.limit_train_batches, 1)
+        _at_least("trainer.limit_val_batches", self.limit_val_batches, 1)
+        if (self.batch_size is None) == (self.batch_size_per_worker is None):
+            raise ConfigError(
+                "trainer.batch_size", self.batch_size,
+                f"set exactly one of trainer.batch_size (global) and trainer.batch_size_per_worker "
+                f"(now {self.batch_size_per_worker!r}).",
+                "e.g. trainer.batch_size=64 trainer.batch_size_per_worker=null",
+            )
+        if self.monitor_mode not in (None, "max", "min"):
+            raise ConfigError("trainer.monitor_mode", self.monitor_mode, "unknown mode.", "max, min")
+
+
+@dataclass
+class SchedulerConfig:
+    """``lr_scheduler`` is a ``_partial_`` node called with the optimizer; ``interval`` says when it steps."""
+
+    interval: str = "epoch"  # "epoch" or "step" (after every optimizer step)
+    lr_scheduler: Any = None
+
+    def __post_init__(self) -> None:
+        if self.interval not in ("epoch", "step"):
+            raise ConfigError("scheduler.interval", self.interval, "unknown interval.", "epoch, step")
+
+
+@dataclass
+class RayConfig:
+    """How the driver reaches Ray. Without ``address`` a local cluster starts, sized for the run (see README)."""
+
+    address: Optional[str] = None  # "auto" or "host:port" of an existing cluster
+    num_cpus: Optional[int] = None  # logical CPUs of a local cluster; None: max(cores, what the run asks)
+    max_cpu_oversubscription: float = 4.0  # a local cluster may promise at most this many CPUs per core
+    include_dashboard: Optional[bool] = None  # None: Ray decides (on with ray[default]; the state API needs it)
+    runtime_env: Dict[str, Any] = field(default_factory=dict)  # passed to ray.init (py_modules, env_vars, ...)
+    logging_level: str = "WARNING"
+
+    def __post_init__(self) -> None:
+        _at_least("ray.num_cpus", self.num_cpus, 1)
+        _at_least("ray.max_cpu_oversubscription", self.max_cpu_oversubscription, 1)
+
+
+@dataclass
+class TrainConfig:
+    """The root: free-form component nodes plus the typed framework settings."""
+
+    model: Any = MISSING
+    dataset: Any = MISSING
+    optimizer: Any = MISSING
+    task: Any = MISSING
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: Dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+# The typed sections, in the order validation reports them.
+TYPED_SECTIONS = ("scaling", "storage", "failure", "checkpoint", "trainer", "scheduler", "ray")
+
+
+def register_configs() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

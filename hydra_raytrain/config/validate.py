@@ -1,0 +1,125 @@
+"""Everything that can be checked on the driver, checked before any worker starts.
+
+``validate(cfg, cwd)`` returns the config resolved to a plain dict with absolute paths: what workers receive
+(they run in Ray's session folder, where relative paths and ``${hydra:...}`` mean nothing).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import typing
+from typing import Any, Callable, Dict
+
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+from hydra_raytrain.config.errors import ConfigError, did_you_mean
+from hydra_raytrain.config.paths import PathArg
+from hydra_raytrain.config.schema import TYPED_SECTIONS
+
+# The free-form component nodes, each a `_target_` node (or a tree holding some).
+COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger")
+HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
+
+
+def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
+    for section in TYPED_SECTIONS:
+        OmegaConf.to_object(cfg[section])  # runs each schema's __post_init__ range checks
+    resolved = resolve(cfg)
+    for section in COMPONENT_SECTIONS:
+        check_targets(section, resolved[section], cwd)
+    if resolved["storage"]["path"]:
+        resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
+    from hydra_raytrain.recipe.loaders import per_worker_batch_size
+
+    trainer = resolved["trainer"]
+    per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], max(1, resolved["scaling"]["num_workers"]))
+    return resolved
+
+
+def resolve(cfg: DictConfig) -> Dict[str, Any]:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as error:
+        raise ConfigError(error.full_key, "???", "is required and has no value.", f"set it: {error.full_key}=VALUE") from None
+    except InterpolationResolutionError as error:
+        raise ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg}") from None
+
+
+def check_targets(key: str, node: Any, cwd: str) -> None:
+    """Every `_target_` in the tree imports and accepts its arguments; path arguments become absolute."""
+    if isinstance(node, dict):
+        if "_target_" in node:
+            check_call(key, node, cwd)
+        for name, value in node.items():
+            if name not in HYDRA_KEYS:
+                check_targets(f"{key}.{name}", value, cwd)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            check_targets(f"{key}[{index}]", value, cwd)
+
+
+def locate(key: str, path: str) -> Callable:
+    try:
+        return get_object(path)
+    except Exception as error:  # Hydra raises ImportError or ValueError with a multi-line story
+        module_name, _, attribute = str(path).rpartition(".")
+        hint = ""
+        try:
+            module = importlib.import_module(module_name)
+            hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
+        except Exception:
+            pass
+        reason = str(error).strip().splitlines()[0]
+        raise ConfigError(
+            f"{key}._target_", path, f"cannot be imported{hint}: {reason}",
+            "the dotted path of an importable class or function, e.g. torch.optim.SGD.",
+        ) from None
+
+
+def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
+    target = locate(key, node["_target_"])
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # some builtins have no signature to check against
+        return
+    kwargs = {name: value for name, value in node.items() if name not in HYDRA_KEYS}
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepted = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    for name, value in kwargs.items():
+        if name not in params and not takes_any:
+            raise ConfigError(
+                f"{key}.{name}", value, f"{node['_target_']} has no argument {name!r}{did_you_mean(name, accepted)}.",
+                ", ".join(accepted) or "(no arguments)",
+            )
+    bind = signature.bind_partial if node.get("_partial_") else signature.bind
+    try:
+        bind(*node.get("_args_", []), **kwargs)
+    except TypeError as error:
+        raise ConfigError(key, node["_target_"], f"its arguments do not fit: {error}.", f"arguments of {node['_target_']}: {', '.join(accepted)}") from None
+    _check_paths(key, target, node, cwd)
+
+
+def _check_paths(key: str, target: Callable, node: Dict[str, Any], cwd: str) -> None:
+    try:
+        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
+    except Exception:
+        return
+    for name, hint in hints.items():
+        markers = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, PathArg)]
+        if not markers or not isinstance(node.get(name), str):
+            continue
+        node[name] = absolute(node[name], cwd)
+        if markers[0].must_exist and not os.path.isdir(node[name]):
+            raise ConfigError(f"{key}.{name}", node[name], "no such folder.", "the path of an existing folder.")
+
+
+def absolute(path: str, cwd: str) -> str:
+    """Local paths become absolute against the driver's cwd; URIs (s3://...) stay as they are."""
+    if "://" in path:
+        return path
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))

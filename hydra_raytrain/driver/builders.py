@@ -1,0 +1,65 @@
+"""Pure functions from our config to Ray Train's own config objects (unit-tested without a cluster)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping, Optional, Sequence
+
+from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+# Keys that cannot change what is learned: leaving them out of the run's identity lets the same run be
+# found again when only these differ (e.g. a tracker switched on, a cluster address).
+NON_RESULT_KEYS = ("logger", "ray", "storage")
+
+
+def scaling_config(scaling: Mapping[str, Any]) -> ScalingConfig:
+    return ScalingConfig(
+        num_workers=scaling["num_workers"],
+        use_gpu=scaling["use_gpu"],
+        resources_per_worker=dict(scaling["resources_per_worker"]) if scaling["resources_per_worker"] else None,
+        placement_strategy=scaling["placement_strategy"],
+    )
+
+
+def failure_config(failure: Mapping[str, Any]) -> FailureConfig:
+    return FailureConfig(
+        max_failures=failure["max_failures"],
+        controller_failure_limit=failure["controller_failure_limit"],
+    )
+
+
+def checkpoint_config(checkpoint: Mapping[str, Any]) -> CheckpointConfig:
+    return CheckpointConfig(
+        num_to_keep=checkpoint["num_to_keep"],
+        checkpoint_score_attribute=checkpoint["checkpoint_score_attribute"],
+        checkpoint_score_order=checkpoint["checkpoint_score_order"],
+    )
+
+
+def run_name(cfg: Mapping[str, Any]) -> str:
+    """A deterministic name: the same resolved config gives the same name, any result-changing key a new one."""
+    if cfg["storage"]["name"]:
+        return cfg["storage"]["name"]
+    identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    model = str(cfg["model"].get("arch") or cfg["model"]["_target_"].rsplit(".", 1)[-1]).lower()
+    dataset = str(cfg["dataset"].get("name") or cfg["dataset"]["_target_"].rsplit(".", 1)[-1]).lower()
+    return f"{model}-{dataset}-{digest}"
+
+
+def run_config(
+    cfg: Mapping[str, Any],
+    storage_path: str,
+    callbacks: Optional[Sequence[Any]] = None,
+    worker_env: Optional[Mapping[str, str]] = None,
+) -> RunConfig:
+    return RunConfig(
+        name=run_name(cfg),
+        storage_path=storage_path,
+        failure_config=failure_config(cfg["failure"]),
+        checkpoint_config=checkpoint_config(cfg["checkpoint"]),
+        callbacks=list(callbacks or []),
+        worker_runtime_env={"env_vars": dict(worker_env)} if worker_env else None,
+        logging_config=LoggingConfig(log_level=cfg["ray"]["logging_level"]),
+    )

@@ -1,0 +1,116 @@
+"""Reaching Ray: start a local cluster sized for the run, or connect to one; refuse what cannot be served.
+
+How a local cluster is sized: Ray schedules by *logical* resources. A run asking for more CPUs than the
+machine has cores (4 workers x 1 CPU on 2 cores) gets a local cluster that promises that many CPUs, so the
+workers share the cores (each worker keeps one compute thread, so they interleave rather than thrash). The
+promise is capped at ``ray.max_cpu_oversubscription`` CPUs per core (4 by default), and the workers' memory
+must fit in what the machine has free: past either, the run is refused before Ray starts.
+An existing cluster (``ray.address``) is never oversubscribed: the run must fit its total resources.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping
+
+import ray
+
+from hydra_raytrain.config.errors import ConfigError
+
+# A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
+WORKER_MEMORY_BYTES = 700 * 2**20
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    num_workers: int
+    per_worker: Dict[str, float]
+
+    @property
+    def total(self) -> Dict[str, float]:
+        return {name: amount * self.num_workers for name, amount in self.per_worker.items() if amount}
+
+    def describe(self) -> str:
+        each = ", ".join(f"{amount:g} {name}" for name, amount in self.per_worker.items() if amount)
+        return f"{self.num_workers} workers x {{{each}}}"
+
+
+def resource_request(scaling: Mapping[str, Any]) -> ResourceRequest:
+    """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
+    from hydra_raytrain.driver.builders import scaling_config
+
+    per_worker = scaling_config(scaling)._resources_per_worker_not_none
+    return ResourceRequest(scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()})
+
+
+def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_cfg: Mapping[str, Any]) -> int:
+    """How many logical CPUs a new local cluster gets, or a ConfigError when the machine cannot serve the run."""
+    wanted = request.total.get("CPU", 0.0)
+    limit = int(cores * ray_cfg["max_cpu_oversubscription"])
+    if wanted > limit:
+        raise ConfigError(
+            "scaling.num_workers", request.num_workers,
+            f"{request.describe()} needs {wanted:g} CPUs; this machine has {cores} cores and a local cluster "
+            f"promises at most {limit} (ray.max_cpu_oversubscription={ray_cfg['max_cpu_oversubscription']:g} per core).",
+            f"scaling.num_workers <= {limit // max(1, int(request.per_worker.get('CPU', 1)))}, fewer CPUs in "
+            f"scaling.resources_per_worker, or a bigger cluster via ray.address=HOST:PORT.",
+        )
+    memory = request.num_workers * WORKER_MEMORY_BYTES
+    if memory > free_memory:
+        most = max(0, free_memory // WORKER_MEMORY_BYTES)
+        raise ConfigError(
+            "scaling.num_workers", request.num_workers,
+            f"{request.num_workers} worker processes need about {memory / 2**30:.1f} GiB; this machine has "
+            f"{free_memory / 2**30:.1f} GiB free.",
+            f"scaling.num_workers <= {most}, or a bigger cluster via ray.address=HOST:PORT.",
+        )
+    planned = ray_cfg["num_cpus"] or max(cores, int(-(-wanted // 1)))
+    if planned < wanted:
+        raise ConfigError("ray.num_cpus", ray_cfg["num_cpus"], f"{request.describe()} needs {wanted:g} CPUs.", f">= {wanted:g}")
+    return planned
+
+
+def check_fits(request: ResourceRequest, available: Mapping[str, float], where: str) -> None:
+    """Refuse a run whose workers can never be placed, instead of letting Ray wait for them forever."""
+    for name, amount in request.total.items():
+        have = float(available.get(name, 0.0))
+        if amount > have:
+            key = "scaling.use_gpu" if name == "GPU" else "scaling.num_workers"
+            value = True if name == "GPU" else request.num_workers
+            raise ConfigError(
+                key, value,
+                f"{request.describe()} needs {amount:g} {name}; {where} has {have:g}.",
+                "a request within those resources (scaling.num_workers, scaling.resources_per_worker"
+                + (", scaling.use_gpu=false" if name == "GPU" else "") + "), or another cluster via ray.address.",
+            )
+
+
+def local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def free_memory_bytes() -> int:
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
+    """Start or join Ray, then check the run fits. A Ray already initialised in this process is reused
+    (notebooks, tests, and every job of a sequential multirun share one cluster)."""
+    if ray.is_initialized():
+        check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
+        return
+    common = dict(runtime_env=dict(ray_cfg["runtime_env"]) or None, logging_level=ray_cfg["logging_level"], include_dashboard=ray_cfg["include_dashboard"])
+    if ray_cfg["address"]:
+        ray.init(address=ray_cfg["address"], **common)
+        check_fits(request, ray.cluster_resources(), f"the cluster at ray.address={ray_cfg['address']}")
+        return
+    gpus = local_gpu_count()
+    if request.total.get("GPU"):
+        check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": gpus}, "this machine")
+    num_cpus = plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)

@@ -1,0 +1,87 @@
+"""The run dir's files (the output contract in README): metrics.jsonl, summary.json, model.pt."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+from ray.train import UserCallback
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+MODEL_FILE = "model.pt"
+
+
+class EpochLog(UserCallback):
+    """Appends each epoch's metrics to ``metrics.jsonl`` as they arrive and prints one line per epoch.
+
+    Runs on Ray Train's controller, which Ray places on the driver's node, so the run dir is reachable.
+    Every rank reports the same all-reduced metrics; rank 0's are written.
+    """
+
+    def __init__(self, run_dir: str, max_epochs: int):
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        self.max_epochs = max_epochs
+
+    def after_report(self, run_context, metrics: List[Dict[str, Any]], checkpoint) -> None:
+        self.write(metrics[0])
+
+    def write(self, metrics: Dict[str, Any]) -> None:
+        with open(self.path, "a") as file:
+            file.write(json.dumps(metrics) + "\n")
+        print(format_epoch(metrics, self.max_epochs), flush=True)
+
+
+def format_epoch(metrics: Dict[str, Any], max_epochs: int) -> str:
+    shown = [f"epoch {metrics['epoch']}/{max_epochs}"]
+    for name, value in metrics.items():
+        if name.startswith(("train_", "val_")):
+            shown.append(f"{name} {value:.4f}")
+    shown.append(f"{metrics['samples_per_second']:.0f} samples/s  {metrics['epoch_seconds']:.1f}s")
+    return "  ".join(shown)
+
+
+def read_history(run_dir: str) -> List[Dict[str, Any]]:
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        return [json.loads(line) for line in file if line.strip()]
+
+
+def best_epoch(history: List[Dict[str, Any]], monitor: str, mode: str) -> Optional[Dict[str, Any]]:
+    """The epoch whose ``monitor`` is best (first one on ties); NaNs never win."""
+    scored = [m for m in history if isinstance(m.get(monitor), (int, float)) and not math.isnan(m[monitor])]
+    if not scored:
+        return None
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda m: m[monitor])
+
+
+def make_summary(
+    status: str, history: List[Dict[str, Any]], monitor: str, mode: str, run_dir: str, storage: str, wall_seconds: float, error: Optional[str] = None
+) -> Dict[str, Any]:
+    summary: Dict[str, Any] = {
+        "status": status,
+        "epochs_completed": len(history),
+        "final": history[-1] if history else {},
+        "best": best_epoch(history, monitor, mode) or {},
+        "monitor": monitor,
+        "monitor_mode": mode,
+        "wall_seconds": round(wall_seconds, 3),
+        "run_dir": run_dir,
+        "storage": storage,
+    }
+    if error:
+        summary["error"] = error
+    return summary
+
+
+def write_json(path: str, payload: Dict[str, Any]) -> None:
+    """Whole or not at all: write a sibling file, then rename over the target."""
+    partial = path + ".partial"
+    with open(partial, "w") as file:
+        json.dump(payload, file, indent=2)
+    os.replace(partial, path)

@@ -1,0 +1,55 @@
+"""DataLoaders built here, not by ``ray.train.torch.prepare_data_loader``: it rebuilds the loader and drops
+``persistent_workers``, ``prefetch_factor`` and any custom sampler (see RAY_NOTES)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from hydra_raytrain.recipe.sampler import ShardedSampler
+
+
+def _seed_loader_worker(worker_id: int) -> None:
+    # torch seeds each loader worker from the loader's generator; numpy and random need it too.
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build_loader(
+    dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: Mapping[str, Any]
+) -> DataLoader:
+    sampler = ShardedSampler(len(dataset), world_size, rank, shuffle=train, seed=seed, pad=train)
+    num_workers = options.get("num_workers", 0)
+    extra = {"prefetch_factor": options["prefetch_factor"]} if options.get("prefetch_factor") else {}
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=options.get("pin_memory", False),
+        persistent_workers=options.get("persistent_workers", False),
+        worker_init_fn=_seed_loader_worker if num_workers else None,
+        # Distinct per rank, so augmentations in loader workers differ between ranks.
+        generator=torch.Generator().manual_seed(seed * 1_000_003 + rank),
+        **extra,
+    )
+
+
+def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | None, world_size: int) -> int:
+    """``trainer.batch_size`` is global and split evenly (RaySGD's BATCH_SIZE); the per-worker size is the alternative."""
+    from hydra_raytrain.config.errors import ConfigError
+
+    if batch_size_per_worker is not None:
+        return batch_size_per_worker
+    if batch_size % world_size:
+        raise ConfigError(
+            "trainer.batch_size", batch_size,
+            f"a global batch must split evenly over {world_size} workers.",
+            f"a multiple of {world_size}, or trainer.batch_size=null trainer.batch_size_per_worker=N.",
+        )
+    return batch_size // world_size

@@ -1,0 +1,31 @@
+"""Exact epoch metrics across workers: add sums locally, all-reduce the sums once, divide once."""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping
+
+import torch
+import torch.distributed as dist
+
+
+class SumMeter:
+    """Adds per-batch sums without a host sync per step (values stay tensors until :meth:`totals`)."""
+
+    def __init__(self) -> None:
+        self._sums: Dict[str, torch.Tensor] = {}
+
+    def add(self, sums: Mapping[str, torch.Tensor]) -> None:
+        for name, value in sums.items():
+            value = value.detach().to(torch.float64)
+            self._sums[name] = self._sums[name] + value if name in self._sums else value
+
+    def totals(self) -> Dict[str, float]:
+        """The sums over every batch of every worker. A collective: every rank must call it."""
+        names = sorted(self._sums)  # the same order on every rank
+        if not names:
+            return {}
+        stacked = torch.stack([self._sums[name].reshape(()) for name in names])
+        if dist.is_available() and dist.is_initialized():
+            # Sums, not means: workers may hold different sample counts (validation is not padded).
+            dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+        return dict(zip(names, stacked.tolist()))

@@ -1,0 +1,51 @@
+"""The task API: what the loss and the metrics of one batch are.
+
+The runner owns everything distributed (DDP, sharded sampling, all-reduce, reporting). A task only turns one
+batch into a loss and into *sums* (total loss, number correct, ..., and ``count``, the number of samples).
+The runner adds the sums over batches and over workers, then calls :meth:`Task.compute` once, so epoch
+metrics are exact whatever the number of workers (a mean of per-worker means would not be).
+
+A task with several models or optimizers (a GAN) overrides :meth:`Task.train_batch`, which receives the
+runner's :class:`~hydra_raytrain.recipe.step.TrainStep` and decides itself what to step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from hydra_raytrain.recipe.step import TrainStep
+
+Sums = Dict[str, torch.Tensor]
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # what backward() runs on: a mean over the batch
+    sums: Sums  # detached per-batch sums the metrics are made of; must include "count"
+
+
+class Task:
+    monitor: str = "val_loss"  # the metric that picks the best epoch unless trainer.monitor says otherwise
+    mode: str = "min"
+
+    def training_step(self, model: nn.Module, batch: Any) -> StepOutput:
+        raise NotImplementedError
+
+    def validation_step(self, model: nn.Module, batch: Any) -> Sums:
+        return self.training_step(model, batch).sums
+
+    def compute(self, sums: Dict[str, float]) -> Dict[str, float]:
+        """Metrics from sums added over every batch and worker. Default: each sum divided by ``count``."""
+        count = sums["count"]
+        return {name: value / count for name, value in sums.items() if name != "count"}
+
+    def train_batch(self, step: "TrainStep", batch: Any) -> Sums:
+        """One optimisation step on one batch. Override for several models or optimizers."""
+        output = self.training_step(step.model, batch)
+        step.optimize(output.loss)
+        return output.sums
