@@ -10,6 +10,7 @@ import hydra
 from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
+from hydra_raytrain.config.overrides import check_override_keys
 from hydra_raytrain.driver.run import TrainingFailed, hydra_run_dir, train
 
 # What Hydra itself writes into a run dir before our code runs.
@@ -39,6 +40,11 @@ def _remove_untouched_run_dir() -> None:
 
 
 def main() -> None:
+    try:
+        check_override_keys(sys.argv[1:])
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        sys.exit(2)
     _hydra_main()
 
 

@@ -30,7 +30,9 @@ class ScalingConfig:
 
     num_workers: int = 2
     use_gpu: bool = False
-    resources_per_worker: Optional[Dict[str, float]] = None  # None: {"CPU": 1} (or {"GPU": 1} with use_gpu)
+    # None: Ray's default, {"CPU": 1} or {"GPU": 1} with use_gpu. Typed Any because OmegaConf 2.3 cannot merge a
+    # command-line dict into an Optional[Dict] that is None; __post_init__ checks the shape instead.
+    resources_per_worker: Any = None
     placement_strategy: str = "PACK"
 
     def __post_init__(self) -> None:
@@ -38,7 +40,12 @@ class ScalingConfig:
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
         if self.placement_strategy not in strategies:
             raise ConfigError("scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies))
-        for name, amount in (self.resources_per_worker or {}).items():
+        resources = self.resources_per_worker
+        if resources is not None and not isinstance(resources, dict):
+            raise ConfigError("scaling.resources_per_worker", resources, "must be a mapping of resource name to amount.", "e.g. '{CPU: 2}' or '{GPU: 1, CPU: 4}'")
+        for name, amount in (resources or {}).items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+                raise ConfigError(f"scaling.resources_per_worker.{name}", amount, "must be a number.")
             _at_least(f"scaling.resources_per_worker.{name}", amount, 0)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+from omegaconf.errors import InterpolationResolutionError
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import PathArg
@@ -41,12 +41,25 @@ def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
 
 
 def resolve(cfg: DictConfig) -> Dict[str, Any]:
+    missing = _missing_keys(cfg)
+    if missing:
+        raise ConfigError(missing[0], "???", f"is required and has no value (all missing: {', '.join(missing)}).", f"set it: {missing[0]}=VALUE")
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as error:
-        raise ConfigError(error.full_key, "???", "is required and has no value.", f"set it: {error.full_key}=VALUE") from None
     except InterpolationResolutionError as error:
         raise ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg}") from None
+
+
+def _missing_keys(node: Any, prefix: str = "") -> list[str]:
+    """Keys set to ``???`` (without resolving interpolations, which would fail on them first)."""
+    found = []
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            if OmegaConf.is_missing(node, key):
+                found.append(f"{prefix}{key}")
+            elif not OmegaConf.is_interpolation(node, key):
+                found += _missing_keys(node._get_node(key), f"{prefix}{key}.")
+    return found
 
 
 def check_targets(key: str, node: Any, cwd: str) -> None:

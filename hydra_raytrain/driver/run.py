@@ -96,8 +96,10 @@ def _write_config(run_dir: str, cfg: DictConfig) -> None:
 
 
 def _first_cause(error: TrainingFailedError) -> str:
+    """The lowest rank's error in one line (Hydra's instantiate wraps builder errors; its key line is noise)."""
     failures = getattr(error, "worker_failures", None)
-    if failures:
-        rank, cause = sorted(failures.items())[0]
-        return f"worker {rank}: {type(cause).__name__}: {str(cause).strip().splitlines()[-1]}"
-    return str(error).strip().splitlines()[-1]
+    if not failures:
+        return str(error).strip().splitlines()[-1]
+    rank, cause = sorted(failures.items())[0]
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip() and not line.strip().startswith("full_key:")]
+    return f"worker {rank}: {type(cause).__name__}: {' '.join(lines)}"

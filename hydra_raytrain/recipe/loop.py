@@ -92,6 +92,7 @@ class Recipe:
                 **{f"train_{k}": v for k, v in self.task.compute(train).items()},
                 **{f"val_{k}": v for k, v in self.task.compute(val).items()},
                 "lr": self.step.optimizer.param_groups[0]["lr"],
+                "world_size": self.world_size,
                 "samples_per_second": train["count"] / train_seconds,
                 "epoch_seconds": time.perf_counter() - started,
             }

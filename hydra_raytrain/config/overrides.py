@@ -1,0 +1,46 @@
+"""Command-line keys checked against the typed schema before Hydra composes, so a misspelt key gets a
+"did you mean" and the list of valid keys (Hydra only says the key is not in the struct)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from hydra_raytrain.config.errors import ConfigError, did_you_mean
+from hydra_raytrain.config.schema import TYPED_SECTIONS, TrainConfig
+
+
+def check_override_keys(args: Sequence[str]) -> None:
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg:
+            continue  # Hydra's own flags (-m, --cfg job, ...)
+        try:
+            (override,) = parser.parse_overrides([arg])
+        except Exception:
+            continue  # Hydra reports its own syntax errors
+        if override.is_add() or override.is_delete() or override.is_force_add():
+            continue
+        parts = override.key_or_group.split(".")
+        if len(parts) > 1 and parts[0] in TYPED_SECTIONS:
+            _check_path(parts, arg.split("=", 1)[1])
+
+
+def _check_path(parts: list[str], value: str) -> None:
+    schema: typing.Any = TrainConfig
+    for depth, part in enumerate(parts):
+        if not dataclasses.is_dataclass(schema):
+            return  # a free-form value (a dict of resources, a runtime_env): nothing typed to check
+        hints = typing.get_type_hints(schema)
+        if part not in hints:
+            section = ".".join(parts[:depth])
+            valid = [f"{section}.{name}" for name in hints]
+            raise ConfigError(
+                ".".join(parts), value,
+                f"{section} has no setting {part!r}{did_you_mean(part, list(hints))}.",
+                ", ".join(valid),
+            )
+        schema = hints[part]

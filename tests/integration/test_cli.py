@@ -1,0 +1,92 @@
+"""The real CLI: the embedded default, user code in workers, and every kind of bad input."""
+
+import json
+import os
+import time
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedded_default_meets_the_accuracy_bar(tmp_path):
+    """`python -m hydra_raytrain` exactly as a user types it: starts its own local cluster, 2 workers."""
+    started = time.time()
+    done = run_cli(["hydra.run.dir=run"], cwd=str(tmp_path))
+    wall = time.time() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(f"embedded default: final val_accuracy {summary['final']['val_accuracy']:.4f} in {wall:.1f}s wall")
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 12
+    assert summary["final"]["val_accuracy"] >= 0.95
+    assert summary["final"]["world_size"] == 2
+    # The output contract.
+    assert (run_dir / ".hydra" / "config.yaml").exists() and (run_dir / "model.pt").exists()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 12
+    assert {"epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_second", "epoch_seconds"} <= json.loads(lines[0]).keys()
+    assert {"status", "epochs_completed", "final", "best", "run_dir", "storage"} <= summary.keys()
+    assert summary["run_dir"] == str(run_dir) and os.path.isdir(summary["storage"])
+    assert f"Run dir: {run_dir}" in done.stdout
+
+
+USER_TASK = '''
+import torch.nn.functional as F
+from hydra_raytrain.tasks.classification import Classification
+
+
+class TopTwo(Classification):
+    """Adds top-2 accuracy to the classification metrics."""
+
+    def training_step(self, model, batch):
+        output = super().training_step(model, batch)
+        inputs, labels = batch
+        top2 = model(inputs).topk(2, dim=1).indices
+        output.sums["top2"] = (top2 == labels[:, None]).any(dim=1).sum()
+        return output
+'''
+
+
+def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
+    (tmp_path / "my_tasks.py").write_text(USER_TASK)
+    done = run_cli([f"ray.address={ray_address}", "task._target_=my_tasks.TopTwo", "debug=smoke", "hydra.run.dir=run"], cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["val_top2"] >= metrics["val_accuracy"]
+
+
+BAD_INPUTS = [
+    # (overrides, what the message must name)
+    (["model=resnet19"], ["model/resnet19", "resnet18"]),
+    (["trainer.max_epoch=3"], ["trainer.max_epoch=", "did you mean 'max_epochs'", "trainer.seed"]),
+    (["scaling.num_workers=two"], ["scaling.num_workers", "two"]),
+    (["scaling.num_workers=-1"], ["scaling.num_workers=-1", "must be >= 0"]),
+    (["trainer.max_epochs=0"], ["trainer.max_epochs=0", "must be >= 1"]),
+    (["scaling.num_workers=64"], ["scaling.num_workers=64", "cores", "scaling.num_workers <= "]),
+    (["scaling.use_gpu=true"], ["scaling.use_gpu=True", "GPU", "scaling.use_gpu=false"]),
+    (["model._target_=torchvision.models.resnet19"], ["model._target_='torchvision.models.resnet19'", "cannot be imported", "resnet18"]),
+    (["+model.dropout=0.5"], ["model.dropout=0.5", "SimpleCNN has no argument 'dropout'", "channels"]),
+    (["dataset=imagefolder", "dataset.root=/no/such/folder", "dataset.num_outputs=3"], ["dataset.root='/no/such/folder'", "no such folder"]),
+]
+
+
+@pytest.mark.parametrize("overrides, named", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_input_fails_fast_with_one_clear_message(overrides, named, tmp_path):
+    started = time.time()
+    done = run_cli([*overrides, "hydra.run.dir=run"], cwd=str(tmp_path), timeout=60)
+    assert done.returncode != 0
+    assert time.time() - started < 30
+    for text in named:
+        assert text in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp_path):
+    done = run_cli([f"ray.address={ray_address}", "scaling.num_workers=5", "trainer.batch_size=60", "hydra.run.dir=run"], cwd=str(tmp_path), timeout=60)
+    assert done.returncode == 2
+    assert "scaling.num_workers=5" in done.stderr and "needs 5 CPU" in done.stderr and "has 4" in done.stderr
+    assert not (tmp_path / "run").exists()

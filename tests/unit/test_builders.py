@@ -1,0 +1,51 @@
+"""cfg -> Ray Train config objects, without a cluster."""
+
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+
+from hydra_raytrain.config import validate
+from hydra_raytrain.driver import builders
+from tests.conftest import compose_config
+
+
+def resolved(tmp_path, *overrides):
+    return validate(compose_config(*overrides), str(tmp_path))
+
+
+def test_scaling_config_uses_rays_names(tmp_path):
+    cfg = resolved(tmp_path, "scaling.num_workers=3", "scaling.resources_per_worker={CPU: 2}", "trainer.batch_size=63")
+    scaling = builders.scaling_config(cfg["scaling"])
+    assert isinstance(scaling, ScalingConfig)
+    assert (scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker) == (3, False, {"CPU": 2})
+
+
+def test_failure_config_has_a_finite_controller_limit(tmp_path):
+    failure = builders.failure_config(resolved(tmp_path, "failure.max_failures=2")["failure"])
+    assert isinstance(failure, FailureConfig)
+    assert failure.max_failures == 2 and failure.controller_failure_limit == 3
+
+
+def test_checkpoint_config(tmp_path):
+    cfg = resolved(tmp_path, "checkpoint.num_to_keep=2", "checkpoint.checkpoint_score_attribute=val_loss", "checkpoint.checkpoint_score_order=min")
+    checkpoint = builders.checkpoint_config(cfg["checkpoint"])
+    assert isinstance(checkpoint, CheckpointConfig)
+    assert (checkpoint.num_to_keep, checkpoint.checkpoint_score_attribute, checkpoint.checkpoint_score_order) == (2, "val_loss", "min")
+
+
+def test_run_config(tmp_path):
+    cfg = resolved(tmp_path)
+    run = builders.run_config(cfg, str(tmp_path / "storage"), worker_env={"A": "1"})
+    assert isinstance(run, RunConfig)
+    assert run.storage_path == str(tmp_path / "storage") and run.name == builders.run_name(cfg)
+    assert run.worker_runtime_env == {"env_vars": {"A": "1"}} and run.failure_config.controller_failure_limit == 3
+
+
+def test_run_name_is_deterministic_and_tracks_result_changing_keys(tmp_path):
+    name = builders.run_name(resolved(tmp_path))
+    assert name == builders.run_name(resolved(tmp_path))
+    assert name.startswith("simplecnn-digits-")
+    assert builders.run_name(resolved(tmp_path, "optimizer.lr=0.01")) != name
+    assert builders.run_name(resolved(tmp_path, "trainer.seed=1")) != name
+    # Where results go and how Ray is reached do not change what is learned.
+    assert builders.run_name(resolved(tmp_path, "ray.address=auto", "storage.path=/elsewhere")) == name
+    assert builders.run_name(resolved(tmp_path, "storage.name=mine")) == "mine"
+    assert builders.run_name(resolved(tmp_path, "model=resnet18")).startswith("resnet18-digits-")

@@ -1,0 +1,57 @@
+"""Sizing a local cluster and refusing what cannot be served (pure functions)."""
+
+import pytest
+
+from hydra_raytrain.config import ConfigError
+from hydra_raytrain.driver.cluster import ResourceRequest, check_fits, plan_local_cpus, resource_request
+
+RAY = {"num_cpus": None, "max_cpu_oversubscription": 4.0}
+GIB = 2**30
+
+
+def scaling(num_workers, use_gpu=False, resources=None):
+    return {"num_workers": num_workers, "use_gpu": use_gpu, "resources_per_worker": resources, "placement_strategy": "PACK"}
+
+
+def test_request_follows_rays_defaults():
+    assert resource_request(scaling(4)).total == {"CPU": 4.0}
+    assert resource_request(scaling(2, use_gpu=True)).total.get("GPU") == 2.0
+    assert resource_request(scaling(2, resources={"CPU": 3})).total == {"CPU": 6.0}
+
+
+def test_four_workers_on_two_cores_get_four_logical_cpus():
+    assert plan_local_cpus(resource_request(scaling(4)), cores=2, free_memory=20 * GIB, ray_cfg=RAY) == 4
+
+
+def test_small_runs_get_the_whole_machine():
+    assert plan_local_cpus(resource_request(scaling(1)), cores=2, free_memory=20 * GIB, ray_cfg=RAY) == 2
+
+
+def test_too_many_workers_are_refused_with_the_limit():
+    with pytest.raises(ConfigError) as caught:
+        plan_local_cpus(resource_request(scaling(64)), cores=2, free_memory=20 * GIB, ray_cfg=RAY)
+    message = str(caught.value)
+    assert caught.value.key == "scaling.num_workers" and "=64" in message
+    assert "2 cores" in message and "at most 8" in message and "scaling.num_workers <= 8" in message
+
+
+def test_workers_that_would_not_fit_in_memory_are_refused():
+    with pytest.raises(ConfigError, match="GiB"):
+        plan_local_cpus(resource_request(scaling(8)), cores=2, free_memory=2 * GIB, ray_cfg=RAY)
+
+
+def test_explicit_num_cpus_must_cover_the_request():
+    with pytest.raises(ConfigError, match="ray.num_cpus"):
+        plan_local_cpus(resource_request(scaling(4)), cores=2, free_memory=20 * GIB, ray_cfg={**RAY, "num_cpus": 2})
+
+
+def test_gpu_request_without_gpus_names_use_gpu():
+    with pytest.raises(ConfigError) as caught:
+        check_fits(ResourceRequest(2, {"GPU": 1.0}), {"GPU": 0}, "this machine")
+    assert caught.value.key == "scaling.use_gpu" and "scaling.use_gpu=false" in str(caught.value)
+
+
+def test_cluster_too_small():
+    with pytest.raises(ConfigError, match="needs 6 CPU; the cluster has 4"):
+        check_fits(ResourceRequest(3, {"CPU": 2.0}), {"CPU": 4.0}, "the cluster")
+    check_fits(ResourceRequest(2, {"CPU": 2.0}), {"CPU": 4.0}, "the cluster")

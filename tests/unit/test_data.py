@@ -1,0 +1,85 @@
+"""Dataset builders on data that ships offline or that the test writes (torchvision's real loaders)."""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hydra_raytrain.data import diabetes, digits, fake, imagefolder, torchvision_builtin
+
+
+def test_digits_shapes_and_split():
+    splits = digits()
+    assert (len(splits.train), len(splits.val)) == (1438, 359)
+    image, label = splits.train[0]
+    assert image.shape == (1, 8, 8) and 0 <= image.min() and image.max() <= 1 and 0 <= label < 10
+
+
+def test_digits_refuses_a_config_that_disagrees_with_its_shape():
+    with pytest.raises(ValueError, match=r"input_shape=\[1, 8, 8\]"):
+        digits(input_shape=(3, 8, 8))
+
+
+def test_diabetes_is_standardised_on_the_training_split():
+    splits = diabetes()
+    x = torch.stack([splits.train[i][0] for i in range(len(splits.train))])
+    assert x.shape == (354, 10) and torch.allclose(x.mean(0), torch.zeros(10), atol=1e-5)
+
+
+def test_fake_data_is_deterministic_with_the_configured_shape():
+    splits = fake(input_shape=(3, 16, 16), num_outputs=4, train_size=8, val_size=4)
+    assert splits.train[0][0].shape == (3, 16, 16) and torch.equal(splits.train[3][0], splits.train[3][0])
+    assert (len(splits.train), len(splits.val)) == (8, 4)
+
+
+def write_idx(path, array):
+    """The MNIST file format: a magic number, the dimensions, then uint8 data."""
+    header = struct.pack(">I", 0x0800 | array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("name", ["MNIST", "FashionMNIST"])
+def test_torchvision_mnist_family_reads_raw_files(tmp_path, name):
+    raw = tmp_path / name / "raw"
+    raw.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 12), ("t10k", 5)):
+        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
+    splits = torchvision_builtin(name, str(tmp_path), input_shape=(1, 14, 14), num_outputs=10, mean=[0.5], std=[0.5])
+    assert (len(splits.train), len(splits.val)) == (12, 5)
+    assert splits.train[0][0].shape == (1, 14, 14)  # resized to the configured input_shape
+
+
+def test_missing_torchvision_data_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dataset.download=true"):
+        torchvision_builtin("CIFAR10", str(tmp_path), input_shape=(3, 32, 32), num_outputs=10)
+
+
+def write_images(folder, classes, per_class, size=(10, 12)):
+    for c in classes:
+        (folder / c).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(np.full((*size, 3), 40 * i, dtype=np.uint8)).save(folder / c / f"{i}.png")
+
+
+def test_imagefolder_with_train_and_val(tmp_path):
+    write_images(tmp_path / "train", ["cat", "dog"], 3)
+    write_images(tmp_path / "val", ["cat", "dog"], 1)
+    splits = imagefolder(str(tmp_path), input_shape=(1, 8, 8), num_outputs=2)
+    assert (len(splits.train), len(splits.val)) == (6, 2)
+    assert splits.train[0][0].shape == (1, 8, 8)
+
+
+def test_imagefolder_without_val_splits_train(tmp_path):
+    write_images(tmp_path / "train", ["a", "b", "c"], 4)
+    splits = imagefolder(str(tmp_path), input_shape=(3, 8, 8), num_outputs=3, val_fraction=0.25)
+    assert (len(splits.train), len(splits.val)) == (9, 3)
+
+
+def test_imagefolder_class_count_must_match(tmp_path):
+    write_images(tmp_path / "train", ["a", "b"], 1)
+    with pytest.raises(ValueError, match="num_outputs=5 but .* has 2 class folders"):
+        imagefolder(str(tmp_path), input_shape=(3, 8, 8), num_outputs=5)

@@ -1,0 +1,41 @@
+"""Every shipped config option composes and validates (no Ray): a broken YAML fails here, not in a user's run."""
+
+import pathlib
+
+import pytest
+
+import hydra_raytrain
+from hydra_raytrain.config import validate
+from tests.conftest import compose_config
+
+CONF = pathlib.Path(hydra_raytrain.__file__).parent.parent / "conf"
+OPTIONS = sorted(
+    (group.name, option.stem) for group in CONF.iterdir() if group.is_dir() and not group.name.startswith("_") for option in group.glob("*.yaml")
+)
+# Options that need a user's value to be complete.
+REQUIRED = {("dataset", "imagefolder"): ["dataset.root=pets", "dataset.num_outputs=2"]}
+
+
+def test_every_group_is_found():
+    groups = {group for group, _ in OPTIONS}
+    assert {"model", "dataset", "optimizer", "scheduler", "scaling", "storage", "failure", "trainer", "task", "logger", "experiment", "debug"} <= groups
+
+
+@pytest.mark.parametrize("group, option", OPTIONS)
+def test_option_composes_and_validates(group, option, tmp_path):
+    (tmp_path / "pets").mkdir()
+    cfg = compose_config(f"{group}={option}", *REQUIRED.get((group, option), []))
+    resolved = validate(cfg, str(tmp_path))
+    assert resolved["model"]["_target_"] and resolved["dataset"]["_target_"]
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
+def test_every_model_fits_every_bundled_image_dataset(option, tmp_path):
+    validate(compose_config(f"model={option}", "dataset=fake"), str(tmp_path))
+
+
+def test_every_yaml_opens_with_a_usage_comment():
+    for path in CONF.rglob("*.yaml"):
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("# @package")]
+        assert lines[0].startswith("#"), path
+        assert "python -m hydra_raytrain" in path.read_text(), path

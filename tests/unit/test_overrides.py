@@ -1,0 +1,32 @@
+"""Command-line keys of the typed sections are checked against the schema, with suggestions."""
+
+import pytest
+
+from hydra_raytrain.config import ConfigError
+from hydra_raytrain.config.overrides import check_override_keys
+
+
+def test_misspelt_key_suggests_the_right_one_and_lists_valid_keys():
+    with pytest.raises(ConfigError) as caught:
+        check_override_keys(["model=mlp", "trainer.max_epoch=3"])
+    message = str(caught.value)
+    assert caught.value.key == "trainer.max_epoch" and "did you mean 'max_epochs'" in message
+    assert "trainer.max_epochs, trainer.seed" in message
+
+
+def test_nested_typed_keys_are_checked():
+    with pytest.raises(ConfigError, match="trainer.dataloader has no setting 'num_worker'"):
+        check_override_keys(["trainer.dataloader.num_worker=2"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-m", "trainer.max_epochs=1,2", "scaling.num_workers=1"],
+        ["--cfg", "job", "hydra.run.dir=x"],
+        ["+trainer.extra=1", "model.whatever=1", "scaling.resources_per_worker.CPU=2"],
+        ["optimizer=sgd", "ray.runtime_env.env_vars.A=1"],
+    ],
+)
+def test_valid_or_unchecked_arguments_pass(args):
+    check_override_keys(args)

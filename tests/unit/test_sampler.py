@@ -1,0 +1,48 @@
+"""ShardedSampler: disjoint covering shards, new order per epoch, order independent of the worker count."""
+
+import pytest
+
+from hydra_raytrain.recipe.sampler import ShardedSampler
+
+
+def shards(size, world, epoch=0, pad=True, shuffle=True, seed=0):
+    samplers = [ShardedSampler(size, world, rank, shuffle=shuffle, seed=seed, pad=pad) for rank in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    return [list(sampler) for sampler in samplers]
+
+
+@pytest.mark.parametrize("size, world", [(100, 1), (100, 2), (101, 3), (7, 4)])
+def test_unpadded_shards_are_disjoint_and_cover_the_data(size, world):
+    parts = shards(size, world, pad=False)
+    flat = [i for part in parts for i in part]
+    assert sorted(flat) == list(range(size))
+    assert [len(p) for p in parts] == [len(s) for s in (ShardedSampler(size, world, r, pad=False) for r in range(world))]
+
+
+@pytest.mark.parametrize("size, world", [(100, 2), (101, 3), (7, 4)])
+def test_padded_shards_are_equal_length_and_cover_the_data(size, world):
+    parts = shards(size, world, pad=True)
+    assert len({len(p) for p in parts}) == 1
+    assert set(i for p in parts for i in p) == set(range(size))
+    assert sum(map(len, parts)) - size < world  # at most world-1 samples repeated
+
+
+def test_order_changes_between_epochs_and_repeats_for_the_same_epoch():
+    assert shards(50, 2, epoch=0) != shards(50, 2, epoch=1)
+    assert shards(50, 2, epoch=3) == shards(50, 2, epoch=3)
+    assert shards(50, 2, epoch=0, seed=1) != shards(50, 2, epoch=0, seed=0)
+
+
+def test_global_batches_do_not_depend_on_the_worker_count():
+    size, global_batch = 96, 12
+    for world in (1, 2, 3, 4):
+        parts, per_worker = shards(size, world, epoch=5), global_batch // world
+        batches = [sorted(i for p in parts for i in p[k * per_worker : (k + 1) * per_worker]) for k in range(size // global_batch)]
+        if world == 1:
+            reference = batches
+        assert batches == reference
+
+
+def test_no_shuffle_keeps_the_data_order():
+    assert shards(6, 2, shuffle=False, pad=False) == [[0, 2, 4], [1, 3, 5]]

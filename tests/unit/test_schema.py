@@ -1,0 +1,69 @@
+"""Typed schemas: Hydra's composition errors and our range checks, each naming the key and the value."""
+
+import pytest
+from hydra.errors import ConfigCompositionException, HydraException
+from omegaconf import OmegaConf
+
+from hydra_raytrain.config import ConfigError, validate
+from hydra_raytrain.config.schema import TrainerConfig
+from tests.conftest import compose_config
+
+
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("scaling.num_workers=-1", "scaling.num_workers", "-1"),
+        ("trainer.max_epochs=0", "trainer.max_epochs", "0"),
+        ("trainer.batch_size=0", "trainer.batch_size", "0"),
+        ("failure.max_failures=-2", "failure.max_failures", "-2"),
+        ("scheduler.interval=sometimes", "scheduler.interval", "sometimes"),
+        ("scaling.placement_strategy=NEAR", "scaling.placement_strategy", "NEAR"),
+        ("checkpoint.checkpoint_score_order=up", "checkpoint.checkpoint_score_order", "up"),
+        ("trainer.dataloader.persistent_workers=true", "trainer.dataloader.num_workers", "0"),
+    ],
+)
+def test_out_of_range_values_name_key_and_value(override, key, value, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(override), str(tmp_path))
+    assert caught.value.key == key
+    assert f"{key}=" in str(caught.value) and value in str(caught.value)
+
+
+def test_both_batch_sizes_set_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="exactly one of trainer.batch_size"):
+        validate(compose_config("trainer.batch_size_per_worker=8"), str(tmp_path))
+
+
+def test_global_batch_must_split_over_workers(tmp_path):
+    with pytest.raises(ConfigError, match="split evenly over 3 workers"):
+        validate(compose_config("trainer.batch_size=64", "scaling.num_workers=3"), str(tmp_path))
+    validate(compose_config("trainer.batch_size=null", "trainer.batch_size_per_worker=10", "scaling.num_workers=3"), str(tmp_path))
+
+
+def test_misspelt_key_fails_composition():
+    with pytest.raises(ConfigCompositionException, match="max_epoch"):
+        compose_config("trainer.max_epoch=3")
+
+
+def test_wrong_type_fails_composition():
+    with pytest.raises(ConfigCompositionException) as caught:
+        compose_config("scaling.num_workers=two")
+    assert "two" in str(caught.value.__cause__) and "num_workers" in str(caught.value.__cause__)
+
+
+def test_unknown_option_lists_valid_ones():
+    with pytest.raises(HydraException, match="resnet18"):
+        compose_config("model=resnet19")
+
+
+def test_defaults_match_the_schema_defaults():
+    cfg = compose_config()
+    assert OmegaConf.to_object(cfg.trainer).batch_size == TrainerConfig().batch_size
+    assert cfg.scaling.num_workers == 2 and cfg.model._target_.endswith("SimpleCNN") and cfg.dataset._target_.endswith("digits")
+
+
+def test_resources_per_worker_from_the_command_line(tmp_path):
+    resolved = validate(compose_config("scaling.resources_per_worker={CPU: 2, memory: 1000}"), str(tmp_path))
+    assert resolved["scaling"]["resources_per_worker"] == {"CPU": 2, "memory": 1000}
+    with pytest.raises(ConfigError, match="scaling.resources_per_worker.CPU='two'"):
+        validate(compose_config("scaling.resources_per_worker={CPU: two}"), str(tmp_path))

@@ -1,0 +1,66 @@
+"""Driver-side checks of `_target_` nodes and paths, through the real composed config."""
+
+import os
+
+import pytest
+
+from hydra_raytrain.config import ConfigError, validate
+from tests.conftest import compose_config
+
+
+def test_unimportable_target_suggests_the_close_name(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("model._target_=hydra_raytrain.models.SimpleCNNN"), str(tmp_path))
+    message = str(caught.value)
+    assert caught.value.key == "model._target_"
+    assert "SimpleCNNN" in message and "cannot be imported" in message and "did you mean 'SimpleCNN'" in message
+
+
+def test_unknown_argument_names_it_and_lists_the_accepted_ones(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("+model.chanels=[8]"), str(tmp_path))
+    message = str(caught.value)
+    assert caught.value.key == "model.chanels"
+    assert "did you mean 'channels'" in message and "input_shape, num_outputs, channels, hidden" in message
+
+
+def test_unknown_optimizer_argument(tmp_path):
+    with pytest.raises(ConfigError, match="optimizer.momentum.*torch.optim.Adam has no argument"):
+        validate(compose_config("+optimizer.momentum=0.9"), str(tmp_path))
+
+
+def test_missing_required_argument(tmp_path):
+    with pytest.raises(ConfigError, match="arguments do not fit.*missing"):
+        validate(compose_config("~model.num_outputs"), str(tmp_path))
+
+
+def test_missing_mandatory_value_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"dataset.root='\?\?\?': is required"):
+        validate(compose_config("dataset=imagefolder"), str(tmp_path))
+
+
+def test_imagefolder_root_must_exist(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("dataset=imagefolder", "dataset.root=no/such/folder", "dataset.num_outputs=3"), str(tmp_path))
+    assert caught.value.key == "dataset.root"
+    assert str(tmp_path / "no/such/folder") in str(caught.value) and "no such folder" in str(caught.value)
+
+
+def test_relative_paths_become_absolute_against_the_driver_cwd(tmp_path):
+    (tmp_path / "pets").mkdir()
+    resolved = validate(compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=3", "storage.path=results"), str(tmp_path))
+    assert resolved["dataset"]["root"] == str(tmp_path / "pets")
+    assert resolved["storage"]["path"] == str(tmp_path / "results")
+    resolved = validate(compose_config("dataset=mnist"), str(tmp_path))
+    assert resolved["dataset"]["root"] == os.path.join(str(tmp_path), "data", "mnist")
+
+
+def test_uris_are_left_alone(tmp_path):
+    resolved = validate(compose_config("storage.path=s3://bucket/prefix"), str(tmp_path))
+    assert resolved["storage"]["path"] == "s3://bucket/prefix"
+
+
+def test_resolved_config_is_plain_and_interpolated(tmp_path):
+    resolved = validate(compose_config("dataset=fake", "dataset.input_shape=[3,16,16]", "dataset.num_outputs=5"), str(tmp_path))
+    assert resolved["model"]["input_shape"] == [3, 16, 16] and resolved["model"]["num_outputs"] == 5
+    assert type(resolved) is dict and type(resolved["model"]["input_shape"]) is list
