@@ -1,7 +1,8 @@
-"""Model builders that adapt to the dataset through config (``input_shape``, ``num_outputs``)."""
+"""Model builders that adapt to the dataset through config (``input_shape``, ``num_outputs``).
+Exports resolve lazily: a config without a ResNet never imports torchvision."""
 
-from hydra_raytrain.models.mlp import MLP
-from hydra_raytrain.models.resnet import torchvision_resnet
-from hydra_raytrain.models.simple_cnn import SimpleCNN
+from hydra_raytrain.lazy import lazy_exports
 
-__all__ = ["MLP", "SimpleCNN", "torchvision_resnet"]
+_EXPORTS = {"MLP": "mlp", "SimpleCNN": "simple_cnn", "torchvision_resnet": "resnet"}
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

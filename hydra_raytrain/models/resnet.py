@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import torchvision
 from torch import nn
 
 # Below this side length the ImageNet stem (7x7 stride 2 + max-pool) would shrink the image to nothing.
@@ -17,6 +16,8 @@ def torchvision_resnet(arch: str, input_shape: Sequence[int], num_outputs: int, 
     ``weights`` (e.g. ``"IMAGENET1K_V1"``) loads pretrained weights; the head is then re-initialised for
     ``num_outputs`` classes and a replaced stem starts from scratch.
     """
+    import torchvision  # here, not at the top: validating the config on the driver should not import it
+
     model = torchvision.models.get_model(arch, weights=weights)
     in_channels, height, width = input_shape
     if min(height, width) < SMALL_IMAGE:

@@ -1,0 +1,20 @@
+"""Package exports resolved on first use (PEP 562), so a config's ``_target_`` imports only what it names."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Dict, Tuple
+
+
+def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable, Callable]:
+    """``__getattr__`` and ``__dir__`` for ``package``; ``exports`` maps a name to the submodule defining it."""
+
+    def __getattr__(name: str):
+        if name in exports:
+            return getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    def __dir__():
+        return sorted(exports)
+
+    return __getattr__, __dir__
