@@ -1,7 +1,8 @@
 """The worker recipe: what every Ray Train worker runs (``train_loop_per_worker``).
 
 Fixed phases, torchtune-style: ``setup`` (data, model, optimizer) -> ``train`` (one report per epoch) -> the
-final weights in a checkpoint. Everything arrives resolved from the driver: no Hydra, no relative paths here.
+final weights in a checkpoint. The config arrives resolved from the driver (a plain dict, absolute paths):
+``${hydra:...}`` and the driver's working directory mean nothing in a worker.
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from hydra_raytrain.driver.outputs import MODEL_FILE
 from hydra_raytrain.recipe.loaders import build_loader, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter
 from hydra_raytrain.recipe.step import TrainStep
-
-MODEL_FILE = "model.pt"
 
 
 def train_loop_per_worker(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:

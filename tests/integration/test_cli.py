@@ -90,3 +90,12 @@ def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp
     assert done.returncode == 2
     assert "scaling.num_workers=5" in done.stderr and "needs 5 CPU" in done.stderr and "has 4" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_plain_multirun_runs_each_job_with_its_own_run_dir(ray_address, tmp_path):
+    """Hydra's basic launcher: jobs one after another in one process, Ray joined once and reused."""
+    done = run_cli(["-m", f"ray.address={ray_address}", "trainer.seed=0,1", "debug=smoke", "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summaries = [json.loads((tmp_path / "sweep" / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    assert [s["status"] for s in summaries] == ["completed", "completed"]
+    assert summaries[0]["storage"] != summaries[1]["storage"]  # different seeds: different run identities
