@@ -6,5 +6,6 @@
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.driver.run import TrainingFailed, train
+from hydra_raytrain.evaluate import evaluate, load_model
 
-__all__ = ["ConfigError", "TrainingFailed", "train"]
+__all__ = ["ConfigError", "TrainingFailed", "evaluate", "load_model", "train"]

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Logical CPUs of the test cluster: enough for the 4-worker resnet18 run on a 2-core machine.
 TEST_CLUSTER_CPUS = 4
 
@@ -25,7 +26,8 @@ def compose_config(*overrides: str) -> DictConfig:
 
 def run_cli(args: Sequence[str], cwd: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m hydra_raytrain ARGS`` in a fresh process, as a user runs it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    # The repository root on the path, as for pytest itself: tests.helpers holds tasks that tests run.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
     return subprocess.run(
         [sys.executable, "-m", "hydra_raytrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

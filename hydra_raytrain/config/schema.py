@@ -71,13 +71,16 @@ class FailureConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Maps onto ``ray.train.CheckpointConfig``. This version checkpoints the final weights at the end of training."""
+    """Full-state checkpoints every ``every_n_epochs`` epochs and at the end; the rest maps onto
+    ``ray.train.CheckpointConfig`` (which of them Ray keeps)."""
 
+    every_n_epochs: int = 1
     num_to_keep: Optional[int] = None
     checkpoint_score_attribute: Optional[str] = None  # a reported metric, e.g. val_accuracy
     checkpoint_score_order: str = "max"
 
     def __post_init__(self) -> None:
+        _at_least("checkpoint.every_n_epochs", self.every_n_epochs, 1)
         _at_least("checkpoint.num_to_keep", self.num_to_keep, 1)
         if self.checkpoint_score_order not in ("max", "min"):
             raise ConfigError("checkpoint.checkpoint_score_order", self.checkpoint_score_order, "unknown order.", "max, min")
@@ -166,6 +169,17 @@ class RayConfig:
 
 
 @dataclass
+class RunSettings:
+    """Whether a run picks up where the same run (same identity, see config/identity.py) left off."""
+
+    resume: str = "auto"  # auto: resume an unfinished run, report a finished one; never: discard its state, start fresh
+
+    def __post_init__(self) -> None:
+        if self.resume not in ("auto", "never"):
+            raise ConfigError("run.resume", self.resume, "unknown policy.", "auto, never")
+
+
+@dataclass
 class TrainConfig:
     """The root: free-form component nodes plus the typed framework settings."""
 
@@ -181,10 +195,11 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: Dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
     ray: RayConfig = field(default_factory=RayConfig)
+    run: RunSettings = field(default_factory=RunSettings)
 
 
 # The typed sections, in the order validation reports them.
-TYPED_SECTIONS = ("scaling", "storage", "failure", "checkpoint", "trainer", "scheduler", "ray")
+TYPED_SECTIONS = ("scaling", "storage", "failure", "checkpoint", "trainer", "scheduler", "ray", "run")
 
 
 def register_configs() -> None:

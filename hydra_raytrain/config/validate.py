@@ -86,7 +86,7 @@ def locate(key: str, path: str) -> Callable:
             hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
         except Exception:
             pass
-        reason = str(error).strip().splitlines()[0]
+        reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         raise ConfigError(
             f"{key}._target_", path, f"cannot be imported{hint}: {reason}",
             "the dotted path of an importable class or function, e.g. torch.optim.SGD.",

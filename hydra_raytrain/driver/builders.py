@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Mapping, Optional, Sequence
 
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-# Keys that cannot change what is learned: leaving them out of the run's identity lets the same run be
-# found again when only these differ (e.g. a tracker switched on, a cluster address).
-NON_RESULT_KEYS = ("logger", "ray", "storage")
+from hydra_raytrain.config.identity import run_name
 
 
 def scaling_config(scaling: Mapping[str, Any]) -> ScalingConfig:
@@ -35,17 +31,6 @@ def checkpoint_config(checkpoint: Mapping[str, Any]) -> CheckpointConfig:
         checkpoint_score_attribute=checkpoint["checkpoint_score_attribute"],
         checkpoint_score_order=checkpoint["checkpoint_score_order"],
     )
-
-
-def run_name(cfg: Mapping[str, Any]) -> str:
-    """A deterministic name: the same resolved config gives the same name, any result-changing key a new one."""
-    if cfg["storage"]["name"]:
-        return cfg["storage"]["name"]
-    identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    model = str(cfg["model"].get("arch") or cfg["model"]["_target_"].rsplit(".", 1)[-1]).lower()
-    dataset = str(cfg["dataset"].get("name") or cfg["dataset"]["_target_"].rsplit(".", 1)[-1]).lower()
-    return f"{model}-{dataset}-{digest}"
 
 
 def run_config(

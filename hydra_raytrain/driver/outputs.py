@@ -29,6 +29,13 @@ class EpochLog(UserCallback):
         self.write(metrics[0])
 
     def write(self, metrics: Dict[str, Any]) -> None:
+        """Append; an epoch a resumed run trains again (it failed after the last checkpoint) replaces the
+        entries from that epoch on, so the file is always the run's one history."""
+        history = read_history(os.path.dirname(self.path))
+        if history and history[-1]["epoch"] >= metrics["epoch"]:
+            kept = [m for m in history if m["epoch"] < metrics["epoch"]]
+            with open(self.path, "w") as file:
+                file.writelines(json.dumps(m) + "\n" for m in kept)
         with open(self.path, "a") as file:
             file.write(json.dumps(metrics) + "\n")
         print(format_epoch(metrics, self.max_epochs), flush=True)
@@ -77,6 +84,23 @@ def make_summary(
     if error:
         summary["error"] = error
     return summary
+
+
+def finished_summary(run_dir: str) -> Optional[Dict[str, Any]]:
+    path = os.path.join(run_dir, SUMMARY_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        summary = json.load(file)
+    return summary if summary.get("status") == "completed" else None
+
+
+def already_complete(summary: Dict[str, Any]) -> str:
+    monitor, best = summary["monitor"], summary["best"]
+    return (
+        f"Run already complete: {summary['epochs_completed']} epochs, best {monitor} {best.get(monitor, float('nan')):.4f} "
+        f"(epoch {best.get('epoch')}). Nothing to do; run.resume=never trains it again.\nRun dir: {summary['run_dir']}"
+    )
 
 
 def write_json(path: str, payload: Dict[str, Any]) -> None:

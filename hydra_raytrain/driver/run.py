@@ -45,18 +45,30 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     resolved = validate(cfg, cwd=os.getcwd())
+    storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
+    resume = resolved["run"]["resume"]
+    finished = outputs.finished_summary(run_dir) if resume == "auto" else None
+    if finished is not None:
+        print(outputs.already_complete(finished), flush=True)
+        return finished
+
     request = cluster.resource_request(resolved["scaling"])
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
         cluster.connect(resolved["ray"], request)
-
+    if resume == "never":
+        _discard_previous_state(run_dir, storage, builders.run_name(resolved))
     _write_config(run_dir, cfg)
-    storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
+    return _fit(resolved, run_dir, storage, local_mode=request.num_workers == 0, started=started)
+
+
+def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, local_mode: bool, started: float) -> Dict[str, Any]:
+    """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
     task_cls = get_object(resolved["task"]["_target_"])
     monitor = resolved["trainer"]["monitor"] or task_cls.monitor
     mode = resolved["trainer"]["monitor_mode"] or task_cls.mode
     epoch_log = outputs.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
-    for name, value in RAY_TRAIN_ENV.items():
-        os.environ.setdefault(name, value)
+    for variable, value in RAY_TRAIN_ENV.items():
+        os.environ.setdefault(variable, value)
     worker_env = {**RAY_TRAIN_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     trainer = TorchTrainer(
         train_loop_per_worker,
@@ -67,7 +79,8 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
 
     def finish(status: str, error: Optional[str] = None) -> Dict[str, Any]:
         history = outputs.read_history(run_dir)
-        summary = outputs.make_summary(status, history, monitor, mode, run_dir, os.path.join(storage, builders.run_name(resolved)), time.time() - started, error)
+        location = os.path.join(storage, builders.run_name(resolved))
+        summary = outputs.make_summary(status, history, monitor, mode, run_dir, location, time.time() - started, error)
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
         return summary
 
@@ -77,7 +90,7 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
         finish("failed", error=str(error))
         raise TrainingFailed(f"Training failed: {_first_cause(error)}\nRun dir: {run_dir} (summary.json has the full error)") from None
 
-    if request.num_workers == 0:  # local mode runs no callbacks: write the epochs it returned
+    if local_mode:  # local mode runs no callbacks: write the epochs it returned
         for metrics in result.return_value["history"]:
             epoch_log.write(metrics)
     with open(os.path.join(run_dir, outputs.MODEL_FILE), "wb") as file:
@@ -85,6 +98,21 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     summary = finish("completed")
     print(f"Run dir: {run_dir}", flush=True)
     return summary
+
+
+def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
+    """``run.resume=never``: this run's earlier files and Ray state go, so nothing resumes from them."""
+    import pyarrow.fs
+
+    removed = [f for f in (outputs.METRICS_FILE, outputs.SUMMARY_FILE, outputs.MODEL_FILE) if os.path.exists(os.path.join(run_dir, f))]
+    for file in removed:
+        os.remove(os.path.join(run_dir, file))
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(storage if "://" in storage else f"file://{storage}")
+    if filesystem.get_file_info(f"{path}/{name}").type != pyarrow.fs.FileType.NotFound:
+        filesystem.delete_dir(f"{path}/{name}")
+        removed.append(f"{storage}/{name}")
+    if removed:
+        print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
 
 
 def _write_config(run_dir: str, cfg: DictConfig) -> None:

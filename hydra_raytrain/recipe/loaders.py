@@ -20,6 +20,11 @@ def _seed_loader_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+def loader_seed(seed: int, rank: int, epoch: int) -> int:
+    """Seed of a loader's generator (and so of its worker processes): distinct per rank and per epoch."""
+    return (seed * 1_000_003 + rank) * 10_007 + epoch
+
+
 def build_loader(
     dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: Mapping[str, Any]
 ) -> DataLoader:
@@ -34,8 +39,9 @@ def build_loader(
         pin_memory=options.get("pin_memory", False),
         persistent_workers=options.get("persistent_workers", False),
         worker_init_fn=_seed_loader_worker if num_workers else None,
-        # Distinct per rank, so augmentations in loader workers differ between ranks.
-        generator=torch.Generator().manual_seed(seed * 1_000_003 + rank),
+        # Distinct per rank, so augmentations in loader workers differ between ranks; the recipe reseeds it
+        # every epoch so that a resumed epoch draws what the uninterrupted one drew.
+        generator=torch.Generator().manual_seed(loader_seed(seed, rank, 0)),
         **extra,
     )
 
@@ -53,3 +59,14 @@ def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | N
             f"a multiple of {world_size}, or trainer.batch_size=null trainer.batch_size_per_worker=N.",
         )
     return batch_size // world_size
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Tensors in a batch (a tensor, or lists / tuples / dicts of them) moved to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: move_to(value, device) for key, value in batch.items()}
+    return batch

@@ -1,7 +1,8 @@
 """The worker recipe: what every Ray Train worker runs (``train_loop_per_worker``).
 
-Fixed phases, torchtune-style: ``setup`` (data, model, optimizer) -> ``train`` (one report per epoch) -> the
-final weights in a checkpoint. The config arrives resolved from the driver (a plain dict, absolute paths):
+Fixed phases, torchtune-style: ``setup`` (data, model, optimizer, then the latest checkpoint if Ray restarted
+us) -> ``train`` (one report per epoch, a full-state checkpoint every ``checkpoint.every_n_epochs`` and at
+the end). The config arrives resolved from the driver (a plain dict, absolute paths):
 ``${hydra:...}`` and the driver's working directory mean nothing in a worker.
 """
 
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import inspect
 import io
-import os
+import itertools
+import logging
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import ray.train
 import ray.train.torch
@@ -21,10 +23,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from hydra_raytrain.driver.outputs import MODEL_FILE
-from hydra_raytrain.recipe.loaders import build_loader, per_worker_batch_size
-from hydra_raytrain.recipe.metrics import SumMeter
+from hydra_raytrain.recipe import checkpoint
+from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
+from hydra_raytrain.recipe.metrics import SumMeter, validation_totals
 from hydra_raytrain.recipe.step import TrainStep
+
+logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -33,8 +37,8 @@ def train_loop_per_worker(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     ``model.pt`` in every mode."""
     recipe = Recipe(OmegaConf.create(config["cfg"]))
     recipe.setup()
-    history, weights = recipe.train()
-    return {"history": history, "weights": weights} if recipe.rank == 0 else None
+    weights = recipe.train()
+    return {"history": recipe.history, "weights": weights} if recipe.rank == 0 else None
 
 
 class Recipe:
@@ -51,6 +55,29 @@ class Recipe:
         self._setup_data()
         self._setup_model()
         self._setup_optimizer()
+        self.start_epoch, self.global_step, self.history = 0, 0, []
+        self._resume()
+
+    def _resume(self) -> None:
+        """Continue from Ray's latest checkpoint (after a worker failure, or a re-run of the same run);
+        a checkpoint that does not load is skipped for the one before it."""
+        latest = ray.train.get_checkpoint()
+        if latest is None:
+            return
+        older = [reported.checkpoint for reported in reversed(ray.train.get_all_reported_checkpoints())]
+        candidates = [latest] + [c for c in older if c.path != latest.path]
+        state = checkpoint.read_newest_loadable(candidates, self.rank, warn=lambda message: logger.warning(message))
+        if state is None:
+            raise RuntimeError(f"None of the run's {len(candidates)} checkpoints loads; see the warnings above.")
+        self.unwrapped.load_state_dict(state["model"])
+        self.step.optimizer.load_state_dict(state["train"]["optimizer"])
+        if self.step.lr_scheduler is not None:
+            self.step.lr_scheduler.load_state_dict(state["train"]["lr_scheduler"])
+        self.start_epoch = state["train"]["epoch"]
+        self.global_step = state["train"]["global_step"]
+        self.history = list(state["train"]["history"])
+        if state["rng"] is not None:
+            checkpoint.set_rng_state(state["rng"])
 
     def _setup_data(self) -> None:
         trainer = self.cfg.trainer
@@ -78,11 +105,14 @@ class Recipe:
         per_batch = self.cfg.scheduler.interval == "step"
         self.step = TrainStep(self.model, optimizer, lr_scheduler, step_scheduler_per_batch=per_batch)
 
-    def train(self) -> Tuple[List[Dict[str, float]], Optional[bytes]]:
-        max_epochs, history = self.cfg.trainer.max_epochs, []
-        for epoch in range(max_epochs):
+    def train(self) -> Optional[bytes]:
+        max_epochs, weights = self.cfg.trainer.max_epochs, None
+        for epoch in range(self.start_epoch, max_epochs):
             # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
             self.train_loader.sampler.set_epoch(epoch)
+            # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
+            # draw exactly what the uninterrupted one drew.
+            self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
             started = time.perf_counter()
             train = self._train_epoch()
             train_seconds = time.perf_counter() - started
@@ -98,46 +128,54 @@ class Recipe:
             }
             if self.step.lr_scheduler is not None and not self.step.step_scheduler_per_batch:
                 self.step.lr_scheduler.step()
-            history.append(metrics)
-            weights = self._report(metrics, final=epoch + 1 == max_epochs)
-        return history, weights
+            self.history.append(metrics)
+            weights = self._report(metrics, epoch + 1, final=epoch + 1 == max_epochs)
+        return weights
 
     def _train_epoch(self) -> Dict[str, float]:
         self.model.train()
         meter = SumMeter()
-        for _, batch in zip(range(self.train_batches), self.train_loader):
+        for batch in itertools.islice(self.train_loader, self.train_batches):
             meter.add(self.task.train_batch(self.step, self._to_device(batch)))
+            self.global_step += 1
         return meter.totals()
 
-    @torch.no_grad()
     def _validate(self) -> Dict[str, float]:
         # The unwrapped model: ranks hold different numbers of validation batches, and DDP's forward could
         # start a collective (buffer broadcast) that the other ranks never join.
-        self.unwrapped.eval()
-        meter = SumMeter()
-        for _, batch in zip(range(self.val_batches), self.val_loader):
-            meter.add(self.task.validation_step(self.unwrapped, self._to_device(batch)))
-        return meter.totals()
+        batches = itertools.islice(self.val_loader, self.val_batches)
+        return validation_totals(self.task, self.unwrapped, batches, self._to_device)
 
     def _to_device(self, batch: Any) -> Any:
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self.device, non_blocking=True)
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self._to_device(item) for item in batch)
-        if isinstance(batch, dict):
-            return {key: self._to_device(value) for key, value in batch.items()}
-        return batch
+        return move_to(batch, self.device)
 
-    def _report(self, metrics: Dict[str, float], final: bool) -> Optional[bytes]:
-        """Every rank reports (a barrier); at the end rank 0 attaches the final weights as Ray's checkpoint
-        and returns the same bytes for the driver's ``model.pt``."""
-        if not (final and self.rank == 0):
+    def _report(self, metrics: Dict[str, float], epochs_done: int, final: bool) -> Optional[bytes]:
+        """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
+        adds its share of a full-state checkpoint; at the end rank 0 also returns the weights' bytes."""
+        if not (final or epochs_done % self.cfg.checkpoint.every_n_epochs == 0):
             ray.train.report(metrics)
             return None
-        buffer = io.BytesIO()
-        torch.save(self.unwrapped.state_dict(), buffer)
+        weights = None
         with tempfile.TemporaryDirectory() as folder:
-            with open(os.path.join(folder, MODEL_FILE), "wb") as file:
-                file.write(buffer.getvalue())
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
-        return buffer.getvalue()
+            if self.rank == 0:
+                buffer = io.BytesIO()
+                torch.save(self.unwrapped.state_dict(), buffer)
+                weights = buffer.getvalue()
+                checkpoint.write(folder, self.rank, self.unwrapped.state_dict(), self._train_state(epochs_done), OmegaConf.to_container(self.cfg))
+            else:
+                checkpoint.write(folder, self.rank)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder), checkpoint_dir_name=f"epoch_{epochs_done:04d}")
+        return weights if final else None
+
+    def _train_state(self, epochs_done: int) -> Dict[str, Any]:
+        monitor = self.cfg.trainer.monitor or self.task.monitor
+        scores = [m[monitor] for m in self.history if monitor in m]
+        pick = max if (self.cfg.trainer.monitor_mode or self.task.mode) == "max" else min
+        return {
+            "optimizer": self.step.optimizer.state_dict(),
+            "lr_scheduler": self.step.lr_scheduler.state_dict() if self.step.lr_scheduler is not None else None,
+            "epoch": epochs_done,  # the sampler's next epoch is this one (0-based)
+            "global_step": self.global_step,
+            "best": {"monitor": monitor, "value": pick(scores) if scores else None},
+            "history": self.history,
+        }

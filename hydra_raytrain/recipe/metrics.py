@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Mapping
+from typing import Any, Callable, Dict, Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -28,4 +28,14 @@ class SumMeter:
         if dist.is_available() and dist.is_initialized():
             # Sums, not means: workers may hold different sample counts (validation is not padded).
             dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
-        return dict(zip(names, stacked.tolist()))
+        return dict(zip(names, stacked.tolist(), strict=True))
+
+
+@torch.no_grad()
+def validation_totals(task: Any, model: torch.nn.Module, batches: Iterable[Any], to_device: Callable[[Any], Any]) -> Dict[str, float]:
+    """The task's validation sums over ``batches``, added over workers (a collective when distributed)."""
+    model.eval()
+    meter = SumMeter()
+    for batch in batches:
+        meter.add(task.validation_step(model, to_device(batch)))
+    return meter.totals()

@@ -58,3 +58,16 @@ def test_every_epoch_reports_exact_metrics_once(ray_address, tmp_path):
         correct = metrics["val_accuracy"] * 359
         assert abs(correct - round(correct)) < 1e-6
         assert {"train_loss", "val_loss", "val_accuracy", "samples_per_second", "epoch_seconds"} <= metrics.keys()
+
+
+def test_load_model_and_evaluate_reproduce_the_reported_metrics(ray_address, tmp_path):
+    from hydra_raytrain import evaluate, load_model
+
+    summary = train(compose_config("trainer.max_epochs=2"), run_dir=str(tmp_path))
+    for path in (tmp_path, next((tmp_path / "ray_storage").glob("*/epoch_0002"))):  # a run dir, a checkpoint
+        model = load_model(str(path))
+        assert model(torch.zeros(1, 1, 8, 8)).shape == (1, 10) and not model.training
+        metrics = evaluate(str(path))
+        for name in ("val_loss", "val_accuracy"):
+            assert abs(metrics[name] - summary["final"][name]) <= 1e-5
+        assert json.loads((path / "evaluation.json").read_text()) == metrics

@@ -49,3 +49,20 @@ def test_run_name_is_deterministic_and_tracks_result_changing_keys(tmp_path):
     assert builders.run_name(resolved(tmp_path, "ray.address=auto", "storage.path=/elsewhere")) == name
     assert builders.run_name(resolved(tmp_path, "storage.name=mine")) == "mine"
     assert builders.run_name(resolved(tmp_path, "model=resnet18")).startswith("resnet18-digits-")
+
+
+def test_run_identity_ignores_resume_policy_and_checkpoint_retention(tmp_path):
+    name = builders.run_name(resolved(tmp_path))
+    assert builders.run_name(resolved(tmp_path, "run.resume=never", "checkpoint.num_to_keep=1", "checkpoint.every_n_epochs=2")) == name
+
+
+def test_the_default_run_dir_is_the_run_name():
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from hydra_raytrain.config import run_name
+
+    with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
+        cfg = compose("train", overrides=["optimizer.lr=0.01"], return_hydra_config=True)
+    without_hydra = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in cfg if k != "hydra"}
+    assert OmegaConf.select(cfg, "hydra.run.dir") == f"outputs/runs/{run_name(without_hydra)}"

@@ -1,0 +1,40 @@
+"""A run's identity: a name derived from the composed config, used for Ray's ``RunConfig.name`` and the
+default run dir (``outputs/runs/<name>``). The same config always gives the same name, so re-running a
+command finds its run again (and resumes it); a change that can alter the result gives a new name."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+# Keys that cannot change what is learned: how Ray is reached, where results go, what is logged, when and
+# which checkpoints are kept, whether to resume.
+NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint")
+
+
+def run_name(cfg: Mapping[str, Any]) -> str:
+    if cfg["storage"]["name"]:
+        return cfg["storage"]["name"]
+    identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    model = str(cfg["model"].get("arch") or cfg["model"]["_target_"].rsplit(".", 1)[-1]).lower()
+    dataset = str(cfg["dataset"].get("name") or cfg["dataset"]["_target_"].rsplit(".", 1)[-1]).lower()
+    return f"{model}-{dataset}-{digest}"
+
+
+def run_name_resolver(*, _root_: DictConfig) -> str:
+    """``${run_name:}`` in ``hydra.run.dir``. A config that does not resolve gets a placeholder name: the
+    driver's validation then reports what is wrong (and removes the run dir)."""
+    try:
+        cfg = {key: OmegaConf.to_container(_root_[key], resolve=True) for key in _root_ if key != "hydra"}
+        return run_name(cfg)
+    except Exception:
+        return "unresolved-config"
+
+
+def register_resolver() -> None:
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", run_name_resolver)

@@ -1,0 +1,74 @@
+"""Use a trained run: rebuild its model, or score it on its validation split.
+
+    python -m hydra_raytrain.evaluate outputs/runs/<name>                          # a run dir
+    python -m hydra_raytrain.evaluate outputs/runs/<name>/ray_storage/<name>/epoch_0004   # one checkpoint
+
+Prints the metrics (the names metrics.jsonl uses: val_loss, val_accuracy, ...) and writes them to
+``evaluation.json`` in that folder. Evaluation runs in this process on the CPU (or the first GPU) over the
+whole validation split, so it equals what training reported when ``trainer.limit_val_batches`` was unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, Dict
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from hydra_raytrain.driver.outputs import MODEL_FILE, write_json
+from hydra_raytrain.recipe.checkpoint import CONFIG_FILE
+from hydra_raytrain.recipe.loaders import build_loader, move_to
+from hydra_raytrain.recipe.metrics import validation_totals
+
+EVALUATION_FILE = "evaluation.json"
+
+
+def load_config(path: str) -> Dict[str, Any]:
+    """The resolved config of a run dir (``.hydra/config.yaml``) or of a checkpoint folder (``config.json``)."""
+    if os.path.exists(os.path.join(path, CONFIG_FILE)):
+        with open(os.path.join(path, CONFIG_FILE)) as file:
+            return json.load(file)
+    hydra_config = os.path.join(path, ".hydra", "config.yaml")
+    if os.path.exists(hydra_config):
+        return OmegaConf.to_container(OmegaConf.load(hydra_config), resolve=True)
+    raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
+
+
+def load_model(path: str) -> torch.nn.Module:
+    """The model of a run dir or checkpoint, built from its saved config, with its weights, in eval mode."""
+    model = instantiate(load_config(path)["model"], _convert_="all")
+    model.load_state_dict(torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu"))
+    return model.eval()
+
+
+def evaluate(path: str) -> Dict[str, float]:
+    cfg = load_config(path)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    task = instantiate(cfg["task"])
+    model = load_model(path).to(device)
+    splits = instantiate(cfg["dataset"], _convert_="all")
+    trainer = cfg["trainer"]
+    batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
+    loader = build_loader(splits.val, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=trainer["dataloader"])
+    metrics = {f"val_{name}": value for name, value in task.compute(validation_totals(task, model, loader, lambda b: move_to(b, device))).items()}
+    write_json(os.path.join(path, EVALUATION_FILE), metrics)
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="a run dir, or one checkpoint folder inside its Ray storage")
+    path = parser.parse_args().path
+    if not os.path.isdir(path):
+        parser.error(f"{path}: no such folder")
+    metrics = evaluate(path)
+    print("  ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
+    print(f"Written: {os.path.join(path, EVALUATION_FILE)}")
+
+
+if __name__ == "__main__":
+    main()

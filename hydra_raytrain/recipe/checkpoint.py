@@ -1,0 +1,86 @@
+"""What a checkpoint holds, and how it is written and read back.
+
+One Ray checkpoint folder per save, merged by Ray from every rank's files:
+
+    model.pt            rank 0: the unwrapped model's state_dict (also the run dir's model.pt format)
+    config.json         rank 0: the resolved config, so a checkpoint alone rebuilds its model (load_model)
+    train_state.pt      rank 0: optimizer, LR scheduler, epoch, global step, best metric, epoch history
+    rng_rank<R>.pt      every rank: its torch / numpy / python RNG states (they differ per rank)
+
+Everything is plain tensors and containers, so every file loads with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from hydra_raytrain.driver.outputs import MODEL_FILE
+
+STATE_FILE = "train_state.pt"
+CONFIG_FILE = "config.json"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_rank{rank}.pt"
+
+
+def rng_state() -> Dict[str, Any]:
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": position, "has_gauss": has_gauss, "cached": cached},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    numpy = state["numpy"]
+    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["cached"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write(folder: str, rank: int, model_state: Optional[Dict[str, Any]] = None, train_state: Optional[Dict[str, Any]] = None, config: Optional[Dict[str, Any]] = None) -> None:
+    """This rank's share of a checkpoint: its RNG states; rank 0 also passes the model, train state and config."""
+    torch.save(rng_state(), os.path.join(folder, rng_file(rank)))
+    if model_state is not None:
+        torch.save(model_state, os.path.join(folder, MODEL_FILE))
+        torch.save(train_state, os.path.join(folder, STATE_FILE))
+        with open(os.path.join(folder, CONFIG_FILE), "w") as file:
+            json.dump(config, file)
+
+
+def read(folder: str, rank: int) -> Dict[str, Any]:
+    """Load a whole checkpoint folder, every rank's RNG file included, so that every rank judges the same
+    folder complete or broken (they must agree on which checkpoint to resume from)."""
+    names = sorted(name for name in os.listdir(folder) if name.startswith("rng_rank"))
+    rngs = {name: torch.load(os.path.join(folder, name), weights_only=True) for name in names}
+    return {
+        "model": torch.load(os.path.join(folder, MODEL_FILE), weights_only=True),
+        "train": torch.load(os.path.join(folder, STATE_FILE), weights_only=True),
+        "rng": rngs.get(rng_file(rank)),  # None when the world size grew (elastic): the caller reseeds
+    }
+
+
+def read_newest_loadable(checkpoints: List[Any], rank: int, warn) -> Optional[Dict[str, Any]]:
+    """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads; warns about each
+    one skipped (a truncated file, a missing part)."""
+    for checkpoint in checkpoints:
+        try:
+            with checkpoint.as_directory() as folder:
+                return read(folder, rank)
+        except Exception as error:  # torch raises RuntimeError / EOFError / UnpicklingError on truncated files
+            warn(f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); trying the previous one")
+    return None

@@ -1,0 +1,49 @@
+"""Checkpoint contents: RNG states round-trip, every file loads with weights_only, broken folders are skipped."""
+
+import random
+
+import numpy as np
+import torch
+from ray.train import Checkpoint
+
+from hydra_raytrain.recipe import checkpoint
+
+
+def draw():
+    return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+
+
+def test_rng_states_round_trip_through_a_weights_only_file(tmp_path):
+    torch.manual_seed(1), np.random.seed(1), random.seed(1)
+    draw()
+    checkpoint.write(str(tmp_path), rank=0, model_state={"w": torch.ones(2)}, train_state={"epoch": 3}, config={"a": 1})
+    expected = draw()
+    torch.manual_seed(99), np.random.seed(99), random.seed(99)
+    state = checkpoint.read(str(tmp_path), rank=0)
+    checkpoint.set_rng_state(state["rng"])
+    assert draw() == expected
+    assert state["train"] == {"epoch": 3} and torch.equal(state["model"]["w"], torch.ones(2))
+
+
+def test_a_rank_without_its_rng_file_gets_none(tmp_path):
+    checkpoint.write(str(tmp_path), rank=0, model_state={}, train_state={}, config={})
+    assert checkpoint.read(str(tmp_path), rank=1)["rng"] is None
+
+
+def test_newest_loadable_skips_a_truncated_checkpoint(tmp_path):
+    folders = []
+    for epoch in (1, 2):
+        folder = tmp_path / f"epoch_{epoch}"
+        folder.mkdir()
+        checkpoint.write(str(folder), rank=0, model_state={"w": torch.full((2,), float(epoch))}, train_state={"epoch": epoch}, config={})
+        folders.append(folder)
+    model_file = folders[1] / "model.pt"
+    model_file.write_bytes(model_file.read_bytes()[:50])
+    warnings = []
+    state = checkpoint.read_newest_loadable([Checkpoint.from_directory(str(f)) for f in reversed(folders)], 0, warnings.append)
+    assert state["train"]["epoch"] == 1 and len(warnings) == 1 and "epoch_2" in warnings[0]
+
+
+def test_no_loadable_checkpoint_gives_none(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert checkpoint.read_newest_loadable([Checkpoint.from_directory(str(tmp_path / "empty"))], 0, lambda m: None) is None

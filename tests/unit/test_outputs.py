@@ -1,0 +1,38 @@
+"""The run dir's files: the metrics log keeps one history across resumes; finished runs are recognised."""
+
+import json
+
+from hydra_raytrain.driver import outputs
+
+
+def metrics(epoch, accuracy):
+    return {"epoch": epoch, "val_accuracy": accuracy, "samples_per_second": 1.0, "epoch_seconds": 1.0}
+
+
+def test_an_epoch_trained_again_replaces_the_entries_from_it_on(tmp_path):
+    log = outputs.EpochLog(str(tmp_path), max_epochs=4)
+    for epoch in (1, 2, 3):
+        log.write(metrics(epoch, 0.1 * epoch))
+    log.write(metrics(3, 0.9))  # resumed from the epoch-2 checkpoint: epoch 3 again
+    log.write(metrics(4, 0.95))
+    history = outputs.read_history(str(tmp_path))
+    assert [m["epoch"] for m in history] == [1, 2, 3, 4] and history[2]["val_accuracy"] == 0.9
+
+
+def test_best_epoch_respects_mode_and_ignores_nan():
+    history = [metrics(1, 0.5), metrics(2, float("nan")), metrics(3, 0.7), metrics(4, 0.6)]
+    assert outputs.best_epoch(history, "val_accuracy", "max")["epoch"] == 3
+    assert outputs.best_epoch(history, "val_accuracy", "min")["epoch"] == 1
+    assert outputs.best_epoch([], "val_accuracy", "max") is None
+
+
+def test_only_a_completed_summary_counts_as_finished(tmp_path):
+    assert outputs.finished_summary(str(tmp_path)) is None
+    summary = outputs.make_summary("failed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0, error="boom")
+    outputs.write_json(str(tmp_path / "summary.json"), summary)
+    assert outputs.finished_summary(str(tmp_path)) is None
+    summary = outputs.make_summary("completed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0)
+    outputs.write_json(str(tmp_path / "summary.json"), summary)
+    assert outputs.finished_summary(str(tmp_path))["epochs_completed"] == 1
+    assert "Run already complete: 1 epochs, best val_accuracy 0.5000" in outputs.already_complete(summary)
+    assert not list(tmp_path.glob("*.partial")) and json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
