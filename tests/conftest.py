@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from typing import Sequence
 
 import pytest
@@ -33,8 +35,35 @@ def run_cli(args: Sequence[str], cwd: str, timeout: float = 180) -> subprocess.C
     )
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
-def ray_address():
+def s3_endpoint():
+    """A real S3-compatible server (moto) on loopback. Its endpoint and dummy credentials go into the
+    environment before Ray starts, so the driver, Ray's controller and the workers all reach it."""
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    yield endpoint
+    server.terminate()
+    server.wait()
+
+
+@pytest.fixture(scope="session")
+def ray_address(s3_endpoint):
     import ray
 
     ray.init(address="local", num_cpus=TEST_CLUSTER_CPUS, logging_level="WARNING")

@@ -55,6 +55,7 @@ class StorageConfig:
 
     path: Optional[str] = None  # None: <run dir>/ray_storage. A shared path or URI (s3://...) on multi-node clusters.
     name: Optional[str] = None  # None: derived from the config, so identical configs share it and others never do.
+    shared_filesystem: bool = False  # a local-looking path that every node mounts (NFS, ...): allowed on multi-node clusters
 
 
 @dataclass

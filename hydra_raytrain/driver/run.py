@@ -10,6 +10,7 @@ import time
 from typing import Any, Dict, Optional
 
 from hydra.core.hydra_config import HydraConfig
+import ray
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from ray.train import TrainingFailedError
@@ -17,6 +18,8 @@ from ray.train.torch import TorchTrainer
 
 from hydra_raytrain.config import validate
 from hydra_raytrain.driver import builders, cluster, outputs
+from hydra_raytrain.driver.storage import check_storage
+from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.recipe.loop import train_loop_per_worker
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
@@ -55,6 +58,8 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     request = cluster.resource_request(resolved["scaling"])
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
         cluster.connect(resolved["ray"], request)
+    nodes = len([node for node in ray.nodes() if node["Alive"]]) if request.num_workers else 1
+    check_storage(storage, nodes, resolved["storage"]["shared_filesystem"])
     if resume == "never":
         _discard_previous_state(run_dir, storage, builders.run_name(resolved))
     _write_config(run_dir, cfg)
@@ -102,14 +107,10 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, local_mode: bool,
 
 def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
     """``run.resume=never``: this run's earlier files and Ray state go, so nothing resumes from them."""
-    import pyarrow.fs
-
     removed = [f for f in (outputs.METRICS_FILE, outputs.SUMMARY_FILE, outputs.MODEL_FILE) if os.path.exists(os.path.join(run_dir, f))]
     for file in removed:
         os.remove(os.path.join(run_dir, file))
-    filesystem, path = pyarrow.fs.FileSystem.from_uri(storage if "://" in storage else f"file://{storage}")
-    if filesystem.get_file_info(f"{path}/{name}").type != pyarrow.fs.FileType.NotFound:
-        filesystem.delete_dir(f"{path}/{name}")
+    if delete_storage(f"{storage}/{name}"):
         removed.append(f"{storage}/{name}")
     if removed:
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
