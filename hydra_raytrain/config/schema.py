@@ -26,9 +26,12 @@ def _at_least(key: str, value: Optional[float], low: float) -> None:
 
 @dataclass
 class ScalingConfig:
-    """Maps onto ``ray.train.ScalingConfig``. ``num_workers=0`` runs Ray Train's local mode (no Ray, one process)."""
+    """Maps onto ``ray.train.ScalingConfig``. ``num_workers=0`` runs Ray Train's local mode (no Ray, one process).
+    With ``max_workers``, training is elastic: Ray starts as many workers as fit (at least ``num_workers``)
+    and resizes the group after failures; the global batch size stays what ``trainer.batch_size`` says."""
 
     num_workers: int = 2
+    max_workers: Optional[int] = None  # set: elastic, Ray's num_workers=(num_workers, max_workers)
     use_gpu: bool = False
     # None: Ray's default, {"CPU": 1} or {"GPU": 1} with use_gpu. Typed Any because OmegaConf 2.3 cannot merge a
     # command-line dict into an Optional[Dict] that is None; __post_init__ checks the shape instead.
@@ -37,6 +40,12 @@ class ScalingConfig:
 
     def __post_init__(self) -> None:
         _at_least("scaling.num_workers", self.num_workers, 0)
+        if self.max_workers is not None and (self.num_workers < 1 or self.max_workers < self.num_workers):
+            raise ConfigError(
+                "scaling.max_workers", self.max_workers,
+                f"elastic training needs 1 <= scaling.num_workers (now {self.num_workers}) <= scaling.max_workers.",
+                f"scaling.max_workers >= {max(1, self.num_workers)}, or null for a fixed size.",
+            )
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
         if self.placement_strategy not in strategies:
             raise ConfigError("scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies))

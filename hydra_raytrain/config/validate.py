@@ -35,8 +35,9 @@ def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
         resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
     from hydra_raytrain.recipe.loaders import per_worker_batch_size
 
-    trainer = resolved["trainer"]
-    per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], max(1, resolved["scaling"]["num_workers"]))
+    trainer, scaling = resolved["trainer"], resolved["scaling"]
+    for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
+        per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
     return resolved
 
 

@@ -10,8 +10,9 @@ from hydra_raytrain.config.identity import run_name
 
 
 def scaling_config(scaling: Mapping[str, Any]) -> ScalingConfig:
+    elastic = scaling["max_workers"] is not None and scaling["max_workers"] > scaling["num_workers"]
     return ScalingConfig(
-        num_workers=scaling["num_workers"],
+        num_workers=(scaling["num_workers"], scaling["max_workers"]) if elastic else scaling["num_workers"],
         use_gpu=scaling["use_gpu"],
         resources_per_worker=dict(scaling["resources_per_worker"]) if scaling["resources_per_worker"] else None,
         placement_strategy=scaling["placement_strategy"],

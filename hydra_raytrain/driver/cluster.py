@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import ray
 
@@ -24,12 +24,17 @@ WORKER_MEMORY_BYTES = 700 * 2**20
 
 @dataclass(frozen=True)
 class ResourceRequest:
-    num_workers: int
+    num_workers: int  # what must fit (the minimum, when elastic)
     per_worker: Dict[str, float]
+    max_workers: Optional[int] = None  # elastic: what a new local cluster is sized for
 
     @property
     def total(self) -> Dict[str, float]:
         return {name: amount * self.num_workers for name, amount in self.per_worker.items() if amount}
+
+    @property
+    def largest(self) -> "ResourceRequest":
+        return ResourceRequest(max(self.num_workers, self.max_workers or 0), self.per_worker)
 
     def describe(self) -> str:
         each = ", ".join(f"{amount:g} {name}" for name, amount in self.per_worker.items() if amount)
@@ -41,11 +46,12 @@ def resource_request(scaling: Mapping[str, Any]) -> ResourceRequest:
     from hydra_raytrain.driver.builders import scaling_config
 
     per_worker = scaling_config(scaling)._resources_per_worker_not_none
-    return ResourceRequest(scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()})
+    return ResourceRequest(scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()}, scaling["max_workers"])
 
 
 def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_cfg: Mapping[str, Any]) -> int:
     """How many logical CPUs a new local cluster gets, or a ConfigError when the machine cannot serve the run."""
+    request = request.largest
     wanted = request.total.get("CPU", 0.0)
     limit = int(cores * ray_cfg["max_cpu_oversubscription"])
     if wanted > limit:

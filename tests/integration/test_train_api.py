@@ -71,3 +71,13 @@ def test_load_model_and_evaluate_reproduce_the_reported_metrics(ray_address, tmp
         for name in ("val_loss", "val_accuracy"):
             assert abs(metrics[name] - summary["final"][name]) <= 1e-5
         assert json.loads((path / "evaluation.json").read_text()) == metrics
+
+
+def test_elastic_training_takes_what_the_cluster_holds(ray_address, tmp_path):
+    """min 2, max 4 workers on the 4-CPU test cluster; the global batch (48) stays whatever the size."""
+    summary = train(compose_config("scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48", "debug=smoke"), run_dir=str(tmp_path))
+    assert summary["status"] == "completed"
+    assert 2 <= summary["final"]["world_size"] <= 4  # 4 when the cluster is idle
+    # 2 batches of a global 48: exactly 96 samples trained, whatever the world size.
+    correct = summary["final"]["train_accuracy"] * 96
+    assert abs(correct - round(correct)) < 1e-9

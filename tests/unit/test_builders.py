@@ -66,3 +66,9 @@ def test_the_default_run_dir_is_the_run_name():
         cfg = compose("train", overrides=["optimizer.lr=0.01"], return_hydra_config=True)
     without_hydra = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in cfg if k != "hydra"}
     assert OmegaConf.select(cfg, "hydra.run.dir") == f"outputs/runs/{run_name(without_hydra)}"
+
+
+def test_elastic_scaling_maps_onto_rays_range(tmp_path):
+    cfg = resolved(tmp_path, "scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48")
+    assert builders.scaling_config(cfg["scaling"]).num_workers == (2, 4)
+    assert builders.scaling_config(resolved(tmp_path, "scaling.max_workers=2")["scaling"]).num_workers == 2

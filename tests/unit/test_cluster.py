@@ -10,7 +10,7 @@ GIB = 2**30
 
 
 def scaling(num_workers, use_gpu=False, resources=None):
-    return {"num_workers": num_workers, "use_gpu": use_gpu, "resources_per_worker": resources, "placement_strategy": "PACK"}
+    return {"num_workers": num_workers, "max_workers": None, "use_gpu": use_gpu, "resources_per_worker": resources, "placement_strategy": "PACK"}
 
 
 def test_request_follows_rays_defaults():
@@ -55,3 +55,9 @@ def test_cluster_too_small():
     with pytest.raises(ConfigError, match="needs 6 CPU; the cluster has 4"):
         check_fits(ResourceRequest(3, {"CPU": 2.0}), {"CPU": 4.0}, "the cluster")
     check_fits(ResourceRequest(2, {"CPU": 2.0}), {"CPU": 4.0}, "the cluster")
+
+
+def test_elastic_local_cluster_is_sized_for_the_maximum_and_existing_ones_must_fit_the_minimum():
+    request = resource_request({**scaling(2), "max_workers": 6})
+    assert plan_local_cpus(request, cores=2, free_memory=20 * GIB, ray_cfg=RAY) == 6
+    check_fits(request, {"CPU": 2.0}, "the cluster")  # 2 of at most 6 fit: enough to start

@@ -67,3 +67,10 @@ def test_resources_per_worker_from_the_command_line(tmp_path):
     assert resolved["scaling"]["resources_per_worker"] == {"CPU": 2, "memory": 1000}
     with pytest.raises(ConfigError, match="scaling.resources_per_worker.CPU='two'"):
         validate(compose_config("scaling.resources_per_worker={CPU: two}"), str(tmp_path))
+
+
+def test_elastic_global_batch_must_split_over_every_possible_world_size(tmp_path):
+    with pytest.raises(ConfigError, match="split evenly over 3 workers"):
+        validate(compose_config("scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=64"), str(tmp_path))
+    with pytest.raises(ConfigError, match="scaling.max_workers=1"):
+        validate(compose_config("scaling.num_workers=2", "scaling.max_workers=1"), str(tmp_path))
