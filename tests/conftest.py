@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
 # Logical CPUs of the test cluster: enough for the 4-worker resnet18 run on a 2-core machine.
 TEST_CLUSTER_CPUS = 4
 
@@ -50,7 +51,9 @@ def s3_endpoint():
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
     os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+                       # A dummy W&B key in every worker's environment: the logger tests prove it is never written.
+                       "WANDB_API_KEY": WANDB_TEST_KEY, "WANDB_SILENT": "true"})
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()

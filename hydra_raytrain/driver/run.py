@@ -77,7 +77,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, local_mode: bool,
     worker_env = {**RAY_TRAIN_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": resolved},
+        train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": builders.run_name(resolved)},
         scaling_config=builders.scaling_config(resolved["scaling"]),
         run_config=builders.run_config(resolved, storage, callbacks=[epoch_log], worker_env=worker_env),
     )

@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from hydra_raytrain.loggers.base import build_loggers, finish_all, start_all
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, validation_totals
@@ -35,15 +36,20 @@ def train_loop_per_worker(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Rank 0 returns the epoch history and the final weights as ``torch.save`` bytes (``Result.return_value``;
     Ray refuses tensors there). Ray's local mode persists no checkpoint, so this is how the driver gets
     ``model.pt`` in every mode."""
-    recipe = Recipe(OmegaConf.create(config["cfg"]))
-    recipe.setup()
-    weights = recipe.train()
+    recipe = Recipe(OmegaConf.create(config["cfg"]), run_dir=config["run_dir"], run_name=config["run_name"])
+    status = "failed"
+    try:
+        recipe.setup()
+        weights = recipe.train()
+        status = "completed"
+    finally:
+        recipe.cleanup(status)
     return {"history": recipe.history, "weights": weights} if recipe.rank == 0 else None
 
 
 class Recipe:
-    def __init__(self, cfg: DictConfig):
-        self.cfg = cfg
+    def __init__(self, cfg: DictConfig, run_dir: str, run_name: str):
+        self.cfg, self.run_dir, self.run_name = cfg, run_dir, run_name
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -55,8 +61,16 @@ class Recipe:
         self._setup_data()
         self._setup_model()
         self._setup_optimizer()
-        self.start_epoch, self.global_step, self.history = 0, 0, []
+        self.start_epoch, self.global_step, self.history, self.tracker_ids = 0, 0, [], {}
+        self.loggers = build_loggers(OmegaConf.to_container(self.cfg.logger)) if self.rank == 0 else {}
         self._resume()
+        # After resuming: a tracker continues the run whose id the checkpoint stored.
+        config = {"cfg": OmegaConf.to_container(self.cfg), "run_name": self.run_name}
+        self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
+
+    def cleanup(self, status: str) -> None:
+        for error in finish_all(getattr(self, "loggers", {}), status):
+            logger.warning(f"a logger failed to finish: {error}")
 
     def _resume(self) -> None:
         """Continue from Ray's latest checkpoint (after a worker failure, or a re-run of the same run);
@@ -76,6 +90,7 @@ class Recipe:
         self.start_epoch = state["train"]["epoch"]
         self.global_step = state["train"]["global_step"]
         self.history = list(state["train"]["history"])
+        self.tracker_ids = dict(state["train"].get("tracker_ids") or {})
         if state["rng"] is not None:
             checkpoint.set_rng_state(state["rng"])
 
@@ -128,6 +143,8 @@ class Recipe:
             }
             if self.step.lr_scheduler is not None and not self.step.step_scheduler_per_batch:
                 self.step.lr_scheduler.step()
+            for tracker in self.loggers.values():
+                tracker.log_metrics(metrics, step=epoch + 1)
             self.history.append(metrics)
             weights = self._report(metrics, epoch + 1, final=epoch + 1 == max_epochs)
         return weights
@@ -178,4 +195,5 @@ class Recipe:
             "global_step": self.global_step,
             "best": {"monitor": monitor, "value": pick(scores) if scores else None},
             "history": self.history,
+            "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
         }

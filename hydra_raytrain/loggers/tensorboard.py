@@ -1,0 +1,29 @@
+"""TensorBoard event files in ``<run dir>/tensorboard`` from rank 0 (tensorboardX, which Ray ships)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Mapping, Optional
+
+
+class TensorBoardLogger:
+    def __init__(self, subdir: str = "tensorboard"):
+        self.subdir = subdir
+        self.writer = None
+
+    def start(self, config: Dict[str, Any], run_dir: str, run_id: Optional[str]) -> str:
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(os.path.join(run_dir, self.subdir))
+        return run_id or config["run_name"]
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            if name != "epoch":
+                self.writer.add_scalar(name, value, global_step=step)
+        self.writer.flush()
+
+    def finish(self, status: str) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
