@@ -13,11 +13,12 @@ from hydra.core.hydra_config import HydraConfig
 import ray
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 
 from hydra_raytrain.config import validate
-from hydra_raytrain.driver import builders, cluster, outputs
+from hydra_raytrain.driver import builders, cluster, outputs, report
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.recipe.loop import train_loop_per_worker
@@ -87,6 +88,9 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, local_mode: bool,
         location = os.path.join(storage, builders.run_name(resolved))
         summary = outputs.make_summary(status, history, monitor, mode, run_dir, location, time.time() - started, error)
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
+        if history:
+            report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
+        Console().print(report.summary_table(summary))
         return summary
 
     try:

@@ -5,6 +5,7 @@ import os
 import time
 
 import pytest
+from PIL import Image
 
 from tests.conftest import run_cli
 
@@ -31,6 +32,8 @@ def test_embedded_default_meets_the_accuracy_bar(tmp_path):
     assert {"status", "epochs_completed", "final", "best", "run_dir", "storage"} <= summary.keys()
     assert summary["run_dir"] == str(run_dir) and os.path.isdir(summary["storage"])
     assert f"Run dir: {run_dir}" in done.stdout
+    assert "hydra_raytrain: completed" in done.stdout and "best (val_accuracy, epoch" in done.stdout  # the summary table
+    assert Image.open(run_dir / "curves.png").format == "PNG"
 
 
 USER_TASK = '''
