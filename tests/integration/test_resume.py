@@ -25,11 +25,14 @@ def epochs(run_dir):
 
 
 def test_a_killed_worker_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_address, tmp_path):
-    """23 steps per epoch: step 55 is in epoch 3, after the epoch-2 checkpoint."""
+    """23 steps per epoch: step 55 is in epoch 3, after the epoch-2 checkpoint. The crashed run also logs to
+    W&B (offline): its two attempts must be one W&B run."""
     (tmp_path / "no_crash").touch()
     uninterrupted = train(compose_config(*EXACT, f"+task.marker={tmp_path / 'no_crash'}"), run_dir=str(tmp_path / "a"))
-    crashed = train(compose_config(*EXACT, f"+task.marker={tmp_path / 'crashed'}"), run_dir=str(tmp_path / "b"))
+    crashed = train(compose_config(*EXACT, f"+task.marker={tmp_path / 'crashed'}", "logger=wandb", "logger.wandb.mode=offline"), run_dir=str(tmp_path / "b"))
     assert (tmp_path / "crashed").exists()  # the worker really was killed
+    attempts = sorted((tmp_path / "b").glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(attempts) == 2 and len({run.name for run in attempts}) == 1  # a resumed run continues the same W&B run
     assert epochs(tmp_path / "b") == [1, 2, 3, 4]
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
