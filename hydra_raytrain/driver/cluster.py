@@ -17,6 +17,7 @@ from typing import Any, Dict, Mapping, Optional
 import ray
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.driver.builders import scaling_config
 
 # A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
 WORKER_MEMORY_BYTES = 700 * 2**20
@@ -43,8 +44,6 @@ class ResourceRequest:
 
 def resource_request(scaling: Mapping[str, Any]) -> ResourceRequest:
     """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
-    from hydra_raytrain.driver.builders import scaling_config
-
     per_worker = scaling_config(scaling)._resources_per_worker_not_none
     return ResourceRequest(scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()}, scaling["max_workers"])
 

@@ -50,6 +50,7 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     resolved = validate(cfg, cwd=os.getcwd())
     storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
+    name = builders.run_name(resolved)
     resume = resolved["run"]["resume"]
     finished = outputs.finished_summary(run_dir) if resume == "auto" else None
     if finished is not None:
@@ -62,12 +63,12 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     nodes = len([node for node in ray.nodes() if node["Alive"]]) if request.num_workers else 1
     check_storage(storage, nodes, resolved["storage"]["shared_filesystem"])
     if resume == "never":
-        _discard_previous_state(run_dir, storage, builders.run_name(resolved))
+        _discard_previous_state(run_dir, storage, name)
     _write_config(run_dir, cfg)
-    return _fit(resolved, run_dir, storage, local_mode=request.num_workers == 0, started=started)
+    return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started)
 
 
-def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, local_mode: bool, started: float) -> Dict[str, Any]:
+def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_mode: bool, started: float) -> Dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
     task_cls = get_object(resolved["task"]["_target_"])
     monitor = resolved["trainer"]["monitor"] or task_cls.monitor
@@ -78,15 +79,14 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, local_mode: bool,
     worker_env = {**RAY_TRAIN_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": builders.run_name(resolved)},
+        train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},
         scaling_config=builders.scaling_config(resolved["scaling"]),
         run_config=builders.run_config(resolved, storage, callbacks=[epoch_log], worker_env=worker_env),
     )
 
     def finish(status: str, error: Optional[str] = None) -> Dict[str, Any]:
         history = outputs.read_history(run_dir)
-        location = os.path.join(storage, builders.run_name(resolved))
-        summary = outputs.make_summary(status, history, monitor, mode, run_dir, location, time.time() - started, error)
+        summary = outputs.make_summary(status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error)
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
