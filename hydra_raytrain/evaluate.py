@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Union
 
 import torch
 from hydra.utils import instantiate
@@ -38,10 +38,19 @@ def load_config(path: str) -> Dict[str, Any]:
     raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
 
 
-def load_model(path: str) -> torch.nn.Module:
-    """The model of a run dir or checkpoint, built from its saved config, with its weights, in eval mode."""
-    model = instantiate(load_config(path)["model"], _convert_="all")
-    model.load_state_dict(torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu"))
+def load_model(path: str) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
+    """The model of a run dir or checkpoint, built from its saved config, with its weights, in eval mode.
+    A task with several models (a GAN) gives ``{name: model}``."""
+    spec = load_config(path)["model"]
+    state = torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu")
+    if "_target_" not in spec:
+        return {name: _build(node, state[name]) for name, node in spec.items()}
+    return _build(spec, state)
+
+
+def _build(spec: Dict[str, Any], state: Dict[str, Any]) -> torch.nn.Module:
+    model = instantiate(spec, _convert_="all")
+    model.load_state_dict(state)
     return model.eval()
 
 
@@ -49,7 +58,8 @@ def evaluate(path: str) -> Dict[str, float]:
     cfg = load_config(path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     task = instantiate(cfg["task"])
-    model = load_model(path).to(device)
+    model = load_model(path)
+    model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]

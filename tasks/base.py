@@ -6,7 +6,10 @@ The runner adds the sums over batches and over workers, then calls :meth:`Task.c
 metrics are exact whatever the number of workers (a mean of per-worker means would not be).
 
 A task with several models or optimizers (a GAN) overrides :meth:`Task.train_batch`, which receives the
-runner's :class:`~hydra_raytrain.recipe.step.TrainStep` and decides itself what to step.
+runner's :class:`~hydra_raytrain.recipe.step.TrainStep` and decides itself what to step; its
+``training_step`` / ``validation_step`` then receive the dict of models (``config.model`` names them).
+The runner still provides DDP for every model, autocast and the fp16 scaler, accumulation, clipping,
+checkpoints and resume of every model and optimizer.
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ class Task:
         return {name: value / count for name, value in sums.items() if name != "count"}
 
     def train_batch(self, step: "TrainStep", batch: Any) -> Sums:
-        """One optimisation step on one batch. Override for several models or optimizers."""
-        output = self.training_step(step.model, batch)
+        """One micro-batch: forward under autocast, then backward and (at the end of an accumulation window)
+        an optimizer step. Override for several models or optimizers."""
+        with step.forward():
+            output = self.training_step(step.model, batch)
         step.optimize(output.loss)
         return output.sums
+
+    def on_epoch_end(self, model: Any, epoch: int, run_dir: str) -> None:
+        """Rank 0, after each epoch, with the unwrapped model (or dict of models): write pictures, samples..."""

@@ -20,9 +20,14 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         return cfg["storage"]["name"]
     identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    model = str(cfg["model"].get("arch") or cfg["model"]["_target_"].rsplit(".", 1)[-1]).lower()
+    model = _label(cfg["model"]) if "_target_" in cfg["model"] else _label(cfg["task"])  # several models: the task (gan)
+
     dataset = str(cfg["dataset"].get("name") or cfg["dataset"]["_target_"].rsplit(".", 1)[-1]).lower()
     return f"{model}-{dataset}-{digest}"
+
+
+def _label(node: Mapping[str, Any]) -> str:
+    return str(node.get("arch") or node["_target_"].rsplit(".", 1)[-1]).lower()
 
 
 def run_name_resolver(*, _root_: DictConfig) -> str:

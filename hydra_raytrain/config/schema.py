@@ -19,6 +19,11 @@ from omegaconf import MISSING
 from hydra_raytrain.config.errors import ConfigError
 
 
+def _mapping(key: str, value: Any, example: str) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(key, value, "must be a mapping.", f"e.g. '{example}', or null")
+
+
 def _at_least(key: str, value: Optional[float], low: float) -> None:
     if value is not None and value < low:
         raise ConfigError(key, value, f"must be >= {low}.")
@@ -37,6 +42,10 @@ class ScalingConfig:
     # command-line dict into an Optional[Dict] that is None; __post_init__ checks the shape instead.
     resources_per_worker: Any = None
     placement_strategy: str = "PACK"
+    # Environment variables of every worker process (RaySGD's initialization_hook role), merged into Ray's
+    # worker runtime_env; for more (pip, working_dir) use ray.runtime_env. The mappings here are typed Any
+    # (null by default) so that a command-line dict replaces them (OmegaConf cannot merge into a struct {}).
+    worker_env: Any = None
 
     def __post_init__(self) -> None:
         _at_least("scaling.num_workers", self.num_workers, 0)
@@ -49,6 +58,7 @@ class ScalingConfig:
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
         if self.placement_strategy not in strategies:
             raise ConfigError("scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies))
+        _mapping("scaling.worker_env", self.worker_env, "{OMP_NUM_THREADS: 1}")
         resources = self.resources_per_worker
         if resources is not None and not isinstance(resources, dict):
             raise ConfigError("scaling.resources_per_worker", resources, "must be a mapping of resource name to amount.", "e.g. '{CPU: 2}' or '{GPU: 1, CPU: 4}'")
@@ -117,6 +127,27 @@ class DataLoaderConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs. Decided from
+    the all-reduced epoch history, so every rank agrees, and a resumed run continues the same count."""
+
+    patience: Optional[int] = None  # None: off
+    monitor: Optional[str] = None  # None: trainer.monitor, else the task's default
+    mode: Optional[str] = None  # "max" or "min"; None: as for monitor
+    min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        _at_least("trainer.early_stopping.patience", self.patience, 1)
+        _at_least("trainer.early_stopping.min_delta", self.min_delta, 0)
+        if self.mode not in (None, "max", "min"):
+            raise ConfigError("trainer.early_stopping.mode", self.mode, "unknown mode.", "max, min")
+
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+PARALLEL_STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass
 class TrainerConfig:
     """The loop's settings. ``batch_size`` is global (split evenly across workers, like RaySGD's BATCH_SIZE);
     ``batch_size_per_worker`` is the alternative (then the global size grows with the workers)."""
@@ -131,9 +162,36 @@ class TrainerConfig:
     monitor: Optional[str] = None  # metric that picks the best epoch; None: the task's default
     monitor_mode: Optional[str] = None  # "max" or "min"; None: the task's default
     dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
+    # Optimisation
+    precision: str = "32"  # 32, bf16-mixed (autocast), 16-mixed (autocast + torch.amp.GradScaler)
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step; DDP syncs on the last one only
+    gradient_clip_val: Optional[float] = None  # clip the gradients' total norm (after unscaling)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    # Speed
+    compile: bool = False  # nn.Module.compile() before DDP wraps the model (state_dict keys stay the same)
+    compile_kwargs: Any = None  # torch.compile options, e.g. {backend: aot_eager, mode: max-autotune}
+    channels_last: bool = False  # model and 4-D inputs in channels-last memory format
+    # Reproducibility: seed seeds python, numpy, torch (per rank) and every loader worker
+    deterministic: bool = False  # torch.use_deterministic_algorithms(True) as well
+    # Distribution: Ray's prepare_model(parallel_strategy, parallel_strategy_kwargs)
+    parallel_strategy: str = "ddp"  # ddp or fsdp (fsdp needs GPU workers)
+    parallel_strategy_kwargs: Any = None  # e.g. {find_unused_parameters: true, bucket_cap_mb: 50}
+    # Profiling
+    profile: bool = False  # per-epoch time breakdown in the metrics: data, forward, backward, optimizer (rank 0)
+    profiler_steps: int = 0  # > 0: a torch.profiler trace of that many steps of rank 0 into <run dir>/profiler
 
     def __post_init__(self) -> None:
         _at_least("trainer.max_epochs", self.max_epochs, 1)
+        _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
+        _at_least("trainer.profiler_steps", self.profiler_steps, 0)
+        if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
+            raise ConfigError("trainer.gradient_clip_val", self.gradient_clip_val, "must be > 0.", "a positive norm, or null for no clipping")
+        _mapping("trainer.compile_kwargs", self.compile_kwargs, "{backend: aot_eager}")
+        _mapping("trainer.parallel_strategy_kwargs", self.parallel_strategy_kwargs, "{find_unused_parameters: true}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError("trainer.precision", self.precision, "unknown precision.", ", ".join(PRECISIONS))
+        if self.parallel_strategy not in PARALLEL_STRATEGIES:
+            raise ConfigError("trainer.parallel_strategy", self.parallel_strategy, "unknown strategy.", ", ".join(PARALLEL_STRATEGIES))
         _at_least("trainer.batch_size", self.batch_size, 1)
         _at_least("trainer.batch_size_per_worker", self.batch_size_per_worker, 1)
         _at_least("trainer.val_batch_size_per_worker", self.val_batch_size_per_worker, 1)
@@ -156,8 +214,13 @@ class SchedulerConfig:
 
     interval: str = "epoch"  # "epoch" or "step" (after every optimizer step)
     lr_scheduler: Any = None
+    warmup_steps: int = 0  # > 0: the LR rises linearly over this many optimizer steps (on top of lr_scheduler)
+    warmup_start_factor: float = 0.01  # the first step's LR, as a fraction of the scheduled one
 
     def __post_init__(self) -> None:
+        _at_least("scheduler.warmup_steps", self.warmup_steps, 0)
+        if not 0 < self.warmup_start_factor <= 1:
+            raise ConfigError("scheduler.warmup_start_factor", self.warmup_start_factor, "must be in (0, 1].")
         if self.interval not in ("epoch", "step"):
             raise ConfigError("scheduler.interval", self.interval, "unknown interval.", "epoch, step")
 

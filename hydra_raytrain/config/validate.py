@@ -36,9 +36,81 @@ def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
     from hydra_raytrain.recipe.loaders import per_worker_batch_size
 
     trainer, scaling = resolved["trainer"], resolved["scaling"]
+    check_models_and_optimizers(resolved["model"], resolved["optimizer"], resolved["task"])
+    check_trainer_switches(trainer, scaling)
     for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
         per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
     return resolved
+
+
+def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any], task: Dict[str, Any]) -> None:
+    """``model`` is one ``_target_`` node, or several named ones (a GAN) for a task that owns its step;
+    ``optimizer`` is one node for every model, or one per model name."""
+    from hydra_raytrain.tasks.base import Task
+
+    names = sorted(model) if "_target_" not in model else ["model"]
+    task_cls = get_object(task["_target_"])
+    if len(names) > 1 and getattr(task_cls, "train_batch", None) is Task.train_batch:
+        raise ConfigError(
+            "model", names, f"names several models, but {task['_target_']} trains one (it keeps Task.train_batch).",
+            "a task that overrides train_batch and steps each model, e.g. task=gan; or one model",
+        )
+    if "_target_" in optimizer:
+        return
+    if sorted(optimizer) != names:
+        raise ConfigError(
+            "optimizer", sorted(optimizer),
+            "names optimizers that do not match the models (one optimizer node for all models, or one per model).",
+            f"optimizer.<name> for each of: {', '.join(names)}",
+        )
+
+
+def _keyword_names(function: Callable) -> list[str]:
+    return [name for name in inspect.signature(function).parameters if name not in ("self", "model", "module")]
+
+
+def check_trainer_switches(trainer: Dict[str, Any], scaling: Dict[str, Any]) -> None:
+    import torch
+
+    on_gpu = scaling["use_gpu"]
+    if trainer["parallel_strategy"] == "fsdp" and not on_gpu:
+        raise ConfigError(
+            "trainer.parallel_strategy", "fsdp", "FSDP shards a model over GPUs; these workers have none (scaling.use_gpu=false).",
+            "scaling.use_gpu=true, or trainer.parallel_strategy=ddp",
+        )
+    strategy = torch.nn.parallel.DistributedDataParallel
+    if trainer["parallel_strategy"] == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel as strategy
+    accepted = _keyword_names(strategy.__init__)
+    for name, value in (trainer["parallel_strategy_kwargs"] or {}).items():
+        if name not in accepted:
+            raise ConfigError(
+                f"trainer.parallel_strategy_kwargs.{name}", value,
+                f"{strategy.__name__} has no argument {name!r}{did_you_mean(name, accepted)}.", ", ".join(accepted),
+            )
+    accepted = _keyword_names(torch.compile)
+    for name, value in (trainer["compile_kwargs"] or {}).items():
+        if name not in accepted:
+            raise ConfigError(f"trainer.compile_kwargs.{name}", value, f"torch.compile has no argument {name!r}{did_you_mean(name, accepted)}.", ", ".join(accepted))
+    if trainer["precision"] == "16-mixed" and not on_gpu and not _cpu_supports_fp16_autocast():
+        raise ConfigError(
+            "trainer.precision", "16-mixed", f"this torch ({torch.__version__}) has no float16 autocast on CPU.",
+            "trainer.precision=bf16-mixed on CPU workers, or scaling.use_gpu=true",
+        )
+
+
+def _cpu_supports_fp16_autocast() -> bool:
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast("cpu", dtype=torch.float16):
+                return torch.is_autocast_enabled("cpu")
+        except (RuntimeError, TypeError):
+            return False
 
 
 def resolve(cfg: DictConfig) -> Dict[str, Any]:

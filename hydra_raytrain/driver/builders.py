@@ -19,6 +19,18 @@ def scaling_config(scaling: Mapping[str, Any]) -> ScalingConfig:
     )
 
 
+def worker_env(cfg: Mapping[str, Any], base: Mapping[str, str], pythonpath: Optional[str]) -> dict:
+    """Every worker's environment: the runner's own variables, the driver's import path, what
+    ``trainer.deterministic`` needs, then the user's ``scaling.worker_env`` (which wins)."""
+    env = {**base}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    if cfg["trainer"]["deterministic"]:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS; read when CUDA starts
+    env.update({name: str(value) for name, value in (cfg["scaling"]["worker_env"] or {}).items()})
+    return env
+
+
 def failure_config(failure: Mapping[str, Any]) -> FailureConfig:
     return FailureConfig(
         max_failures=failure["max_failures"],

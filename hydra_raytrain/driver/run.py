@@ -76,7 +76,8 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
     epoch_log = outputs.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
-    worker_env = {**RAY_TRAIN_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    pythonpath = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    worker_env = builders.worker_env(resolved, RAY_TRAIN_ENV, pythonpath)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},
@@ -87,6 +88,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
     def finish(status: str, error: Optional[str] = None) -> Dict[str, Any]:
         history = outputs.read_history(run_dir)
         summary = outputs.make_summary(status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error)
+        summary["stopped_early"] = status == "completed" and len(history) < resolved["trainer"]["max_epochs"]
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))

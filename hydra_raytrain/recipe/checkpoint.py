@@ -2,9 +2,10 @@
 
 One Ray checkpoint folder per save, merged by Ray from every rank's files:
 
-    model.pt            rank 0: the unwrapped model's state_dict (also the run dir's model.pt format)
+    model.pt            rank 0: the full model state_dict (also the run dir's model.pt format); a task with
+                        several models (config.model names them) stores {name: state_dict}
     config.json         rank 0: the resolved config, so a checkpoint alone rebuilds its model (load_model)
-    train_state.pt      rank 0: optimizer, LR scheduler, epoch, global step, best metric, epoch history
+    train_state.pt      rank 0: optimizers, LR schedules, fp16 scaler, epoch, global step, best metric, history
     rng_rank<R>.pt      every rank: its torch / numpy / python RNG states (they differ per rank)
 
 Everything is plain tensors and containers, so every file loads with ``torch.load(weights_only=True)``.
@@ -15,10 +16,18 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from hydra_raytrain.driver.outputs import MODEL_FILE
 
@@ -50,6 +59,33 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def gather(models: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimizer]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Full (unsharded, unwrapped) model and optimizer states on rank 0's CPU, whatever wraps the models
+    (DDP, FSDP, nothing). A collective under FSDP: every rank calls it; ranks other than 0 get empty dicts."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_states = {name: get_model_state_dict(model, options=options) for name, model in models.items()}
+    optimizer_states = {name: get_optimizer_state_dict(models[name], optimizer, options=options) for name, optimizer in optimizers.items()}
+    return model_states, optimizer_states
+
+
+def load(models: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimizer], model_states: Dict[str, Any], optimizer_states: Dict[str, Any]) -> None:
+    """The inverse of :func:`gather`; every rank passes the full states it read from the checkpoint."""
+    options = StateDictOptions(full_state_dict=True)
+    for name, model in models.items():
+        set_model_state_dict(model, model_states[name], options=options)
+    for name, optimizer in optimizers.items():
+        set_optimizer_state_dict(models[name], optimizer, optimizer_states[name], options=options)
+
+
+def pack_models(model_states: Dict[str, Any], several: bool) -> Dict[str, Any]:
+    """model.pt's layout: the state_dict itself for one model, {name: state_dict} for several."""
+    return model_states if several else model_states["model"]
+
+
+def unpack_models(saved: Dict[str, Any], several: bool) -> Dict[str, Any]:
+    return saved if several else {"model": saved}
 
 
 def write(folder: str, rank: int, model_state: Optional[Dict[str, Any]] = None, train_state: Optional[Dict[str, Any]] = None, config: Optional[Dict[str, Any]] = None) -> None:

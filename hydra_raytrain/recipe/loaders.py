@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -61,12 +61,15 @@ def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | N
     return batch_size // world_size
 
 
-def move_to(batch: Any, device: torch.device) -> Any:
-    """Tensors in a batch (a tensor, or lists / tuples / dicts of them) moved to ``device``."""
+def move_to(batch: Any, device: torch.device, memory_format: Optional[torch.memory_format] = None) -> Any:
+    """Tensors in a batch (a tensor, or lists / tuples / dicts of them) moved to ``device``; 4-D ones (images)
+    also into ``memory_format`` when given (``trainer.channels_last``)."""
     if isinstance(batch, torch.Tensor):
+        if memory_format is not None and batch.dim() == 4:
+            return batch.to(device, non_blocking=True, memory_format=memory_format)
         return batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(item, device) for item in batch)
+        return type(batch)(move_to(item, device, memory_format) for item in batch)
     if isinstance(batch, dict):
-        return {key: move_to(value, device) for key, value in batch.items()}
+        return {key: move_to(value, device, memory_format) for key, value in batch.items()}
     return batch

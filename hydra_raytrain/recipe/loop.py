@@ -1,8 +1,8 @@
 """The worker recipe: what every Ray Train worker runs (``train_loop_per_worker``).
 
-Fixed phases, torchtune-style: ``setup`` (data, model, optimizer, then the latest checkpoint if Ray restarted
+Fixed phases, torchtune-style: ``setup`` (data, models, optimizers, then the latest checkpoint if Ray restarted
 us) -> ``train`` (one report per epoch, a full-state checkpoint every ``checkpoint.every_n_epochs`` and at
-the end). The config arrives resolved from the driver (a plain dict, absolute paths):
+the end, or when early stopping ends the run). The config arrives resolved from the driver (a plain dict, absolute paths):
 ``${hydra:...}`` and the driver's working directory mean nothing in a worker.
 """
 
@@ -12,6 +12,8 @@ import inspect
 import io
 import itertools
 import logging
+import math
+import os
 import tempfile
 import time
 from typing import Any, Dict, Optional
@@ -21,13 +23,15 @@ import ray.train.torch
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 
 from hydra_raytrain.loggers.base import build_loggers, finish_all, start_all
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
-from hydra_raytrain.recipe.metrics import SumMeter, validation_totals
-from hydra_raytrain.recipe.step import TrainStep
+from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
+from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
+from hydra_raytrain.recipe.step import Precision, StepTimer, TrainStep
+
+PROFILER_DIR = "profiler"
 
 logger = logging.getLogger(__name__)
 
@@ -53,20 +57,27 @@ class Recipe:
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
+        self.several_models = "_target_" not in cfg.model  # config.model names several models (a GAN)
 
     def setup(self) -> None:
-        # The same seed on every rank: identical initial weights (DDP also broadcasts rank 0's at wrap time).
-        torch.manual_seed(self.cfg.trainer.seed)
+        trainer = self.cfg.trainer
+        if trainer.deterministic:
+            use_deterministic_algorithms()
+        # The same seed on every rank for the initial weights (DDP also broadcasts rank 0's at wrap time)...
+        seed_everything(trainer.seed)
         self.task = instantiate(self.cfg.task)
         self._setup_data()
-        self._setup_model()
-        self._setup_optimizer()
+        models = self._setup_models()
+        self.step = self._setup_step(models)
+        # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
+        seed_everything(rank_seed(trainer.seed, self.rank))
         self.start_epoch, self.global_step, self.history, self.tracker_ids = 0, 0, [], {}
         self.loggers = build_loggers(OmegaConf.to_container(self.cfg.logger)) if self.rank == 0 else {}
         self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": OmegaConf.to_container(self.cfg), "run_name": self.run_name}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
+        self.profiler = self._setup_profiler()
 
     def cleanup(self, status: str) -> None:
         for error in finish_all(getattr(self, "loggers", {}), status):
@@ -83,14 +94,13 @@ class Recipe:
         state = checkpoint.read_newest_loadable(candidates, self.rank, warn=lambda message: logger.warning(message))
         if state is None:
             raise RuntimeError(f"None of the run's {len(candidates)} checkpoints loads; see the warnings above.")
-        self.unwrapped.load_state_dict(state["model"])
-        self.step.optimizer.load_state_dict(state["train"]["optimizer"])
-        if self.step.lr_scheduler is not None:
-            self.step.lr_scheduler.load_state_dict(state["train"]["lr_scheduler"])
-        self.start_epoch = state["train"]["epoch"]
-        self.global_step = state["train"]["global_step"]
-        self.history = list(state["train"]["history"])
-        self.tracker_ids = dict(state["train"].get("tracker_ids") or {})
+        train = state["train"]
+        models = checkpoint.unpack_models(state["model"], self.several_models)
+        checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
+        self.step.load_state_dict(train["step"])
+        self.start_epoch, self.global_step = train["epoch"], train["global_step"]
+        self.history = list(train["history"])
+        self.tracker_ids = dict(train.get("tracker_ids") or {})
         if state["rng"] is not None:
             checkpoint.set_rng_state(state["rng"])
 
@@ -104,25 +114,73 @@ class Recipe:
         self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
         self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
 
-    def _setup_model(self) -> None:
-        # prepare_model moves to the worker's device and wraps in DDP when there is more than one worker.
-        self.model = ray.train.torch.prepare_model(instantiate(self.cfg.model, _convert_="all"))
-        self.unwrapped = self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+    def _setup_models(self) -> Dict[str, torch.nn.Module]:
+        """Each model: built, channels-last and compiled if asked, then Ray's prepare_model (device; DDP or FSDP
+        with more than one worker)."""
+        trainer = self.cfg.trainer
+        specs = dict(self.cfg.model) if self.several_models else {"model": self.cfg.model}
+        models = {}
+        for name, spec in specs.items():
+            module = instantiate(spec, _convert_="all")
+            if trainer.channels_last:
+                module = module.to(memory_format=torch.channels_last)
+            if trainer.compile:
+                module.compile(**(OmegaConf.to_container(trainer.compile_kwargs) if trainer.compile_kwargs else {}))  # in place: state_dict keys unchanged
+            models[name] = ray.train.torch.prepare_model(
+                module,
+                parallel_strategy=trainer.parallel_strategy,
+                parallel_strategy_kwargs=OmegaConf.to_container(trainer.parallel_strategy_kwargs) if trainer.parallel_strategy_kwargs else None,
+            )
+        return models
 
-    def _setup_optimizer(self) -> None:
-        optimizer = instantiate(self.cfg.optimizer)(self.model.parameters())
-        lr_scheduler = None
-        if self.cfg.scheduler.lr_scheduler is not None:
-            build = instantiate(self.cfg.scheduler.lr_scheduler)
-            runtime = {"steps_per_epoch": self.train_batches}
-            accepted = inspect.signature(build).parameters
-            lr_scheduler = build(optimizer, **{k: v for k, v in runtime.items() if k in accepted})
-        per_batch = self.cfg.scheduler.interval == "step"
-        self.step = TrainStep(self.model, optimizer, lr_scheduler, step_scheduler_per_batch=per_batch)
+    def _setup_step(self, models: Dict[str, torch.nn.Module]) -> TrainStep:
+        """One optimizer per model (config.optimizer is one node for all, or one per model name), each with the
+        configured LR schedule and warm-up."""
+        trainer, scheduler = self.cfg.trainer, self.cfg.scheduler
+        specs = {name: self.cfg.optimizer for name in models} if "_target_" in self.cfg.optimizer else dict(self.cfg.optimizer)
+        optimizers = {name: instantiate(specs[name])(model.parameters()) for name, model in models.items()}
+        steps_per_epoch = math.ceil(self.train_batches / trainer.accumulate_grad_batches)
+        lr_schedulers, warmups = {}, {}
+        for name, optimizer in optimizers.items():
+            lr_schedulers[name] = []
+            if scheduler.lr_scheduler is not None:
+                build = instantiate(scheduler.lr_scheduler)
+                runtime = {"steps_per_epoch": steps_per_epoch}
+                accepted = inspect.signature(build).parameters
+                lr_schedulers[name].append(build(optimizer, **{k: v for k, v in runtime.items() if k in accepted}))
+            if scheduler.warmup_steps:  # built after the main schedule: both scale the LR the other one set
+                warmups[name] = torch.optim.lr_scheduler.LinearLR(optimizer, scheduler.warmup_start_factor, total_iters=scheduler.warmup_steps)
+        return TrainStep(
+            models, optimizers, lr_schedulers, Precision.build(trainer.precision, self.device),
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            gradient_clip_val=trainer.gradient_clip_val,
+            step_scheduler_per_batch=scheduler.interval == "step",
+            warmups=warmups,
+            timer=StepTimer(trainer.profile, self.device),
+        )
+
+    def _setup_profiler(self) -> Optional[torch.profiler.profile]:
+        """``trainer.profiler_steps``: a torch.profiler trace of that many training steps of rank 0 (after one
+        step of warm-up), written as a Chrome trace into ``<run dir>/profiler``."""
+        steps = self.cfg.trainer.profiler_steps
+        if not steps or self.rank != 0:
+            return None
+        folder = os.path.join(self.run_dir, PROFILER_DIR)
+        os.makedirs(folder, exist_ok=True)
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        profiler = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
+            on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(folder, f"rank0_step{p.step_num}.json")),
+        )
+        profiler.start()
+        return profiler
 
     def train(self) -> Optional[bytes]:
         max_epochs, weights = self.cfg.trainer.max_epochs, None
         for epoch in range(self.start_epoch, max_epochs):
+            if self._stop_early():  # a resumed run that had already stopped
+                break
             # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
             self.train_loader.sampler.set_epoch(epoch)
             # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
@@ -136,35 +194,76 @@ class Recipe:
                 "epoch": epoch + 1,
                 **{f"train_{k}": v for k, v in self.task.compute(train).items()},
                 **{f"val_{k}": v for k, v in self.task.compute(val).items()},
-                "lr": self.step.optimizer.param_groups[0]["lr"],
+                "lr": next(iter(self.step.optimizers.values())).param_groups[0]["lr"],
                 "world_size": self.world_size,
                 "samples_per_second": train["count"] / train_seconds,
                 "epoch_seconds": time.perf_counter() - started,
+                **self.step.timer.pop(),
             }
-            if self.step.lr_scheduler is not None and not self.step.step_scheduler_per_batch:
-                self.step.lr_scheduler.step()
+            self.step.end_epoch()
             for tracker in self.loggers.values():
                 tracker.log_metrics(metrics, step=epoch + 1)
             self.history.append(metrics)
-            weights = self._report(metrics, epoch + 1, final=epoch + 1 == max_epochs)
+            if self.rank == 0:
+                self.task.on_epoch_end(self._eval_models(), epoch + 1, self.run_dir)
+            final = epoch + 1 == max_epochs or self._stop_early()
+            weights = self._report(metrics, epoch + 1, final=final)
+            if final:
+                break
+        if self.profiler is not None:
+            self.profiler.stop()
+        if weights is None:  # nothing left to train: the checkpoint we resumed from was the last one
+            weights = self._weights()
         return weights
 
+    def _stop_early(self) -> bool:
+        """Early stopping, decided from the epoch history (all-reduced metrics, so every rank agrees)."""
+        settings = self.cfg.trainer.early_stopping
+        if settings.patience is None:
+            return False
+        monitor = settings.monitor or self.cfg.trainer.monitor or self.task.monitor
+        mode = settings.mode or self.cfg.trainer.monitor_mode or self.task.mode
+        return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
+
     def _train_epoch(self) -> Dict[str, float]:
-        self.model.train()
-        meter = SumMeter()
-        for batch in itertools.islice(self.train_loader, self.train_batches):
-            meter.add(self.task.train_batch(self.step, self._to_device(batch)))
+        for model in self.step.models.values():
+            model.train()
+        meter, window = SumMeter(), self.cfg.trainer.accumulate_grad_batches
+        batches = itertools.islice(self.train_loader, self.train_batches)
+        for index in range(self.train_batches):
+            with self.step.timer("data"):
+                batch = self._to_device(next(batches))
+            # Gradients accumulate over `window` micro-batches; DDP all-reduces on the window's last one only.
+            self.step.sync = (index + 1) % window == 0 or index + 1 == self.train_batches
+            with self.step.no_sync():
+                meter.add(self.task.train_batch(self.step, batch))
+            self.step.end_iteration()
             self.global_step += 1
+            if self.profiler is not None:
+                self.profiler.step()
         return meter.totals()
 
     def _validate(self) -> Dict[str, float]:
-        # The unwrapped model: ranks hold different numbers of validation batches, and DDP's forward could
+        # The unwrapped models: ranks hold different numbers of validation batches, and DDP's forward could
         # start a collective (buffer broadcast) that the other ranks never join.
         batches = itertools.islice(self.val_loader, self.val_batches)
-        return validation_totals(self.task, self.unwrapped, batches, self._to_device)
+        with self.step.precision.autocast():
+            return validation_totals(self.task, self._eval_models(), batches, self._to_device)
+
+    def _eval_models(self) -> Any:
+        return dict(self.step.unwrapped) if self.several_models else self.step.unwrapped["model"]
 
     def _to_device(self, batch: Any) -> Any:
-        return move_to(batch, self.device)
+        return move_to(batch, self.device, torch.channels_last if self.cfg.trainer.channels_last else None)
+
+    def _weights(self) -> Optional[bytes]:
+        """The full model weights as ``torch.save`` bytes on rank 0 (None elsewhere); a collective under FSDP."""
+        model_states, _ = checkpoint.gather(self.step.models, {})
+        if self.rank != 0:
+            return None
+        buffer = io.BytesIO()
+        torch.save(checkpoint.pack_models(model_states, self.several_models), buffer)
+        return buffer.getvalue()
 
     def _report(self, metrics: Dict[str, float], epochs_done: int, final: bool) -> Optional[bytes]:
         """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
@@ -172,25 +271,28 @@ class Recipe:
         if not (final or epochs_done % self.cfg.checkpoint.every_n_epochs == 0):
             ray.train.report(metrics)
             return None
+        model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
         weights = None
         with tempfile.TemporaryDirectory() as folder:
             if self.rank == 0:
+                packed = checkpoint.pack_models(model_states, self.several_models)
                 buffer = io.BytesIO()
-                torch.save(self.unwrapped.state_dict(), buffer)
+                torch.save(packed, buffer)
                 weights = buffer.getvalue()
-                checkpoint.write(folder, self.rank, self.unwrapped.state_dict(), self._train_state(epochs_done), OmegaConf.to_container(self.cfg))
+                train_state = self._train_state(epochs_done, optimizer_states)
+                checkpoint.write(folder, self.rank, packed, train_state, OmegaConf.to_container(self.cfg))
             else:
                 checkpoint.write(folder, self.rank)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder), checkpoint_dir_name=f"epoch_{epochs_done:04d}")
         return weights if final else None
 
-    def _train_state(self, epochs_done: int) -> Dict[str, Any]:
+    def _train_state(self, epochs_done: int, optimizer_states: Dict[str, Any]) -> Dict[str, Any]:
         monitor = self.cfg.trainer.monitor or self.task.monitor
         scores = [m[monitor] for m in self.history if monitor in m]
         pick = max if (self.cfg.trainer.monitor_mode or self.task.mode) == "max" else min
         return {
-            "optimizer": self.step.optimizer.state_dict(),
-            "lr_scheduler": self.step.lr_scheduler.state_dict() if self.step.lr_scheduler is not None else None,
+            "optimizers": optimizer_states,
+            "step": self.step.state_dict(),  # LR schedules, warm-ups, the fp16 scaler
             "epoch": epochs_done,  # the sampler's next epoch is this one (0-based)
             "global_step": self.global_step,
             "best": {"monitor": monitor, "value": pick(scores) if scores else None},

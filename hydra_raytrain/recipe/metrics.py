@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,10 +32,24 @@ class SumMeter:
 
 
 @torch.no_grad()
-def validation_totals(task: Any, model: torch.nn.Module, batches: Iterable[Any], to_device: Callable[[Any], Any]) -> Dict[str, float]:
+def validation_totals(task: Any, model: Any, batches: Iterable[Any], to_device: Callable[[Any], Any]) -> Dict[str, float]:
     """The task's validation sums over ``batches``, added over workers (a collective when distributed)."""
-    model.eval()
+    for module in model.values() if isinstance(model, dict) else [model]:
+        module.eval()
     meter = SumMeter()
     for batch in batches:
         meter.add(task.validation_step(model, to_device(batch)))
     return meter.totals()
+
+
+def should_stop(scores: Sequence[Optional[float]], mode: str, patience: int, min_delta: float = 0.0) -> bool:
+    """Early stopping: True when the last ``patience`` scores brought no improvement of more than ``min_delta``
+    over the best one before them (Lightning's EarlyStopping rule). Missing scores (None) count as no improvement."""
+    best, waited = None, 0
+    for score in scores:
+        better = score is not None and (best is None or (score > best + min_delta if mode == "max" else score < best - min_delta))
+        if better:
+            best, waited = score, 0
+        else:
+            waited += 1
+    return waited >= patience

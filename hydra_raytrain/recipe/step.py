@@ -1,25 +1,175 @@
-"""What a task's ``train_batch`` gets from the runner: the prepared model(s), optimizer(s) and how to step them."""
+"""What a task's ``train_batch`` gets from the runner: the prepared models and optimizers, and how to step them.
+
+The runner decides *when* (accumulation windows, DDP's ``no_sync`` on all but the last micro-batch, LR
+schedules, the scaler's update); a task decides *what*: which loss goes to which optimizer. The default task
+does ``with step.forward(): out = training_step(step.model, batch)`` then ``step.optimize(out.loss)``; a GAN
+calls ``step.optimize`` once per optimizer (see tasks/gan.py).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
 
+AUTOCAST_DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
 
 @dataclass
-class TrainStep:
-    model: nn.Module  # DDP-wrapped when there is more than one worker
-    optimizer: torch.optim.Optimizer
-    lr_scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None
-    step_scheduler_per_batch: bool = False
+class Precision:
+    """``torch.autocast`` settings for the workers' device, and a ``torch.amp.GradScaler`` (enabled for fp16 only)."""
 
-    def optimize(self, loss: torch.Tensor) -> None:
-        """Backward (DDP all-reduces the gradients here) and one optimizer step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        if self.lr_scheduler is not None and self.step_scheduler_per_batch:
-            self.lr_scheduler.step()
+    device_type: str
+    dtype: Optional[torch.dtype]
+    scaler: torch.amp.GradScaler
+
+    @classmethod
+    def build(cls, precision: str, device: torch.device) -> "Precision":
+        dtype = AUTOCAST_DTYPES[precision]
+        return cls(device.type, dtype, torch.amp.GradScaler(device.type, enabled=dtype is torch.float16))
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+class StepTimer:
+    """Seconds per phase (data, forward, backward, optimizer), added up over an epoch; a no-op unless enabled.
+    On GPUs it synchronises around each phase, so the figures are true (and the run a little slower)."""
+
+    def __init__(self, enabled: bool, device: torch.device):
+        self.enabled, self.cuda = enabled, device.type == "cuda"
+        self.seconds: Dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        yield
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.seconds[phase] += time.perf_counter() - started
+
+    def pop(self) -> Dict[str, float]:
+        """This epoch's figures as metrics (``time_data``, ...), and a fresh start for the next."""
+        figures = {f"time_{phase}": seconds for phase, seconds in self.seconds.items()}
+        self.seconds = defaultdict(float)
+        return figures
+
+
+class TrainStep:
+    def __init__(
+        self,
+        models: Dict[str, nn.Module],
+        optimizers: Dict[str, torch.optim.Optimizer],
+        lr_schedulers: Dict[str, List[Any]],
+        precision: Precision,
+        *,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: Optional[float] = None,
+        step_scheduler_per_batch: bool = False,
+        warmups: Optional[Dict[str, Any]] = None,
+        timer: Optional[StepTimer] = None,
+    ):
+        self.models = models  # DDP-wrapped when there is more than one worker
+        self.unwrapped = {name: getattr(model, "module", model) for name, model in models.items()}
+        self.optimizers, self.lr_schedulers, self.warmups = optimizers, lr_schedulers, warmups or {}
+        self.precision, self.accumulate, self.clip = precision, accumulate_grad_batches, gradient_clip_val
+        self.step_scheduler_per_batch = step_scheduler_per_batch
+        self.timer = timer or StepTimer(False, torch.device("cpu"))
+        self.sync = True  # False on all but the last micro-batch of an accumulation window (set by the runner)
+
+    @property
+    def model(self) -> nn.Module:
+        return self._single(self.models, "model")
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._single(self.optimizers, "optimizer")
+
+    @staticmethod
+    def _single(named: Dict[str, Any], what: str) -> Any:
+        if len(named) != 1:
+            raise AttributeError(f"this task has several of them ({', '.join(named)}): use step.{what}s[name]")
+        return next(iter(named.values()))
+
+    def forward(self) -> contextlib.ExitStack:
+        """Wrap a task's forward pass: autocast (trainer.precision), timed as ``forward``."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.timer("forward"))
+        stack.enter_context(self.precision.autocast())
+        return stack
+
+    def no_sync(self) -> contextlib.ExitStack:
+        """DDP's ``no_sync`` on every model while ``sync`` is False: gradients accumulate locally, no all-reduce."""
+        stack = contextlib.ExitStack()
+        if not self.sync:
+            for model in self.models.values():
+                if hasattr(model, "no_sync"):
+                    stack.enter_context(model.no_sync())
+        return stack
+
+    def optimize(self, loss: torch.Tensor, name: Optional[str] = None) -> None:
+        """Backward (scaled for fp16, divided over the accumulation window); on a window's last micro-batch, also
+        unscale, clip, step optimizer ``name`` and its per-step schedules, and zero its gradients."""
+        name = name or self._single_name()
+        with self.timer("backward"):
+            self.precision.scaler.scale(loss / self.accumulate).backward()
+        if not self.sync:
+            return
+        optimizer, scaler = self.optimizers[name], self.precision.scaler
+        with self.timer("optimizer"):
+            if self.clip is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                parameters = [p for group in optimizer.param_groups for p in group["params"]]
+                torch.nn.utils.clip_grad_norm_(parameters, self.clip)
+            scaler.step(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            if self.step_scheduler_per_batch:
+                for lr_scheduler in self.lr_schedulers.get(name, []):
+                    lr_scheduler.step()
+            if self.warmups.get(name) is not None:
+                self.warmups[name].step()
+
+    def _single_name(self) -> str:
+        if len(self.optimizers) != 1:
+            raise ValueError(f"this task has several optimizers ({', '.join(self.optimizers)}): pass step.optimize(loss, name)")
+        return next(iter(self.optimizers))
+
+    def end_iteration(self) -> None:
+        """After a window's last micro-batch (every optimizer has stepped): the fp16 scaler adapts once."""
+        if self.sync:
+            self.precision.scaler.update()
+
+    def end_epoch(self) -> None:
+        if not self.step_scheduler_per_batch:
+            for schedulers in self.lr_schedulers.values():
+                for lr_scheduler in schedulers:
+                    lr_scheduler.step()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The step's own state: LR schedules, warm-ups and the fp16 scaler (models and optimizers are saved apart)."""
+        return {
+            "lr_schedulers": {name: [s.state_dict() for s in schedulers] for name, schedulers in self.lr_schedulers.items()},
+            "warmups": {name: w.state_dict() for name, w in self.warmups.items() if w is not None},
+            "scaler": self.precision.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for name, states in state["lr_schedulers"].items():
+            for lr_scheduler, saved in zip(self.lr_schedulers[name], states, strict=True):
+                lr_scheduler.load_state_dict(saved)
+        for name, saved in state["warmups"].items():
+            self.warmups[name].load_state_dict(saved)
+        if state["scaler"]:
+            self.precision.scaler.load_state_dict(state["scaler"])

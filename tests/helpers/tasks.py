@@ -1,5 +1,6 @@
-"""Classification tasks that misbehave on purpose, imported inside Ray workers (the repo root is on their path)."""
+"""Tasks that misbehave or report on purpose, imported inside Ray workers (the repo root is on their path)."""
 
+import json
 import os
 import signal
 import time
@@ -7,14 +8,15 @@ import time
 import ray.train
 
 from hydra_raytrain.tasks.classification import Classification
+from hydra_raytrain.tasks.gan import GAN
 
 
-class CrashOnce(Classification):
-    """SIGKILLs its own worker process at optimizer step ``at_step`` on ``rank``, once: the marker file
-    records that it happened, so the restarted worker group trains on."""
+class _CrashOnce:
+    """SIGKILLs its own worker process at micro-batch ``at_step`` on ``rank``, once: the marker file records
+    that it happened, so the restarted worker group trains on."""
 
-    def __init__(self, marker: str, at_step: int, rank: int = 1, label_smoothing: float = 0.0):
-        super().__init__(label_smoothing)
+    def __init__(self, marker: str, at_step: int, rank: int = 1, **task_options):
+        super().__init__(**task_options)
         self.marker, self.at_step, self.rank, self.calls = marker, at_step, rank, 0
 
     def train_batch(self, step, batch):
@@ -23,6 +25,14 @@ class CrashOnce(Classification):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return super().train_batch(step, batch)
+
+
+class CrashOnce(_CrashOnce, Classification):
+    pass
+
+
+class CrashOnceGAN(_CrashOnce, GAN):
+    pass
 
 
 class Slow(Classification):
@@ -34,4 +44,28 @@ class Slow(Classification):
 
     def train_batch(self, step, batch):
         time.sleep(self.seconds_per_batch)
+        return super().train_batch(step, batch)
+
+
+class Probe(Classification):
+    """On its first batch, rank 0 writes what the runner gave it to ``<run dir>/probe.json``: the worker's
+    environment variable ``variable``, the model's wrapper and DDP options, the input's memory format."""
+
+    def __init__(self, path: str, variable: str, label_smoothing: float = 0.0):
+        super().__init__(label_smoothing)
+        self.path, self.variable, self.done = path, variable, False
+
+    def train_batch(self, step, batch):
+        if not self.done and ray.train.get_context().get_world_rank() == 0:
+            model = step.model
+            with open(self.path, "w") as file:
+                json.dump({
+                    "env": os.environ.get(self.variable),
+                    "wrapper": type(model).__name__,
+                    "find_unused_parameters": getattr(model, "find_unused_parameters", None),
+                    "bucket_bytes_cap": getattr(model, "bucket_bytes_cap", None),
+                    "channels_last": batch[0].is_contiguous(memory_format=__import__("torch").channels_last),
+                    "compiled": getattr(step.unwrapped["model"], "_compiled_call_impl", None) is not None,
+                }, file)
+        self.done = True
         return super().train_batch(step, batch)

@@ -72,3 +72,11 @@ def test_elastic_scaling_maps_onto_rays_range(tmp_path):
     cfg = resolved(tmp_path, "scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48")
     assert builders.scaling_config(cfg["scaling"]).num_workers == (2, 4)
     assert builders.scaling_config(resolved(tmp_path, "scaling.max_workers=2")["scaling"]).num_workers == 2
+
+
+def test_worker_env_merges_runner_path_determinism_and_user(tmp_path):
+    cfg = validate(compose_config("trainer.deterministic=true", "scaling.worker_env={OMP_NUM_THREADS: 1, A: x}"), str(tmp_path))
+    env = builders.worker_env(cfg, {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "A": "runner"}, "/code")
+    assert env == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "A": "x", "PYTHONPATH": "/code", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "1"}
+    plain = builders.worker_env(validate(compose_config(), str(tmp_path)), {}, None)
+    assert plain == {}

@@ -13,7 +13,7 @@ OPTIONS = sorted(
     (group.name, option.stem) for group in CONF.iterdir() if group.is_dir() and not group.name.startswith("_") for option in group.glob("*.yaml")
 )
 # Options that need a user's value to be complete.
-REQUIRED = {("dataset", "imagefolder"): ["dataset.root=pets", "dataset.num_outputs=2"]}
+REQUIRED = {("dataset", "imagefolder"): ["dataset.root=pets", "dataset.num_outputs=2"], ("model", "dcgan"): ["task=gan"], ("task", "gan"): ["model=dcgan"]}
 
 
 def test_every_group_is_found():
@@ -26,12 +26,13 @@ def test_option_composes_and_validates(group, option, tmp_path):
     (tmp_path / "pets").mkdir()
     cfg = compose_config(f"{group}={option}", *REQUIRED.get((group, option), []))
     resolved = validate(cfg, str(tmp_path))
-    assert resolved["model"]["_target_"] and resolved["dataset"]["_target_"]
+    models = resolved["model"] if "_target_" not in resolved["model"] else {"model": resolved["model"]}
+    assert models and all(node["_target_"] for node in models.values()) and resolved["dataset"]["_target_"]
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
 def test_every_model_fits_every_bundled_image_dataset(option, tmp_path):
-    validate(compose_config(f"model={option}", "dataset=fake"), str(tmp_path))
+    validate(compose_config(f"model={option}", "dataset=fake", *REQUIRED.get(("model", option), [])), str(tmp_path))
 
 
 def test_every_yaml_opens_with_a_usage_comment():

@@ -20,6 +20,18 @@ from tests.conftest import compose_config
         ("scaling.placement_strategy=NEAR", "scaling.placement_strategy", "NEAR"),
         ("checkpoint.checkpoint_score_order=up", "checkpoint.checkpoint_score_order", "up"),
         ("trainer.dataloader.persistent_workers=true", "trainer.dataloader.num_workers", "0"),
+        ("trainer.precision=fp8", "trainer.precision", "fp8"),
+        ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches", "0"),
+        ("trainer.gradient_clip_val=0", "trainer.gradient_clip_val", "0"),
+        ("trainer.early_stopping.patience=0", "trainer.early_stopping.patience", "0"),
+        ("trainer.early_stopping.mode=up", "trainer.early_stopping.mode", "up"),
+        ("trainer.parallel_strategy=zero3", "trainer.parallel_strategy", "zero3"),
+        ("trainer.parallel_strategy=fsdp", "trainer.parallel_strategy", "fsdp"),
+        ("+trainer.parallel_strategy_kwargs.bucket_cap=5", "trainer.parallel_strategy_kwargs.bucket_cap", "5"),
+        ("trainer.compile_kwargs={backnd: eager}", "trainer.compile_kwargs.backnd", "eager"),
+        ("trainer.compile_kwargs=3", "trainer.compile_kwargs", "3"),
+        ("scaling.worker_env=[A]", "scaling.worker_env", "A"),
+        ("scheduler.warmup_start_factor=0", "scheduler.warmup_start_factor", "0"),
     ],
 )
 def test_out_of_range_values_name_key_and_value(override, key, value, tmp_path):

@@ -3,6 +3,7 @@
 import os
 
 import pytest
+from omegaconf import open_dict
 
 from hydra_raytrain.config import ConfigError, validate
 from tests.conftest import compose_config
@@ -64,3 +65,26 @@ def test_resolved_config_is_plain_and_interpolated(tmp_path):
     resolved = validate(compose_config("dataset=fake", "dataset.input_shape=[3,16,16]", "dataset.num_outputs=5"), str(tmp_path))
     assert resolved["model"]["input_shape"] == [3, 16, 16] and resolved["model"]["num_outputs"] == 5
     assert type(resolved) is dict and type(resolved["model"]["input_shape"]) is list
+
+
+def test_a_bad_ddp_option_gets_a_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'bucket_cap_mb'"):
+        validate(compose_config("trainer.parallel_strategy_kwargs={bucket_cap: 5}"), str(tmp_path))
+
+
+def test_several_models_need_a_task_that_steps_them(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("model=dcgan", "model.generator.latent_dim=32"), str(tmp_path))
+    assert caught.value.key == "model" and "task=gan" in str(caught.value)
+
+
+def test_optimizers_per_model_must_name_the_models(tmp_path):
+    adam, sgd = {"_target_": "torch.optim.Adam", "_partial_": True}, {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}
+    cfg = compose_config("experiment=digits_gan")
+    with open_dict(cfg):  # as an optimizer YAML with one node per model would compose
+        cfg.optimizer = {"generator": adam}
+    with pytest.raises(ConfigError, match="discriminator, generator"):
+        validate(cfg, str(tmp_path))
+    with open_dict(cfg):
+        cfg.optimizer = {"generator": adam, "discriminator": sgd}
+    assert validate(cfg, str(tmp_path))["optimizer"]["discriminator"]["lr"] == 0.1
