@@ -13,12 +13,15 @@ from omegaconf import DictConfig, OmegaConf
 # Keys that cannot change what is learned: how Ray is reached, where results go, what is logged, when and
 # which checkpoints are kept, whether to resume.
 NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint")
+# Trainer settings that only change what is shown or measured.
+NON_RESULT_TRAINER_KEYS = ("progress_bar", "profile", "profiler_steps")
 
 
 def run_name(cfg: Mapping[str, Any]) -> str:
     if cfg["storage"]["name"]:
         return cfg["storage"]["name"]
     identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
+    identity["trainer"] = {k: v for k, v in identity["trainer"].items() if k not in NON_RESULT_TRAINER_KEYS}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     model = _label(cfg["model"]) if "_target_" in cfg["model"] else _label(cfg["task"])  # several models: the task (gan)
 

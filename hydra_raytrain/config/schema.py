@@ -177,6 +177,7 @@ class TrainerConfig:
     parallel_strategy: str = "ddp"  # ddp or fsdp (fsdp needs GPU workers)
     parallel_strategy_kwargs: Any = None  # e.g. {find_unused_parameters: true, bucket_cap_mb: 50}
     # Profiling
+    progress_bar: Optional[bool] = None  # rank 0's per-epoch bar (ray.experimental.tqdm_ray), drawn by the driver; None: when it has a terminal
     profile: bool = False  # per-epoch time breakdown in the metrics: data, forward, backward, optimizer (rank 0)
     profiler_steps: int = 0  # > 0: a torch.profiler trace of that many steps of rank 0 into <run dir>/profiler
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import typing
 from typing import Any, Callable, Dict
@@ -149,7 +150,9 @@ def check_targets(key: str, node: Any, cwd: str) -> None:
 
 
 def locate(key: str, path: str) -> Callable:
+    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure as an ERROR too; ours is the one message
     try:
+        hydra_log.disabled = True
         return get_object(path)
     except Exception as error:  # Hydra raises ImportError or ValueError with a multi-line story
         module_name, _, attribute = str(path).rpartition(".")
@@ -164,6 +167,8 @@ def locate(key: str, path: str) -> Callable:
             f"{key}._target_", path, f"cannot be imported{hint}: {reason}",
             "the dotted path of an importable class or function, e.g. torch.optim.SGD.",
         ) from None
+    finally:
+        hydra_log.disabled = False
 
 
 def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:

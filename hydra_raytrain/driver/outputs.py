@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from ray.train import UserCallback
 
+from hydra_raytrain.logfiles import link_process_logs
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 MODEL_FILE = "model.pt"
@@ -24,8 +26,12 @@ class EpochLog(UserCallback):
     def __init__(self, run_dir: str, max_epochs: int):
         self.path = os.path.join(run_dir, METRICS_FILE)
         self.max_epochs = max_epochs
+        self.linked = False
 
     def after_report(self, run_context, metrics: List[Dict[str, Any]], checkpoint) -> None:
+        if not self.linked:  # the controller's own stdout / stderr, linked into <run dir>/logs
+            link_process_logs(os.path.dirname(self.path), "controller")
+            self.linked = True
         self.write(metrics[0])
 
     def write(self, metrics: Dict[str, Any]) -> None:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Dict, Optional
 
@@ -21,6 +22,7 @@ from hydra_raytrain.config import validate
 from hydra_raytrain.driver import builders, cluster, outputs, report
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
+from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.recipe.loop import train_loop_per_worker
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
@@ -51,6 +53,8 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     resolved = validate(cfg, cwd=os.getcwd())
     storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
     name = builders.run_name(resolved)
+    if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise
+        resolved["trainer"]["progress_bar"] = sys.stderr.isatty()
     resume = resolved["run"]["resume"]
     finished = outputs.finished_summary(run_dir) if resume == "auto" else None
     if finished is not None:
@@ -65,7 +69,9 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     if resume == "never":
         _discard_previous_state(run_dir, storage, name)
     _write_config(run_dir, cfg)
-    return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started)
+    quiet_ray_train(resolved["ray"]["logging_level"])
+    with tee_output(os.path.join(run_dir, DRIVER_LOG)):
+        return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started)
 
 
 def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_mode: bool, started: float) -> Dict[str, Any]:
@@ -92,6 +98,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
+        keep_process_logs(run_dir)
         Console().print(report.summary_table(summary))
         return summary
 

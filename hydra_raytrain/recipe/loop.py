@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.loggers.base import build_loggers, finish_all, start_all
+from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
@@ -40,7 +41,10 @@ def train_loop_per_worker(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """Rank 0 returns the epoch history and the final weights as ``torch.save`` bytes (``Result.return_value``;
     Ray refuses tensors there). Ray's local mode persists no checkpoint, so this is how the driver gets
     ``model.pt`` in every mode."""
-    recipe = Recipe(OmegaConf.create(config["cfg"]), run_dir=config["run_dir"], run_name=config["run_name"])
+    cfg = OmegaConf.create(config["cfg"])
+    quiet_ray_train(cfg.ray.logging_level)
+    link_process_logs(config["run_dir"], f"rank{ray.train.get_context().get_world_rank()}")
+    recipe = Recipe(cfg, run_dir=config["run_dir"], run_name=config["run_name"])
     status = "failed"
     try:
         recipe.setup()
@@ -187,7 +191,7 @@ class Recipe:
             # draw exactly what the uninterrupted one drew.
             self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
             started = time.perf_counter()
-            train = self._train_epoch()
+            train = self._train_epoch(epoch)
             train_seconds = time.perf_counter() - started
             val = self._validate()
             metrics = {
@@ -225,11 +229,12 @@ class Recipe:
         mode = settings.mode or self.cfg.trainer.monitor_mode or self.task.mode
         return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
 
-    def _train_epoch(self) -> Dict[str, float]:
+    def _train_epoch(self, epoch: int) -> Dict[str, float]:
         for model in self.step.models.values():
             model.train()
         meter, window = SumMeter(), self.cfg.trainer.accumulate_grad_batches
         batches = itertools.islice(self.train_loader, self.train_batches)
+        bar = self._progress_bar(epoch)
         for index in range(self.train_batches):
             with self.step.timer("data"):
                 batch = self._to_device(next(batches))
@@ -241,7 +246,20 @@ class Recipe:
             self.global_step += 1
             if self.profiler is not None:
                 self.profiler.step()
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         return meter.totals()
+
+    def _progress_bar(self, epoch: int) -> Any:
+        """Rank 0's bar over the epoch's batches, drawn by the driver (ray.experimental.tqdm_ray: worker bars
+        render cleanly there instead of interleaving)."""
+        if self.rank != 0 or not self.cfg.trainer.progress_bar:
+            return None
+        from ray.experimental.tqdm_ray import tqdm
+
+        return tqdm(total=self.train_batches, desc=f"epoch {epoch + 1}/{self.cfg.trainer.max_epochs}", unit="batch")
 
     def _validate(self) -> Dict[str, float]:
         # The unwrapped models: ranks hold different numbers of validation batches, and DDP's forward could

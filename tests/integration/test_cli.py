@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_embedded_default_meets_the_accuracy_bar(tmp_path):
     """`python -m hydra_raytrain` exactly as a user types it: starts its own local cluster, 2 workers."""
     started = time.time()
-    done = run_cli(["hydra.run.dir=run"], cwd=str(tmp_path))
+    done = run_cli(["hydra.run.dir=run", "trainer.progress_bar=true"], cwd=str(tmp_path))
     wall = time.time() - started
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "run"
@@ -34,6 +34,17 @@ def test_embedded_default_meets_the_accuracy_bar(tmp_path):
     assert f"Run dir: {run_dir}" in done.stdout
     assert "hydra_raytrain: completed" in done.stdout and "best (val_accuracy, epoch" in done.stdout  # the summary table
     assert Image.open(run_dir / "curves.png").format == "PNG"
+    # What the user sees: one line per epoch, rank 0's progress bar drawn by the driver, and none of Ray
+    # Train's per-report INFO lines.
+    output = done.stdout + done.stderr
+    assert "Reporting training result" not in output and "Moving model to device" not in output
+    assert all(f"epoch {n}/12  train_accuracy" in done.stdout for n in range(1, 13))
+    assert "epoch 12/12: 100%" in done.stderr and "batch/s" in done.stderr
+    # Logs kept on disk: the driver's terminal, and every worker's and the controller's stdout/stderr (copies).
+    assert "epoch 12/12  train_accuracy" in (run_dir / "driver.log").read_text()
+    kept = sorted(p.name.split("-pid")[0] + p.suffix for p in (run_dir / "logs").iterdir())
+    assert kept == ["controller.err", "controller.out", "rank0.err", "rank0.out", "rank1.err", "rank1.out"]
+    assert not any(p.is_symlink() for p in (run_dir / "logs").iterdir())
 
 
 USER_TASK = '''
