@@ -43,6 +43,15 @@ def run_name_resolver(*, _root_: DictConfig) -> str:
         return "unresolved-config"
 
 
+def sweep_name(*argument_lists: Any) -> str:
+    """``${sweep_name:${hydra.overrides.task},${hydra.overrides.hydra}}`` in ``hydra.sweep.dir``: the same sweep
+    command (its arguments in any order) finds the same sweep dir again, which is how a sweep resumes."""
+    listed = sorted(str(argument) for arguments in argument_lists for argument in (arguments or []))
+    return "sweep-" + hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:10]
+
+
 def register_resolver() -> None:
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver("run_name", run_name_resolver)
+    if not OmegaConf.has_resolver("sweep_name"):
+        OmegaConf.register_new_resolver("sweep_name", sweep_name)

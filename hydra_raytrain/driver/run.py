@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 from hydra.core.hydra_config import HydraConfig
 import ray
@@ -40,10 +40,12 @@ def hydra_run_dir() -> Optional[str]:
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
 
 
-def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
+def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Sequence[Any] = (), show_summary: bool = True) -> Dict[str, Any]:
     """Train the configured model; return the summary (also written to ``<run_dir>/summary.json``).
 
-    ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. Raises ``ConfigError`` before
+    ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
+    Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
+    instead of each run's (``show_summary=False``). Raises ``ConfigError`` before
     anything starts or is written when the config cannot work, ``TrainingFailed`` when the run fails.
     """
     started = time.time()
@@ -71,10 +73,10 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None) -> Dict[str, Any]:
     _write_config(run_dir, cfg)
     quiet_ray_train(resolved["ray"]["logging_level"])
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
-        return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started)
+        return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started, extra_callbacks=extra_callbacks, show_summary=show_summary)
 
 
-def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_mode: bool, started: float) -> Dict[str, Any]:
+def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_mode: bool, started: float, extra_callbacks: Sequence[Any] = (), show_summary: bool = True) -> Dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
     task_cls = get_object(resolved["task"]["_target_"])
     monitor = resolved["trainer"]["monitor"] or task_cls.monitor
@@ -88,7 +90,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         train_loop_per_worker,
         train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},
         scaling_config=builders.scaling_config(resolved["scaling"]),
-        run_config=builders.run_config(resolved, storage, callbacks=[epoch_log], worker_env=worker_env),
+        run_config=builders.run_config(resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env),
     )
 
     def finish(status: str, error: Optional[str] = None) -> Dict[str, Any]:
@@ -99,7 +101,8 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
         keep_process_logs(run_dir)
-        Console().print(report.summary_table(summary))
+        if show_summary:
+            Console().print(report.summary_table(summary))
         return summary
 
     try:

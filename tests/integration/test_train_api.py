@@ -16,15 +16,6 @@ def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_resnet18_on_four_workers(ray_address, tmp_path):
-    summary = train(compose_config("model=resnet18", "scaling.num_workers=4", "debug=smoke"), run_dir=str(tmp_path))
-    assert summary["status"] == "completed" and summary["epochs_completed"] == 1
-    (epoch,) = read_metrics(tmp_path)
-    assert epoch["world_size"] == 4
-    model = torchvision_resnet("resnet18", (1, 8, 8), 10)
-    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))  # unwrapped: no "module." prefix
-
-
 def test_local_mode_runs_in_process(tmp_path):
     summary = train(compose_config("scaling.num_workers=0", "trainer.max_epochs=2", "trainer.limit_train_batches=5"), run_dir=str(tmp_path))
     history = read_metrics(tmp_path)
@@ -62,11 +53,15 @@ def test_load_model_and_evaluate_reproduce_the_reported_metrics(ray_address, tmp
         assert json.loads((path / "evaluation.json").read_text()) == metrics
 
 
-def test_elastic_training_takes_what_the_cluster_holds(ray_address, tmp_path):
-    """min 2, max 4 workers on the 4-CPU test cluster; the global batch (48) stays whatever the size."""
-    summary = train(compose_config("scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48", "debug=smoke"), run_dir=str(tmp_path))
+def test_elastic_resnet18_takes_what_the_cluster_holds(ray_address, tmp_path):
+    """resnet18 (the mission command's model), min 2, max 4 workers on the 4-CPU test cluster; the global
+    batch (48) stays whatever the size."""
+    summary = train(compose_config("model=resnet18", "scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48", "debug=smoke"),
+                    run_dir=str(tmp_path))
     assert summary["status"] == "completed"
     assert 2 <= summary["final"]["world_size"] <= 4  # 4 when the cluster is idle
+    model = torchvision_resnet("resnet18", (1, 8, 8), 10)
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))  # unwrapped: no "module." prefix
     # 2 batches of a global 48: exactly 96 samples trained, whatever the world size.
     correct = summary["final"]["train_accuracy"] * 96
     assert abs(correct - round(correct)) < 1e-9

@@ -20,7 +20,7 @@ def read_metrics(run_dir):
 # global batches of 48 per epoch (1,437 training images: the 30th would be partial, and padded differently
 # for different worker counts).
 SAME_RESULT = ["model=mlp", "optimizer=sgd", "scheduler=cosine", "scheduler.warmup_steps=10", "trainer.gradient_clip_val=1.0",
-               "trainer.max_epochs=3", "trainer.seed=3"]
+               "trainer.max_epochs=2", "trainer.seed=3"]
 COMPARED = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 
 
@@ -42,10 +42,10 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
         results[label] = (read_metrics(run_dir), torch.load(run_dir / "model.pt", weights_only=True))
 
     reference_history, reference_weights = results["1 worker"]
-    assert [m["epoch"] for m in reference_history] == [1, 2, 3]
+    assert [m["epoch"] for m in reference_history] == [1, 2]
     assert reference_history[-1]["val_accuracy"] > reference_history[0]["val_accuracy"] - 0.05  # it trains
     for label, (history, weights) in results.items():
-        assert [m["world_size"] for m in history] == [int(label[0])] * 3, label
+        assert [m["world_size"] for m in history] == [int(label[0])] * 2, label
         for ours, reference in zip(history, reference_history, strict=True):
             for name in COMPARED:
                 assert ours[name] == pytest.approx(reference[name], abs=1e-4), (label, ours["epoch"], name)

@@ -1,0 +1,1 @@
+"""Hydra discovers plugins in the ``hydra_plugins`` namespace: this one adds ``hydra/sweeper=ray_tune``."""

@@ -1,0 +1,190 @@
+"""What a sweep leaves: sweep_summary.json and .csv (one row per trial), best_config.yaml, sweep.png, and a
+summary table on the terminal."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from typing import Any, Dict, List, Optional
+
+from hydra_raytrain.driver import outputs
+from hydra_raytrain.sweep.trial import TRIAL_FILE
+
+SUMMARY_FILE = "sweep_summary.json"
+CSV_FILE = "sweep_summary.csv"
+BEST_CONFIG_FILE = "best_config.yaml"
+PLOT_FILE = "sweep.png"
+COLUMNS = ("index", "overrides", "status", "final", "best", "epochs", "wall_seconds", "run_dir", "error")
+
+
+def read_previous(sweep_dir: str) -> Dict[str, Dict[str, Any]]:
+    """The rows of an earlier run of this sweep, by run name (empty for a new sweep)."""
+    path = os.path.join(sweep_dir, SUMMARY_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as file:
+        return {os.path.basename(row["run_dir"]): row for row in json.load(file)["trials"]}
+
+
+def trial_status(summary: Optional[Dict[str, Any]], history: List[Dict[str, Any]], max_epochs: int, error: Optional[str]) -> str:
+    """completed / stopped (by the scheduler, between epochs) / failed / not run."""
+    if error is not None:
+        return "failed"
+    if summary is not None:
+        return summary["status"]
+    # Tune ended it after an epoch (the scheduler's decision; at a rung on the last epoch too, before the run
+    # could write its summary).
+    return "stopped" if history else "not run"
+
+
+def collect(jobs: List[Dict[str, Any]], errors: Dict[int, Any], previous: Dict[str, Dict[str, Any]], metric: str, mode: str,
+            sweep_dir: str, scheduler: str) -> Dict[str, Any]:
+    rows, swept = [], _swept_keys(jobs)
+    for job in jobs:
+        run_dir = job["run_dir"]
+        if job["index"] not in errors and previous.get(job["name"], {}).get("status") == "stopped":
+            rows.append({**previous[job["name"]], "index": job["index"]})  # not re-run: what it was
+            continue
+        history = outputs.read_history(run_dir)
+        summary = _read_json(os.path.join(run_dir, outputs.SUMMARY_FILE))
+        error = errors.get(job["index"])
+        status = trial_status(summary, history, job["cfg"]["trainer"]["max_epochs"], None if error is None else str(error))
+        best = outputs.best_epoch(history, metric, mode) or {}
+        started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
+        finished = os.path.getmtime(os.path.join(run_dir, outputs.METRICS_FILE)) if history else None
+        rows.append({
+            "index": job["index"],
+            "overrides": " ".join(o for o in job["overrides"] if o.split("=", 1)[0] in swept),
+            "status": status,
+            "final": history[-1].get(metric) if history else None,
+            "best": best.get(metric),
+            "epochs": len(history),
+            "wall_seconds": round(summary["wall_seconds"], 3) if summary else (round(finished - started, 3) if started and finished else None),
+            "started": started,
+            "finished": finished,
+            "run_dir": run_dir,
+            "error": _one_line(error) if error is not None else (summary or {}).get("error"),
+        })
+    scored = [row for row in rows if isinstance(row["best"], (int, float))]
+    pick = max if mode == "max" else min
+    best_row = pick(scored, key=lambda row: row["best"]) if scored else None
+    return {"metric": metric, "mode": mode, "scheduler": scheduler, "sweep_dir": sweep_dir, "best": best_row, "trials": rows}
+
+
+def _swept_keys(jobs: List[Dict[str, Any]]) -> set:
+    """The keys whose value differs between trials (all of them for a one-trial sweep): what a row shows."""
+    values: Dict[str, set] = {}
+    for job in jobs:
+        for override in job["overrides"]:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    varying = {key for key, seen in values.items() if len(seen) > 1}
+    return varying or set(values)
+
+
+def write_all(summary: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: str, keep_checkpoints: Optional[int]) -> None:
+    os.makedirs(sweep_dir, exist_ok=True)
+    outputs.write_json(os.path.join(sweep_dir, SUMMARY_FILE), summary)
+    with open(os.path.join(sweep_dir, CSV_FILE), "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(summary["trials"])
+    if summary["best"] is not None:
+        write_best_config(jobs[summary["best"]["index"]], os.path.join(sweep_dir, BEST_CONFIG_FILE))
+    if keep_checkpoints:
+        drop_checkpoints(summary, keep_checkpoints)
+    plot(summary, os.path.join(sweep_dir, PLOT_FILE))
+    from rich.console import Console
+
+    Console().print(table(summary))
+
+
+def write_best_config(job: Dict[str, Any], path: str) -> None:
+    """A primary config that reproduces the best trial with the plain CLI:
+    ``python -m hydra_raytrain --config-dir <sweep dir> --config-name best_config``."""
+    import yaml
+
+    config = {"defaults": ["train_schema", "_self_"],
+              "hydra": {"run": {"dir": "outputs/runs/${run_name:}"}, "job": {"name": "train", "chdir": False}},
+              **job["cfg"]}
+    with open(path, "w") as file:
+        file.write(f"# The best trial of this sweep ({' '.join(job['overrides'])}), as a complete config. Reproduce it:\n")
+        file.write(f"#   python -m hydra_raytrain --config-dir {os.path.dirname(path)} --config-name best_config\n")
+        yaml.safe_dump(config, file, sort_keys=False)
+
+
+def drop_checkpoints(summary: Dict[str, Any], keep: int) -> None:
+    """``keep_checkpoints=K``: the Ray storage of every trial but the best K goes (their metrics stay)."""
+    scored = [row for row in summary["trials"] if isinstance(row["best"], (int, float))]
+    scored.sort(key=lambda row: row["best"], reverse=summary["mode"] == "max")
+    kept = {row["run_dir"] for row in scored[:keep]}
+    for row in summary["trials"]:
+        if row["run_dir"] not in kept:
+            shutil.rmtree(os.path.join(row["run_dir"], "ray_storage"), ignore_errors=True)
+
+
+def plot(summary: Dict[str, Any], path: str) -> None:
+    """Left: each trial's metric against epoch. Right: each trial's best value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric, rows = summary["metric"], summary["trials"]
+    figure, (curves, bars) = plt.subplots(1, 2, figsize=(11, 4))
+    for row in rows:
+        history = outputs.read_history(row["run_dir"])
+        if history:
+            curves.plot([m["epoch"] for m in history], [m.get(metric) for m in history], "-o", markersize=3, label=f"{row['index']}: {row['overrides']}"[:60])
+    curves.set_xlabel("epoch")
+    curves.set_title(f"{metric} per trial")
+    curves.grid(alpha=0.3)
+    if rows:
+        curves.legend(fontsize=6)
+    labels = [str(row["index"]) for row in rows]
+    values = [row["best"] if isinstance(row["best"], (int, float)) else 0.0 for row in rows]
+    colours = ["tab:green" if row is summary["best"] else ("tab:red" if row["status"] == "failed" else "tab:blue") for row in rows]
+    bars.bar(labels, values, color=colours)
+    bars.set_xlabel("trial")
+    bars.set_title(f"best {metric} ({summary['mode']}; green: best, red: failed)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def table(summary: Dict[str, Any]):
+    from rich.table import Table
+
+    metric = summary["metric"]
+    result = Table(title=f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}", title_justify="left")
+    for column in ("#", "overrides", "status", "epochs", f"final {metric}", f"best {metric}", "wall s"):
+        result.add_column(column, justify="right" if column not in ("overrides", "status") else "left")
+    for row in summary["trials"]:
+        mark = " *" if row is summary["best"] else ""
+        result.add_row(str(row["index"]) + mark, row["overrides"], row["status"], str(row["epochs"]), _fmt(row["final"]), _fmt(row["best"]),
+                       _fmt(row["wall_seconds"], ".1f"))
+    result.caption = f"* best. Sweep dir: {summary['sweep_dir']}"
+    result.caption_justify = "left"
+    return result
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def _read_json(path: str) -> Optional[Dict[str, Any]]:
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        return json.load(file)
+
+
+def _one_line(error: Any) -> str:
+    """The cause of a failed trial in one line: our TrainingFailed line when the traceback holds one."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    ours = [line.split("Training failed: ", 1)[1] for line in lines if "Training failed: " in line and "{" not in line]
+    if ours:
+        return ours[-1]
+    return lines[-1][-500:] if lines else type(error).__name__

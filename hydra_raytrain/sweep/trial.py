@@ -1,0 +1,46 @@
+"""One Tune trial: a whole hydra_raytrain run on the trial's composed config, in its own run dir.
+
+Ray Train V2 inside Tune: the trial builds the TorchTrainer, whose RunConfig carries Tune's
+``TuneReportCallback`` so every epoch reaches Tune (and ASHA can stop the trial between epochs).
+A trial whose run already completed (an earlier sweep, re-run) reports its final metrics and returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List
+
+TRIAL_FILE = "trial.json"
+
+
+def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]]) -> None:
+    from omegaconf import OmegaConf
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from hydra_raytrain.driver import outputs
+    from hydra_raytrain.driver.run import train
+
+    job = jobs[config["index"]]
+    run_dir = job["run_dir"]
+    os.makedirs(run_dir, exist_ok=True)
+    finished = outputs.finished_summary(run_dir)
+    if finished is not None:
+        tune.report({**finished["final"], "already_complete": True})
+        return
+    with open(os.path.join(run_dir, TRIAL_FILE), "w") as file:
+        json.dump({"index": config["index"], "overrides": job["overrides"], "started": time.time()}, file)
+    _write_hydra_files(run_dir, job)
+    train(OmegaConf.create(job["cfg"]), run_dir=run_dir, extra_callbacks=[TuneReportCallback()], show_summary=False)
+
+
+def _write_hydra_files(run_dir: str, job: Dict[str, Any]) -> None:
+    """The job's overrides, where Hydra keeps them (train() adds the composed config.yaml)."""
+    import yaml
+
+    folder = os.path.join(run_dir, ".hydra")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "overrides.yaml"), "w") as file:
+        yaml.safe_dump(job["overrides"], file)
