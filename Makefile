@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test bench clean
+.PHONY: install train test bench bench-sweep clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/throughput.py
+
+bench-sweep: install
+	$(BIN)/python benchmarks/sweep.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

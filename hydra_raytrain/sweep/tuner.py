@@ -60,6 +60,9 @@ def compose_jobs(sweep_config: DictConfig, config_loader: Any, arguments: Sequen
         except ConfigError as error:
             raise ConfigError(error.key, error.value, f"{error.reason} (trial {index}: {' '.join(overrides)})", error.valid) from None
         name = run_name(resolved)
+        wandb = resolved["logger"].get("wandb")
+        if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
+            wandb["group"] = os.path.basename(sweep_dir)
         jobs.append({"index": index, "overrides": list(overrides), "cfg": resolved, "name": name, "run_dir": os.path.join(sweep_dir, name)})
     names = [job["name"] for job in jobs]
     if len(set(names)) != len(names):

@@ -110,6 +110,8 @@ def test_plain_multirun_runs_each_job_with_its_own_run_dir(ray_address, tmp_path
     """Hydra's basic launcher: jobs one after another in one process, Ray joined once and reused."""
     done = run_cli(["-m", f"ray.address={ray_address}", "trainer.seed=0,1", "debug=smoke", "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
-    summaries = [json.loads((tmp_path / "sweep" / str(job) / "summary.json").read_text()) for job in (0, 1)]
+    summaries = [json.loads(path.read_text()) for path in sorted((tmp_path / "sweep").glob("*/summary.json"))]
     assert [s["status"] for s in summaries] == ["completed", "completed"]
-    assert summaries[0]["storage"] != summaries[1]["storage"]  # different seeds: different run identities
+    # Each job's run dir is named by its run identity (different seeds: different identities, dirs and storage).
+    assert {os.path.basename(s["run_dir"]) for s in summaries} == {os.path.basename(s["storage"]) for s in summaries}
+    assert summaries[0]["storage"] != summaries[1]["storage"]
