@@ -277,11 +277,7 @@ class Recipe:
     def _weights(self) -> Optional[bytes]:
         """The full model weights as ``torch.save`` bytes on rank 0 (None elsewhere); a collective under FSDP."""
         model_states, _ = checkpoint.gather(self.step.models, {})
-        if self.rank != 0:
-            return None
-        buffer = io.BytesIO()
-        torch.save(checkpoint.pack_models(model_states, self.several_models), buffer)
-        return buffer.getvalue()
+        return _to_bytes(checkpoint.pack_models(model_states, self.several_models)) if self.rank == 0 else None
 
     def _report(self, metrics: Dict[str, float], epochs_done: int, final: bool) -> Optional[bytes]:
         """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
@@ -294,9 +290,7 @@ class Recipe:
         with tempfile.TemporaryDirectory() as folder:
             if self.rank == 0:
                 packed = checkpoint.pack_models(model_states, self.several_models)
-                buffer = io.BytesIO()
-                torch.save(packed, buffer)
-                weights = buffer.getvalue()
+                weights = _to_bytes(packed)
                 train_state = self._train_state(epochs_done, optimizer_states)
                 checkpoint.write(folder, self.rank, packed, train_state, OmegaConf.to_container(self.cfg))
             else:
@@ -317,3 +311,9 @@ class Recipe:
             "history": self.history,
             "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
         }
+
+
+def _to_bytes(state: Dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()

@@ -28,7 +28,7 @@ def read_previous(sweep_dir: str) -> Dict[str, Dict[str, Any]]:
         return {os.path.basename(row["run_dir"]): row for row in json.load(file)["trials"]}
 
 
-def trial_status(summary: Optional[Dict[str, Any]], history: List[Dict[str, Any]], max_epochs: int, error: Optional[str]) -> str:
+def trial_status(summary: Optional[Dict[str, Any]], history: List[Dict[str, Any]], error: Optional[str]) -> str:
     """completed / stopped (by the scheduler, between epochs) / failed / not run."""
     if error is not None:
         return "failed"
@@ -50,7 +50,7 @@ def collect(jobs: List[Dict[str, Any]], errors: Dict[int, Any], previous: Dict[s
         history = outputs.read_history(run_dir)
         summary = _read_json(os.path.join(run_dir, outputs.SUMMARY_FILE))
         error = errors.get(job["index"])
-        status = trial_status(summary, history, job["cfg"]["trainer"]["max_epochs"], None if error is None else str(error))
+        status = trial_status(summary, history, None if error is None else str(error))
         best = outputs.best_epoch(history, metric, mode) or {}
         started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
         finished = os.path.getmtime(os.path.join(run_dir, outputs.METRICS_FILE)) if history else None

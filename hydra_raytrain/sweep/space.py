@@ -1,7 +1,7 @@
 """Hydra's sweep grammar as trials: pure functions, no Ray.
 
     a=1,2  a=choice(1,2)  a=range(1,4)     categorical / grid: every value, crossed with the other grids
-    a=interval(0,1)                        uniform (integers when both ends are integers)
+    a=interval(0,1)                        uniform (Hydra parses interval ends as floats)
     a=tag(log,interval(1e-4,1e-1))         log-uniform
 ``num_samples`` repeats the grid, drawing new values of the sampled parameters each time (Tune's
 semantics). Draws come from a seeded generator, so the same command gives the same trials: that is what
@@ -44,6 +44,4 @@ def _draw(override: Override, generator: random.Random) -> str:
     low, high = interval.start, interval.end
     if "log" in interval.tags:
         return repr(math.exp(generator.uniform(math.log(low), math.log(high))))
-    if isinstance(low, int) and isinstance(high, int):
-        return str(generator.randint(low, high))
     return repr(generator.uniform(low, high))

@@ -39,7 +39,7 @@ def test_intervals_are_sampled_num_samples_times_per_grid_point_and_reproducibly
     ],
 )
 def test_trial_status(summary, history, error, status):
-    assert results.trial_status(summary, history, 4, error) == status
+    assert results.trial_status(summary, history, error) == status
 
 
 def test_summary_csv_best_config_and_plot(tmp_path):
