@@ -2,10 +2,13 @@
 
     python -m hydra_raytrain                      # the embedded default: digits, a small CNN, 2 CPU workers
     python -m hydra_raytrain model=resnet18 scaling.num_workers=4
+
+The exports load on first use: Ray Train's controller and Tune's trial processes unpickle our callbacks
+(hydra_raytrain.driver.outputs ...) and should not pay for torch, Hydra and rich through this file.
 """
 
-from hydra_raytrain.config import ConfigError
-from hydra_raytrain.driver.run import TrainingFailed, train
-from hydra_raytrain.evaluate import evaluate, load_model
+from hydra_raytrain.lazy import lazy_exports
 
 __all__ = ["ConfigError", "TrainingFailed", "evaluate", "load_model", "train"]
+__getattr__, __dir__ = lazy_exports(__name__, {"ConfigError": "config", "TrainingFailed": "driver.run", "train": "driver.run",
+                                               "evaluate": "evaluate", "load_model": "evaluate"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Callable, Dict, Tuple
 
 
@@ -11,7 +12,13 @@ def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable, Calla
 
     def __getattr__(name: str):
         if name in exports:
-            return getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+            module = importlib.import_module(f"{package}.{exports[name]}")
+            # Bind every export of that submodule on the package: importing a submodule binds its name there
+            # (hydra_raytrain.evaluate, the module), which would otherwise hide the function of the same name.
+            for other, where in exports.items():
+                if where == exports[name]:
+                    setattr(sys.modules[package], other, getattr(module, other))
+            return getattr(module, name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__():

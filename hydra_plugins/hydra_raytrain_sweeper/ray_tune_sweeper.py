@@ -3,6 +3,8 @@
     python -m hydra_raytrain -m hydra/sweeper=ray_tune optimizer.lr=1e-3,1e-2 model=mlp,simple_cnn
     python -m hydra_raytrain -m hydra/sweeper=ray_tune hydra.sweeper.scheduler=asha \\
         'optimizer.lr=tag(log,interval(1e-4,1e-1))' hydra.sweeper.num_samples=8
+    python -m hydra_raytrain -m hydra/sweeper=ray_tune hydra.sweeper.search_alg=optuna hydra.sweeper.num_samples=12 \
+        'optimizer.lr=tag(log,interval(1e-4,1e-1))' model=mlp,simple_cnn
 
 The work is in hydra_raytrain/sweep (this is Hydra's entry point only). No ``from __future__ import
 annotations`` here: Hydra loads plugin modules without registering them, and dataclasses then fail.
@@ -24,6 +26,7 @@ class RayTuneSweeperConf:
     _target_: str = "hydra_plugins.hydra_raytrain_sweeper.ray_tune_sweeper.RayTuneSweeper"
     metric: Optional[str] = None
     mode: Optional[str] = None
+    search_alg: str = "basic"
     num_samples: int = 1
     seed: int = 0
     max_concurrent_trials: Optional[int] = None

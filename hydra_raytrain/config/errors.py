@@ -19,6 +19,9 @@ class ConfigError(ValueError):
             message += f" Valid: {valid}"
         super().__init__(message)
 
+    def __reduce__(self):  # Ray copies and pickles exceptions raised in its processes (a sweep trial's train())
+        return type(self), (self.key, self.value, self.problem, self.valid)
+
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` when a close match exists, else an empty string."""

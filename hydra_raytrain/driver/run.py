@@ -36,6 +36,12 @@ class TrainingFailed(RuntimeError):
     """The run started and failed; summary.json in the run dir holds the full error."""
 
 
+def import_path() -> str:
+    """The driver's folder and PYTHONPATH: where a config's ``_target_`` (a task in the user's folder) imports
+    from. Ray's processes do not inherit the folder, so workers (and sweep trials) get it in PYTHONPATH."""
+    return os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+
+
 def hydra_run_dir() -> Optional[str]:
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
 
@@ -84,8 +90,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
     epoch_log = outputs.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
-    pythonpath = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    worker_env = builders.worker_env(resolved, RAY_TRAIN_ENV, pythonpath)
+    worker_env = builders.worker_env(resolved, RAY_TRAIN_ENV, import_path())
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},

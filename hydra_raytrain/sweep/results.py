@@ -92,7 +92,8 @@ def write_all(summary: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: st
         writer.writeheader()
         writer.writerows(summary["trials"])
     if summary["best"] is not None:
-        write_best_config(jobs[summary["best"]["index"]], os.path.join(sweep_dir, BEST_CONFIG_FILE))
+        best = next(job for job in jobs if job["index"] == summary["best"]["index"])
+        write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE))
     if keep_checkpoints:
         drop_checkpoints(summary, keep_checkpoints)
     plot(summary, os.path.join(sweep_dir, PLOT_FILE))

@@ -6,6 +6,9 @@
 ``num_samples`` repeats the grid, drawing new values of the sampled parameters each time (Tune's
 semantics). Draws come from a seeded generator, so the same command gives the same trials: that is what
 lets an interrupted sweep resume.
+
+For a search algorithm (``hydra.sweeper.search_alg=optuna``) the same grammar is a search space instead:
+``parameter_space`` gives the fixed overrides and one ``Parameter`` per swept key, nothing crossed.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import List, Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
@@ -45,3 +49,31 @@ def _draw(override: Override, generator: random.Random) -> str:
     if "log" in interval.tags:
         return repr(math.exp(generator.uniform(math.log(low), math.log(high))))
     return repr(generator.uniform(low, high))
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One swept key as a search algorithm sees it: categorical choices (Hydra's value strings) or a float range."""
+
+    choices: Optional[Tuple[str, ...]] = None
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+
+    def override(self, key: str, value) -> str:
+        return f"{key}={value}" if self.choices is not None else f"{key}={float(value)!r}"
+
+
+def parameter_space(arguments: Sequence[str]) -> Tuple[List[str], Dict[str, Parameter]]:
+    """(the overrides every trial shares, the swept keys' parameters)."""
+    fixed, space = [], {}
+    for override in OverridesParser.create().parse_overrides(list(arguments)):
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            fixed.append(f"{key}={override.get_value_element_as_str()}")
+        elif override.is_discrete_sweep():
+            space[key] = Parameter(choices=tuple(override.sweep_string_iterator()))
+        else:
+            interval: IntervalSweep = override.value()
+            space[key] = Parameter(low=float(interval.start), high=float(interval.end), log="log" in interval.tags)
+    return fixed, space

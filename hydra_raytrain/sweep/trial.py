@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any, Dict, List
 
 TRIAL_FILE = "trial.json"
 
 
-def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]]) -> None:
+def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: str, cwd: str, pythonpath: str) -> None:
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -23,7 +24,12 @@ def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]]) -> None:
     from hydra_raytrain.driver import outputs
     from hydra_raytrain.driver.run import train
 
-    job = jobs[config["index"]]
+    from hydra_raytrain.sweep.search import read_job
+
+    # The basic search hands every job over up front; a search algorithm's jobs are written by the driver as
+    # they are suggested (the trial runs on the driver's node).
+    job = jobs[config["index"]] if jobs else read_job(os.path.join(sweep_dir, config["name"]))
+    _as_on_the_driver(cwd, pythonpath)
     run_dir = job["run_dir"]
     os.makedirs(run_dir, exist_ok=True)
     finished = outputs.finished_summary(run_dir)
@@ -34,6 +40,16 @@ def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]]) -> None:
         json.dump({"index": config["index"], "overrides": job["overrides"], "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
     train(OmegaConf.create(job["cfg"]), run_dir=run_dir, extra_callbacks=[TuneReportCallback()], show_summary=False)
+
+
+def _as_on_the_driver(cwd: str, pythonpath: str) -> None:
+    """The trial runs train() as the CLI does on the driver: from the driver's folder (Tune moves a trial into
+    its own folder), with the driver's import path, which train() then hands to the workers."""
+    os.chdir(cwd)
+    os.environ["PYTHONPATH"] = pythonpath
+    for entry in reversed(pythonpath.split(os.pathsep)):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
 
 
 def _write_hydra_files(run_dir: str, job: Dict[str, Any]) -> None:

@@ -7,19 +7,24 @@ again: completed and early-stopped trials are not re-run, interrupted ones resum
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, open_dict
 
 from hydra_raytrain.config import ConfigError, run_name, validate
+from hydra_raytrain.driver import outputs
 from hydra_raytrain.sweep import results
-from hydra_raytrain.sweep.space import trial_overrides
+from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
+from hydra_raytrain.sweep.space import Parameter, parameter_space, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial
 
 SCHEDULERS = ("fifo", "asha")
+SEARCH_ALGS = ("basic", "optuna")
 
 
 @dataclass
@@ -28,7 +33,8 @@ class SweepSettings:
 
     metric: Optional[str] = None  # None: the task's monitor (val_accuracy for classification, val_loss for regression)
     mode: Optional[str] = None  # "max" / "min"; None: the task's
-    num_samples: int = 1  # repeats of the grid, with new draws of interval() parameters each time
+    search_alg: str = "basic"  # basic: the grid x num_samples seeded draws (Tune's BasicVariantGenerator); optuna: TPE
+    num_samples: int = 1  # basic: repeats of the grid, with new draws of interval() parameters; optuna: trials in all
     seed: int = 0  # of those draws: the same command gives the same trials
     max_concurrent_trials: Optional[int] = None  # None: as many as the cluster holds
     scheduler: str = "fifo"  # fifo, or asha (stops weak trials at epoch boundaries)
@@ -39,6 +45,14 @@ class SweepSettings:
     def check(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ConfigError("hydra.sweeper.scheduler", self.scheduler, "unknown scheduler.", ", ".join(SCHEDULERS))
+        if self.search_alg not in SEARCH_ALGS:
+            raise ConfigError("hydra.sweeper.search_alg", self.search_alg, "unknown search algorithm.", ", ".join(SEARCH_ALGS))
+        if self.search_alg == "optuna":
+            try:
+                import optuna  # noqa: F401
+            except ImportError:
+                raise ConfigError("hydra.sweeper.search_alg", "optuna", "needs Optuna, which is not installed.",
+                                  "pip install 'hydra_raytrain[optuna]', or search_alg=basic") from None
         if self.mode not in (None, "max", "min"):
             raise ConfigError("hydra.sweeper.mode", self.mode, "unknown mode.", "max, min")
         for key in ("num_samples", "grace_period", "max_concurrent_trials", "keep_checkpoints"):
@@ -47,27 +61,46 @@ class SweepSettings:
                 raise ConfigError(f"hydra.sweeper.{key}", value, "must be >= 1.")
 
 
-def compose_jobs(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[str], settings: SweepSettings, sweep_dir: str) -> List[Dict[str, Any]]:
-    """Every trial's config, composed by Hydra as the basic launcher would, resolved and checked here: a config
-    error in any trial stops the sweep before anything starts, naming the trial."""
-    jobs = []
-    for index, overrides in enumerate(trial_overrides(arguments, settings.num_samples, settings.seed)):
-        composed = config_loader.load_sweep_config(sweep_config, list(overrides))
-        with open_dict(composed):
-            del composed["hydra"]
-        try:
-            resolved = validate(composed, cwd=os.getcwd())
-        except ConfigError as error:
-            raise ConfigError(error.key, error.value, f"{error.reason} (trial {index}: {' '.join(overrides)})", error.valid) from None
-        name = run_name(resolved)
-        wandb = resolved["logger"].get("wandb")
-        if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
-            wandb["group"] = os.path.basename(sweep_dir)
-        jobs.append({"index": index, "overrides": list(overrides), "cfg": resolved, "name": name, "run_dir": os.path.join(sweep_dir, name)})
+def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, overrides: List[str], index: int,
+                params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here: a config
+    error stops the sweep before the trial starts, naming the trial."""
+    composed = config_loader.load_sweep_config(sweep_config, list(overrides))
+    with open_dict(composed):
+        del composed["hydra"]
+    try:
+        resolved = validate(composed, cwd=os.getcwd())
+    except ConfigError as error:
+        trial = f"trial {index}" if index >= 0 else "the search space"
+        raise ConfigError(error.key, error.value, f"{error.problem} ({trial}: {' '.join(overrides)})", error.valid) from None
+    name = run_name(resolved)
+    wandb = resolved["logger"].get("wandb")
+    if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
+        wandb["group"] = os.path.basename(sweep_dir)
+    return {"index": index, "overrides": list(overrides), "params": params or {}, "cfg": resolved, "name": name,
+            "run_dir": os.path.join(sweep_dir, name)}
+
+
+def compose_jobs(compose: Callable[..., Dict[str, Any]], arguments: Sequence[str], settings: SweepSettings) -> List[Dict[str, Any]]:
+    """The basic search: every trial of the grid (x num_samples draws), composed up front."""
+    jobs = [compose(overrides, index) for index, overrides in enumerate(trial_overrides(arguments, settings.num_samples, settings.seed))]
     names = [job["name"] for job in jobs]
     if len(set(names)) != len(names):
         raise ConfigError("sweep", " ".join(arguments), "two trials have the same config (and would share a run).", "sweep values that change the config")
     return jobs
+
+
+def probe_jobs(compose: Callable[..., Dict[str, Any]], fixed: List[str], space: Dict[str, Parameter]) -> List[Dict[str, Any]]:
+    """For a search algorithm, whose trials are not known up front: configs that check the space and size the
+    cluster before anything starts: every combination of swept ``scaling.*`` choices, other categorical keys at
+    their first choice, ranges at their middle."""
+    def middle(p: Parameter) -> float:
+        return math.sqrt(p.low * p.high) if p.log else (p.low + p.high) / 2
+
+    varying = [[p.override(key, c) for c in p.choices] for key, p in space.items() if p.choices is not None and key.startswith("scaling.")]
+    pinned = [p.override(key, p.choices[0] if p.choices is not None else middle(p)) for key, p in space.items()
+              if p.choices is None or not key.startswith("scaling.")]
+    return [compose(fixed + pinned + list(combination), -1) for combination in itertools.product(*varying)]
 
 
 def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[str], settings: SweepSettings) -> Dict[str, Any]:
@@ -75,70 +108,106 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     from ray import tune
 
     from hydra_raytrain.driver import cluster
-    from hydra_raytrain.driver.run import RAY_TRAIN_ENV
+    from hydra_raytrain.driver.run import RAY_TRAIN_ENV, import_path
 
     settings.check()
     sweep_dir = os.path.abspath(str(sweep_config.hydra.sweep.dir))
-    jobs = compose_jobs(sweep_config, config_loader, arguments, settings, sweep_dir)
-    task_cls = _task_class(jobs[0]["cfg"])
-    metric = settings.metric or jobs[0]["cfg"]["trainer"]["monitor"] or task_cls.monitor
-    mode = settings.mode or jobs[0]["cfg"]["trainer"]["monitor_mode"] or task_cls.mode
+    compose = functools.partial(compose_job, sweep_config, config_loader, sweep_dir)
     previous = results.read_previous(sweep_dir)
-    todo = [job for job in jobs if previous.get(job["name"], {}).get("status") not in ("completed", "stopped")]
+    finished = ("completed", "stopped")
+    if settings.search_alg == "basic":
+        jobs = compose_jobs(compose, arguments, settings)
+        todo = [job for job in jobs if previous.get(job["name"], {}).get("status") not in finished]
+        probes, budget = jobs, len(todo)
+    else:
+        fixed, space = parameter_space(arguments)
+        if not space:
+            raise ConfigError("hydra.sweeper.search_alg", settings.search_alg, "has nothing to search: no swept key.",
+                              "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params")
+        jobs = [compose(job["overrides"], job["index"], job["params"]) for job in earlier_jobs(sweep_dir)]
+        done = [job for job in jobs if _status(job, previous) in finished]
+        todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
+        probes, budget = probe_jobs(compose, fixed, space), settings.num_samples - len(done)
+    task_cls = _task_class(probes[0]["cfg"])
+    metric = settings.metric or probes[0]["cfg"]["trainer"]["monitor"] or task_cls.monitor
+    mode = settings.mode or probes[0]["cfg"]["trainer"]["monitor_mode"] or task_cls.mode
 
-    requests = [cluster.resource_request(job["cfg"]["scaling"]) for job in jobs]
+    requests = [cluster.resource_request(job["cfg"]["scaling"]) for job in probes]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
     if largest.num_workers == 0:
         raise ConfigError("scaling.num_workers", 0, "local mode runs in the driver's process: it cannot be a concurrent trial.", "scaling.num_workers >= 1")
-    ray_cfg = jobs[0]["cfg"]["ray"]
-    new_local_cluster = not ray.is_initialized() and not ray_cfg["address"]
-    cluster.connect(ray_cfg, _cluster_request(requests, largest, ray_cfg) if new_local_cluster else largest)
+    # A new local cluster gets one CPU per core (or the largest trial's CPUs, oversubscribed as for one run):
+    # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
+    cluster.connect(probes[0]["cfg"]["ray"], largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
     fits = max(1, int(cpus // max(1, largest.total.get("CPU", 1))))
-    concurrent = min(fits, settings.max_concurrent_trials or fits, max(1, len(todo)))
-    _print_plan(jobs, todo, concurrent, cpus, sweep_dir)
+    concurrent = min(fits, settings.max_concurrent_trials or fits, max(1, budget))
+    _print_plan(len(jobs) if settings.search_alg == "basic" else settings.num_samples, budget, concurrent, cpus, sweep_dir)
 
-    if todo:
+    errors = {}
+    if budget > 0:
         scheduler = None
         if settings.scheduler == "asha":
             from ray.tune.schedulers import ASHAScheduler
 
-            max_epochs = max(job["cfg"]["trainer"]["max_epochs"] for job in todo)
+            max_epochs = max(job["cfg"]["trainer"]["max_epochs"] for job in (todo or probes))
             # max_t one past the last epoch: a trial that reaches it ends by itself (and writes its summary)
             # instead of being stopped by ASHA's max_t rule just before.
             scheduler = ASHAScheduler(time_attr="training_iteration", max_t=max_epochs + 1, grace_period=settings.grace_period,
                                       reduction_factor=settings.reduction_factor)
-        # The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to nothing.
-        trainable = tune.with_resources(tune.with_parameters(run_trial, jobs=jobs), {"CPU": 0, "memory": 1})
+        searcher = None
+        if settings.search_alg == "optuna":
+            # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
+            searcher = HydraSearch(_optuna_search(space, metric, mode, settings.seed + len(jobs), done), space, fixed, compose,
+                                   known=jobs, replay=todo, budget=budget)
+        # The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
+        # nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it).
+        node = f"node:{ray.util.get_node_ip_address()}"
+        trainable = tune.with_resources(tune.with_parameters(run_trial, jobs=jobs if searcher is None else [], sweep_dir=sweep_dir,
+                                                             cwd=os.getcwd(), pythonpath=import_path()),
+                                        {"CPU": 0, "memory": 1, node: 0.001})
         tuner = tune.Tuner(
             trainable,
-            param_space={"index": tune.grid_search([job["index"] for job in todo])},
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, max_concurrent_trials=concurrent),
+            param_space={} if searcher else {"index": tune.grid_search([job["index"] for job in todo])},
+            # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
+            # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
+            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, search_alg=searcher, num_samples=budget if searcher else 1,
+                                        max_concurrent_trials=concurrent, reuse_actors=scheduler is None, trial_dirname_creator=_trial_dirname),
             run_config=tune.RunConfig(name="tune", storage_path=os.path.join(sweep_dir, "tune"), verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=0)),
         )
         grid = tuner.fit()
         errors = {result.config["index"]: result.error for result in grid if result.error is not None}
-    else:
-        errors = {}
+        if searcher is not None:
+            jobs = sorted(done + searcher.jobs, key=lambda job: job["index"])
     summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, scheduler=settings.scheduler)
     results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
     return summary
 
 
-def _cluster_request(requests, largest, ray_cfg):
-    """A new local cluster is sized for every trial at once (each trial's workers are separate processes),
-    within ray.max_cpu_oversubscription CPUs per core; never below the largest trial."""
-    from hydra_raytrain.driver.cluster import ResourceRequest
+def _status(job: Dict[str, Any], previous: Dict[str, Dict[str, Any]]) -> str:
+    """An earlier trial's status: the earlier sweep summary's word (ASHA's "stopped" is only there), else its run's."""
+    if job["name"] in previous:
+        return previous[job["name"]]["status"]
+    summary = outputs.finished_summary(job["run_dir"])
+    return summary["status"] if summary else "interrupted"
 
-    per_worker_cpu = max(1.0, largest.per_worker.get("CPU", 1.0))
-    wanted = sum(r.total.get("CPU", 0.0) for r in requests)
-    cap = (os.cpu_count() or 1) * ray_cfg["max_cpu_oversubscription"]
-    workers = int(max(largest.total.get("CPU", 0.0), min(wanted, cap)) // per_worker_cpu)
-    return ResourceRequest(max(workers, largest.num_workers), largest.per_worker)
+
+def _optuna_search(space: Dict[str, Parameter], metric: str, mode: str, seed: int, done: List[Dict[str, Any]]):
+    """Optuna's TPE over the space; the sweep's finished trials (earlier runs) told to it as evaluated points."""
+    from ray.tune.search.optuna import OptunaSearch
+
+    told = [(job["params"], final_value(job["run_dir"], metric)) for job in done]
+    told = [(params, value) for params, value in told if value is not None]
+    return OptunaSearch(space=optuna_distributions(space), metric=metric, mode=mode, seed=seed,
+                        points_to_evaluate=[params for params, _ in told] or None, evaluated_rewards=[value for _, value in told] or None)
+
+
+def _trial_dirname(trial) -> str:
+    return f"trial_{trial.config.get('index', 'x')}_{trial.trial_id}"
 
 
 def _task_class(cfg: Dict[str, Any]):
@@ -147,7 +216,7 @@ def _task_class(cfg: Dict[str, Any]):
     return get_object(cfg["task"]["_target_"])
 
 
-def _print_plan(jobs, todo, concurrent, cpus, sweep_dir) -> None:
-    skipped = len(jobs) - len(todo)
+def _print_plan(total: int, budget: int, concurrent: int, cpus: float, sweep_dir: str) -> None:
+    skipped = total - budget
     note = f"; {skipped} already done in an earlier run of this sweep" if skipped else ""
-    print(f"Sweep: {len(jobs)} trials{note}; up to {concurrent} at a time on {math.floor(cpus)} CPUs. Sweep dir: {sweep_dir}", flush=True)
+    print(f"Sweep: {total} trials{note}; up to {concurrent} at a time on {math.floor(cpus)} CPUs. Sweep dir: {sweep_dir}", flush=True)

@@ -8,12 +8,9 @@ from tensorboardX.proto import event_pb2
 from hydra_raytrain import train
 from hydra_raytrain.config import run_name, validate
 from tests.conftest import WANDB_TEST_KEY, compose_config
+from tests.helpers.wandb_files import wandb_runs
 
 pytestmark = pytest.mark.integration
-
-
-def wandb_runs(run_dir):
-    return sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
 def read_scalars(folder):

@@ -1,10 +1,16 @@
 """hydra/sweeper=ray_tune through the real CLI, on the session's real local Ray cluster."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
+from tests.helpers.wandb_files import run_group, wandb_runs
 
 pytestmark = pytest.mark.integration
 
@@ -12,6 +18,10 @@ pytestmark = pytest.mark.integration
 def rows_by_overrides(sweep_dir):
     summary = json.loads((sweep_dir / "sweep_summary.json").read_text())
     return summary, {row["overrides"]: row for row in summary["trials"]}
+
+
+def epochs(run_dir):
+    return [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def world_sizes(row):
@@ -26,15 +36,16 @@ VARIANTS = {  # three trials as one sweep of a config group: two that train, one
 
 
 def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_stop_the_sweep(ray_address, tmp_path):
+    """Also: each trial is its own W&B run in a group named after the sweep; keep_checkpoints=1 keeps the best's."""
     (tmp_path / "conf" / "variant").mkdir(parents=True)
     for name, body in VARIANTS.items():
         (tmp_path / "conf" / "variant" / f"{name}.yaml").write_text("# @package _global_\n" + body)
     args = ["-m", "hydra/sweeper=ray_tune", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"ray.address={ray_address}",
             "model=mlp", "+variant=one_worker,two_workers,bad_shape", "trainer.max_epochs=2", "trainer.limit_train_batches=5",
-            "hydra.sweep.dir=sweep"]
+            "logger=wandb", "logger.wandb.mode=offline", "hydra.sweeper.keep_checkpoints=1", "hydra.sweep.dir=sweep-7f"]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    summary, rows = rows_by_overrides(tmp_path / "sweep")
+    summary, rows = rows_by_overrides(tmp_path / "sweep-7f")
     assert set(rows) == {"+variant=one_worker", "+variant=two_workers", "+variant=bad_shape"}  # the swept key only
     good = [rows["+variant=one_worker"], rows["+variant=two_workers"]]
     assert [row["status"] for row in good] == ["completed", "completed"] and [row["epochs"] for row in good] == [2, 2]
@@ -45,7 +56,12 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
     assert first["started"] < second["finished"] and second["started"] < first["finished"]  # their time windows overlap
     assert summary["best"]["overrides"] in {row["overrides"] for row in good}
     for name in ("sweep_summary.csv", "best_config.yaml", "sweep.png"):
-        assert (tmp_path / "sweep" / name).stat().st_size > 0
+        assert (tmp_path / "sweep-7f" / name).stat().st_size > 0
+    for row in good:
+        (run,) = wandb_runs(row["run_dir"])
+        assert run_group(run) == "sweep-7f"
+    kept = [row for row in good if os.path.isdir(os.path.join(row["run_dir"], "ray_storage"))]
+    assert kept == [rows[summary["best"]["overrides"]]]  # keep_checkpoints=1: the best trial's Ray storage only
     assert "hydra_raytrain sweep: 3 trials" in done.stdout and "failed" in done.stdout
 
 
@@ -78,3 +94,56 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
                      f"hydra.run.dir={best['run_dir']}"], cwd=str(tmp_path))
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"Run already complete: 4 epochs, best val_accuracy {best['best']:.4f}" in again.stdout
+
+
+def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials(ray_address, tmp_path):
+    """search_alg=optuna, one trial at a time. The sweep's driver is killed during its second trial; the identical
+    command then tells Optuna the finished trial instead of re-running it, resumes the interrupted trial from its
+    checkpoint, and asks Optuna for the third."""
+    args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.search_alg=optuna", "hydra.sweeper.num_samples=3",
+            "hydra.sweeper.max_concurrent_trials=1", f"ray.address={ray_address}", "model=mlp", "scaling.num_workers=1",
+            "optimizer.lr=tag(log,interval(1e-3,1e-1))", "trainer.max_epochs=3", "trainer.limit_train_batches=3",
+            "task._target_=tests.helpers.tasks.Slow", "+task.seconds_per_batch=0.4", "hydra.sweep.dir=sweep"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    log = tmp_path / "killed_driver.log"
+    with open(log, "w") as output:
+        driver = subprocess.Popen([sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
+    deadline, second = time.time() + 180, None
+    while time.time() < deadline and driver.poll() is None:
+        jobs = sorted(tmp_path.glob("sweep/*/job.json"), key=lambda p: json.loads(p.read_text())["index"])
+        metrics = jobs[1].parent / "metrics.jsonl" if len(jobs) > 1 else None
+        if metrics and metrics.exists() and metrics.read_text().strip():
+            second = jobs[1].parent
+            break
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert second is not None, "the second trial never reported an epoch:\n" + log.read_text()[-3000:]
+    first = jobs[0].parent
+    first_finished = (first / "summary.json").stat().st_mtime
+    before_kill = (second / "metrics.jsonl").read_text().splitlines()
+    assert 1 <= len(before_kill) < 3 and not (second / "summary.json").exists()
+
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)  # the identical command
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Sweep: 3 trials; 1 already done in an earlier run of this sweep" in done.stdout
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    rows = {os.path.basename(row["run_dir"]): row for row in summary["trials"]}
+    assert len(rows) == 3 and all(row["status"] == "completed" and row["epochs"] == 3 for row in rows.values()), rows
+    assert (first / "summary.json").stat().st_mtime == first_finished  # not re-run
+    # Resumed from its checkpoint: the epochs it had finished were not trained again (a retrained epoch replaces
+    # its line in metrics.jsonl, with other timings).
+    assert epochs(second) == [1, 2, 3] and (second / "metrics.jsonl").read_text().splitlines()[: len(before_kill)] == before_kill
+    lrs = [json.loads((tmp_path / "sweep" / name / "job.json").read_text())["params"]["optimizer.lr"] for name in rows]
+    assert len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
+
+
+def test_a_config_error_in_one_trial_stops_the_sweep_before_anything_starts(tmp_path):
+    """Every trial is composed and checked on the driver first: one bad trial, a clear message, exit 2, no Ray."""
+    done = run_cli(["-m", "hydra/sweeper=ray_tune", "trainer.max_epochs=2,0", "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
+    assert done.returncode == 2
+    assert "Invalid config: trainer.max_epochs=0: must be >= 1. (trial 1: trainer.max_epochs=0)" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "sweep" / "sweep_summary.json").exists()
+    searched = run_cli(["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.search_alg=optuna", "trainer.max_epochs=3",
+                        "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
+    assert searched.returncode == 2 and "hydra.sweeper.search_alg='optuna': has nothing to search" in searched.stderr

@@ -14,3 +14,15 @@ def test_every_python_package_folder_is_listed():
         for init in (ROOT / folder).rglob("__init__.py"):
             relative = init.parent.relative_to(ROOT / folder).parts
             assert ".".join((package, *relative)) in listed, init
+
+
+def test_the_package_exports_load_lazily_and_stay_functions():
+    """Ray Train's controller unpickles our callbacks (hydra_raytrain.driver.outputs): that must not import torch.
+    The function ``evaluate`` stays a function although a submodule has the same name."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hydra_raytrain.driver.outputs; assert 'torch' not in sys.modules, 'torch imported'; "
+            "from hydra_raytrain import load_model, evaluate; assert callable(evaluate) and callable(load_model), evaluate")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,12 +1,14 @@
-"""Sweeps without Ray: Hydra's grammar as trials, trial status, the summary files."""
+"""Sweeps without a Ray cluster: Hydra's grammar as trials, trial status, the summary files."""
 
 import json
 import math
+import sys
 
 import pytest
 
-from hydra_raytrain.sweep import results
-from hydra_raytrain.sweep.space import trial_overrides
+from hydra_raytrain.config import ConfigError
+from hydra_raytrain.sweep import results, search, tuner
+from hydra_raytrain.sweep.space import Parameter, parameter_space, trial_overrides
 
 
 def test_comma_lists_choice_and_range_make_a_grid():
@@ -67,3 +69,82 @@ def test_summary_csv_best_config_and_plot(tmp_path):
     assert "lr: 0.5" in best_config and "train_schema" in best_config and "--config-name best_config" in best_config
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert set(results.read_previous(str(tmp_path))) == {"run0", "run1", "run2"}
+
+
+def test_a_search_algorithm_sees_one_parameter_per_swept_key():
+    fixed, space = parameter_space(["model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-1))", "trainer.seed=range(0,3)",
+                                    "optimizer.weight_decay=interval(0,0.1)", "trainer.max_epochs=3"])
+    assert fixed == ["trainer.max_epochs=3"]
+    assert space["model"] == Parameter(choices=("mlp", "simple_cnn")) and space["trainer.seed"].choices == ("0", "1", "2")
+    assert space["optimizer.lr"] == Parameter(low=1e-4, high=1e-1, log=True)
+    assert space["optimizer.weight_decay"] == Parameter(low=0.0, high=0.1, log=False)
+    assert space["optimizer.lr"].override("optimizer.lr", 0.003) == "optimizer.lr=0.003"
+    assert space["model"].override("model", "mlp") == "model=mlp"
+
+
+def fake_compose(tmp_path):
+    """A job as tuner.compose_job makes it, without Hydra: the run name follows the overrides."""
+    def compose(overrides, index, params=None):
+        name = "run-" + "-".join(o.replace("=", "_") for o in overrides)
+        return {"index": index, "overrides": list(overrides), "params": params or {}, "cfg": {}, "name": name, "run_dir": str(tmp_path / name)}
+    return compose
+
+
+def test_probe_jobs_cross_the_scaling_choices_and_pin_the_rest(tmp_path):
+    _, space = parameter_space(["scaling.num_workers=1,2", "model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-2))"])
+    probes = tuner.probe_jobs(fake_compose(tmp_path), ["trainer.max_epochs=2"], space)
+    assert [p["overrides"] for p in probes] == [
+        ["trainer.max_epochs=2", "model=mlp", "optimizer.lr=0.001", "scaling.num_workers=1"],
+        ["trainer.max_epochs=2", "model=mlp", "optimizer.lr=0.001", "scaling.num_workers=2"],
+    ]  # the log range's middle is its geometric mean
+
+
+def test_optuna_suggestions_become_jobs_and_earlier_trials_are_replayed_first(tmp_path):
+    from ray.tune.search.optuna import OptunaSearch
+
+    fixed, space = parameter_space(["optimizer.lr=tag(log,interval(1e-4,1e-1))", "model=mlp,simple_cnn", "trainer.max_epochs=2"])
+    optuna = OptunaSearch(space=search.optuna_distributions(space), metric="val_accuracy", mode="max", seed=0)
+    compose = fake_compose(tmp_path)
+    interrupted = compose(["trainer.max_epochs=2", "optimizer.lr=0.01", "model=mlp"], 4, {"optimizer.lr": 0.01, "model": "mlp"})
+    wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[interrupted], replay=[interrupted], budget=3)
+    assert wrapper.suggest("t0") == {"index": 4, "name": interrupted["name"]}  # the interrupted trial first, as it was
+    second = wrapper.suggest("t1")
+    job = search.read_job(str(tmp_path / second["name"]))  # what the trial reads
+    assert second["index"] == 5 and job["overrides"][0] == "trainer.max_epochs=2"
+    lr = job["params"]["optimizer.lr"]
+    assert 1e-4 <= lr <= 1e-1 and f"optimizer.lr={lr!r}" in job["overrides"] and job["params"]["model"] in ("mlp", "simple_cnn")
+    wrapper.on_trial_complete("t0", {"val_accuracy": 0.9, "training_iteration": 2})  # a replayed trial: told as a point
+    wrapper.on_trial_complete("t1", {"val_accuracy": 0.5, "training_iteration": 2})
+    values = sorted(t.value for t in optuna._ot_study.trials if t.value is not None)
+    assert values == [0.5, 0.9]
+    assert wrapper.suggest("t2")["index"] == 6 and wrapper.suggest("t3") == search.Searcher.FINISHED  # budget: 3
+    assert [j["index"] for j in search.earlier_jobs(str(tmp_path))] == [4, 5, 6]  # a re-run finds them on disk
+
+
+def test_a_suggestion_that_repeats_a_finished_trial_is_told_its_result_and_asked_again(tmp_path):
+    from ray.tune.search.optuna import OptunaSearch
+
+    fixed, space = parameter_space(["model=mlp,simple_cnn"])
+    # points_to_evaluate: Optuna's first suggestion is mlp, the trial the sweep already finished
+    optuna = OptunaSearch(space=search.optuna_distributions(space), metric="val_accuracy", mode="max", seed=0,
+                          points_to_evaluate=[{"model": "mlp"}])
+    compose = fake_compose(tmp_path)
+    finished = compose(["model=mlp"], 0, {"model": "mlp"})
+    (tmp_path / finished["name"]).mkdir()
+    (tmp_path / finished["name"] / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "val_accuracy": 0.7}) + "\n")
+    wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[finished], replay=[], budget=1)
+    suggestion = wrapper.suggest("t0")
+    assert suggestion == {"index": 1, "name": "run-model_simple_cnn"}  # never the finished mlp trial again
+    told = [t for t in optuna._ot_study.trials if t.value is not None]
+    assert told and all(t.params == {"model": "mlp"} and t.value == 0.7 for t in told)
+    wrapper.on_trial_complete("t0", {"val_accuracy": 0.8})  # reaches Optuna under the id it asked with
+    assert sorted(t.value for t in optuna._ot_study.trials if t.value is not None)[-1] == 0.8
+
+
+def test_optuna_is_named_when_it_is_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: `import optuna` raises ImportError
+    with pytest.raises(ConfigError) as error:
+        tuner.SweepSettings(search_alg="optuna").check()
+    assert "hydra.sweeper.search_alg" in str(error.value) and "hydra_raytrain[optuna]" in str(error.value)
+    with pytest.raises(ConfigError, match="unknown search algorithm"):
+        tuner.SweepSettings(search_alg="hyperopt").check()

@@ -88,3 +88,13 @@ def test_optimizers_per_model_must_name_the_models(tmp_path):
     with open_dict(cfg):
         cfg.optimizer = {"generator": adam, "discriminator": sgd}
     assert validate(cfg, str(tmp_path))["optimizer"]["discriminator"]["lr"] == 0.1
+
+
+def test_a_config_error_survives_pickling_and_copying():
+    """Ray pickles (and copies) an exception raised in one of its processes, e.g. a sweep trial's train()."""
+    import copy
+    import pickle
+
+    error = ConfigError("optimizer.lr", -1.0, "must be > 0.", "a positive float")
+    for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(clone) is ConfigError and str(clone) == str(error) and clone.key == "optimizer.lr"

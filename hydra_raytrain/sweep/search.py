@@ -1,0 +1,133 @@
+"""A search algorithm's suggestions as Hydra jobs (``hydra.sweeper.search_alg=optuna``).
+
+Tune asks ``HydraSearch.suggest`` for each new trial on the driver; it asks the wrapped searcher (Optuna's
+TPE) for values, turns them into overrides, composes and checks that trial's config with Hydra as the basic
+launcher would, and writes it to ``<run dir>/job.json``, which the trial reads. So every trial is still a
+composed, validated config with a run identity, and an earlier run of the sweep is found again on disk:
+
+- trials that completed (or that ASHA stopped) are told to the searcher as evaluated points, not re-run;
+- trials that were interrupted or failed are suggested again first, with their own values: they resume
+  from their checkpoints (run identity = Ray Train run name);
+- ``num_samples`` counts the trials of the whole sweep, earlier runs included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+from ray.tune.search import Searcher
+
+from hydra_raytrain.driver import outputs
+from hydra_raytrain.sweep.space import Parameter
+
+JOB_FILE = "job.json"
+
+
+def optuna_distributions(space: Dict[str, Parameter]) -> Dict[str, Any]:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    return {key: CategoricalDistribution(list(p.choices)) if p.choices is not None else FloatDistribution(p.low, p.high, log=p.log)
+            for key, p in space.items()}
+
+
+def earlier_jobs(sweep_dir: str) -> List[Dict[str, Any]]:
+    """The jobs an earlier run of this sweep suggested (each ``<run dir>/job.json``), by index."""
+    found = []
+    if os.path.isdir(sweep_dir):
+        for name in os.listdir(sweep_dir):
+            path = os.path.join(sweep_dir, name, JOB_FILE)
+            if os.path.exists(path):
+                with open(path) as file:
+                    found.append(json.load(file))
+    return sorted(found, key=lambda job: job["index"])
+
+
+def write_job(job: Dict[str, Any]) -> None:
+    os.makedirs(job["run_dir"], exist_ok=True)
+    outputs.write_json(os.path.join(job["run_dir"], JOB_FILE), job)
+
+
+def final_value(run_dir: str, metric: str) -> Optional[float]:
+    """A trial's last reported ``metric`` (what Tune's searchers are told), None before its first epoch."""
+    history = outputs.read_history(run_dir)
+    value = history[-1].get(metric) if history else None
+    return value if isinstance(value, (int, float)) else None
+
+
+def read_job(run_dir: str) -> Dict[str, Any]:
+    with open(os.path.join(run_dir, JOB_FILE)) as file:
+        return json.load(file)
+
+
+class HydraSearch(Searcher):
+    """Wraps a Tune searcher: its suggestions become composed Hydra jobs; earlier trials are replayed first.
+
+    ``compose(overrides, index, params)`` returns a job dict (``index``, ``overrides``, ``params``, ``cfg``,
+    ``name``, ``run_dir``). ``known`` are the sweep's earlier jobs; ``budget`` is how many trials this run may
+    start. A suggestion whose config is a trial the sweep already has (a categorical space, or a sampler that
+    repeats itself) is not run twice: the searcher is told that trial's result and asked again.
+    """
+
+    ATTEMPTS = 20
+
+    def __init__(self, searcher: Searcher, space: Dict[str, Parameter], fixed: List[str], compose: Callable[..., Dict[str, Any]],
+                 known: List[Dict[str, Any]], replay: List[Dict[str, Any]], budget: int):
+        super().__init__(metric=searcher.metric, mode=searcher.mode)
+        self.searcher, self.space, self.fixed, self.compose = searcher, space, fixed, compose
+        self.replay, self.budget = list(replay), budget
+        self.known = {job["name"]: job for job in known}
+        self.next_index = max((job["index"] for job in known), default=-1) + 1
+        self.jobs: List[Dict[str, Any]] = []  # every job this run handed to Tune
+        self.running: Dict[str, Dict[str, Any]] = {}  # Tune trial id -> its job
+        self.asked: Dict[str, str] = {}  # Tune trial id -> the id the wrapped searcher knows the trial by
+
+    def suggest(self, trial_id: str) -> Optional[Dict[str, Any]]:
+        if len(self.jobs) >= self.budget:
+            return Searcher.FINISHED
+        if self.replay:
+            job = self.replay.pop(0)
+        else:
+            job = self._new_job(trial_id)
+            if not isinstance(job, dict):
+                return job  # None (ask later) or FINISHED
+        write_job(job)
+        self.jobs.append(job)
+        self.known[job["name"]] = job
+        self.running[trial_id] = job
+        return {"index": job["index"], "name": job["name"]}
+
+    def _new_job(self, trial_id: str):
+        for attempt in range(self.ATTEMPTS):
+            ask_id = trial_id if attempt == 0 else f"{trial_id}-{attempt}"
+            params = self.searcher.suggest(ask_id)
+            if params is None or params == Searcher.FINISHED:
+                return params
+            job = self.compose(self.fixed + [self.space[key].override(key, value) for key, value in params.items()], self.next_index, params)
+            twin = self.known.get(job["name"])
+            if twin is None:
+                self.next_index += 1
+                self.asked[trial_id] = ask_id
+                return job
+            value = final_value(twin["run_dir"], self.metric)
+            self.searcher.on_trial_complete(ask_id, None if value is None else {self.metric: value}, error=value is None)
+        return None
+
+    def on_trial_result(self, trial_id: str, result: Dict[str, Any]) -> None:
+        if trial_id in self.asked:
+            self.searcher.on_trial_result(self.asked[trial_id], result)
+
+    def on_trial_complete(self, trial_id: str, result: Optional[Dict[str, Any]] = None, error: bool = False) -> None:
+        job = self.running.pop(trial_id, None)
+        if trial_id in self.asked:
+            self.searcher.on_trial_complete(self.asked.pop(trial_id), result, error)
+        elif job is not None and result and isinstance(result.get(self.metric), (int, float)):  # a replayed trial
+            self.searcher.add_evaluated_point(job["params"], result[self.metric])
+
+    def get_state(self) -> Dict[str, Any]:
+        """Nothing of ours for Tune's experiment state: a re-run finds the sweep's trials in their run dirs."""
+        return {}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        """See ``get_state``."""
