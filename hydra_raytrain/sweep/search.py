@@ -34,13 +34,8 @@ def optuna_distributions(space: Dict[str, Parameter]) -> Dict[str, Any]:
 
 def earlier_jobs(sweep_dir: str) -> List[Dict[str, Any]]:
     """The jobs an earlier run of this sweep suggested (each ``<run dir>/job.json``), by index."""
-    found = []
-    if os.path.isdir(sweep_dir):
-        for name in os.listdir(sweep_dir):
-            path = os.path.join(sweep_dir, name, JOB_FILE)
-            if os.path.exists(path):
-                with open(path) as file:
-                    found.append(json.load(file))
+    names = os.listdir(sweep_dir) if os.path.isdir(sweep_dir) else []
+    found = [read_job(os.path.join(sweep_dir, name)) for name in names if os.path.exists(os.path.join(sweep_dir, name, JOB_FILE))]
     return sorted(found, key=lambda job: job["index"])
 
 
