@@ -23,6 +23,17 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 
 
+def start_order(indices: Sequence[int], shuffle: bool, seed: int = 0) -> List[int]:
+    """The order trials start in: as given, or (for ASHA) a seeded shuffle. Asynchronous halving can only stop
+    a trial that is worse than the trials already seen at its rung, so a list written in order of quality (a
+    learning rate grid written ascending: each trial better than the last) would stop none; in a random order
+    it stops about as many as halving promises, and the same seed gives the same order (a re-run resumes)."""
+    order = list(indices)
+    if shuffle:
+        random.Random(seed).shuffle(order)
+    return order
+
+
 def trial_overrides(arguments: Sequence[str], num_samples: int = 1, seed: int = 0) -> List[List[str]]:
     """Each trial's overrides, in a stable order: samples outermost, then the grid (last key fastest)."""
     overrides = OverridesParser.create().parse_overrides(list(arguments))

@@ -20,7 +20,7 @@ from hydra_raytrain.config import ConfigError, run_name, validate
 from hydra_raytrain.driver import outputs
 from hydra_raytrain.sweep import results
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
-from hydra_raytrain.sweep.space import Parameter, parameter_space, trial_overrides
+from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial
 
 SCHEDULERS = ("fifo", "asha")
@@ -35,9 +35,9 @@ class SweepSettings:
     mode: Optional[str] = None  # "max" / "min"; None: the task's
     search_alg: str = "basic"  # basic: the grid x num_samples seeded draws (Tune's BasicVariantGenerator); optuna: TPE
     num_samples: int = 1  # basic: repeats of the grid, with new draws of interval() parameters; optuna: trials in all
-    seed: int = 0  # of those draws: the same command gives the same trials
+    seed: int = 0  # of those draws (and of the ASHA start order): the same command gives the same trials
     max_concurrent_trials: Optional[int] = None  # None: as many as the cluster holds
-    scheduler: str = "fifo"  # fifo, or asha (stops weak trials at epoch boundaries)
+    scheduler: str = "fifo"  # fifo, or asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order)
     grace_period: int = 1  # ASHA: epochs every trial gets before it can be stopped
     reduction_factor: float = 2.0  # ASHA: keep 1/reduction_factor of the trials at each rung
     keep_checkpoints: Optional[int] = None  # keep only the best K trials' checkpoints (None: all)
@@ -169,9 +169,11 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
         trainable = tune.with_resources(tune.with_parameters(run_trial, jobs=jobs if searcher is None else [], sweep_dir=sweep_dir,
                                                              cwd=os.getcwd(), pythonpath=import_path()),
                                         {"CPU": 0, "memory": 1, node: 0.001})
+        # Under ASHA the grid starts in a seeded random order (space.start_order says why).
+        order = start_order([job["index"] for job in todo], shuffle=scheduler is not None, seed=settings.seed)
         tuner = tune.Tuner(
             trainable,
-            param_space={} if searcher else {"index": tune.grid_search([job["index"] for job in todo])},
+            param_space={} if searcher else {"index": tune.grid_search(order)},
             # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
             # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
             tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, search_alg=searcher, num_samples=budget if searcher else 1,

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hydra_raytrain.sweep.space import start_order
 from tests.conftest import ROOT, run_cli
 from tests.helpers.wandb_files import run_group, wandb_runs
 
@@ -66,15 +67,19 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
 
 
 def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address, tmp_path):
-    """Two at a time in grid order: the good learning rates set the bar at the first rung, the two hopeless
-    ones fall under it and stop there (ASHA keeps the top 1/2 at each rung)."""
+    """Two at a time, in ASHA's seeded start order (seed 0 starts this list's trials 2, 0, 1, 3: the two good
+    learning rates first): they set the bar at the first rung, the two hopeless ones fall under it and stop
+    there (ASHA keeps the top 1/2 at each rung)."""
+    assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
     args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "hydra.sweeper.max_concurrent_trials=2",
-            f"ray.address={ray_address}", "model=mlp", "scaling.num_workers=1", "optimizer.lr=3e-3,1e-3,1e-6,1e-7",
+            f"ray.address={ray_address}", "model=mlp", "scaling.num_workers=1", "optimizer.lr=3e-3,1e-6,1e-3,1e-7",
             "trainer.max_epochs=4", "trainer.limit_train_batches=10", "hydra.sweep.dir=sweep"]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary, rows = rows_by_overrides(tmp_path / "sweep")
     status = {row["overrides"].split("lr=")[1].split()[0]: (row["status"], row["epochs"]) for row in rows.values()}
+    first_two = sorted(rows.values(), key=lambda row: row["started"])[:2]
+    assert {row["overrides"] for row in first_two} == {"optimizer.lr=0.003", "optimizer.lr=0.001"}, first_two
     assert status["0.003"] == ("completed", 4), status
     assert all(state == "stopped" and epochs < 4 for state, epochs in (status["1e-06"], status["1e-07"])), status
     assert sum(epochs for _, epochs in status.values()) < 16  # fewer epochs than the full grid

@@ -8,7 +8,7 @@ import pytest
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.sweep import results, search, tuner
-from hydra_raytrain.sweep.space import Parameter, parameter_space, trial_overrides
+from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 
 
 def test_comma_lists_choice_and_range_make_a_grid():
@@ -69,6 +69,14 @@ def test_summary_csv_best_config_and_plot(tmp_path):
     assert "lr: 0.5" in best_config and "train_schema" in best_config and "--config-name best_config" in best_config
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert set(results.read_previous(str(tmp_path))) == {"run0", "run1", "run2"}
+
+
+def test_asha_start_order_is_a_seeded_shuffle_and_fifo_keeps_the_given_order():
+    assert start_order(range(8), shuffle=False, seed=3) == list(range(8))
+    shuffled = start_order(range(8), shuffle=True, seed=0)
+    assert sorted(shuffled) == list(range(8)) and shuffled != list(range(8))
+    assert start_order(range(8), shuffle=True, seed=0) == shuffled  # a re-run starts them in the same order
+    assert start_order(range(8), shuffle=True, seed=1) != shuffled
 
 
 def test_a_search_algorithm_sees_one_parameter_per_swept_key():
