@@ -10,11 +10,14 @@ the full grid.
    Tune trials). Printed: wall time of each command, the ratio, and the seconds spent in epochs (the rest is
    start-up: ~20 s per Ray Train run, CPU-bound, which no launcher avoids). A 1-worker trial trains on one
    thread (Ray sets OMP_NUM_THREADS to the worker's CPUs), so one trial at a time leaves the second core idle.
-2. An 8-trial learning-rate grid with ASHA (our defaults: grace_period 1, reduction_factor 2) against the same
+2. An 8-trial learning-rate grid with ASHA (the defaults, Tune's: grace_period 1, reduction_factor 4) against the same
    grid run to the end (both ray_tune, 2 trials at a time): epochs consumed and the best config each finds.
    ASHA runs twice, on the learning rates listed in a scrambled order and in ascending order (the order users
    write): both start in ASHA's seeded random order (hydra_raytrain.sweep.space.start_order), without which
-   ascending order stops nothing.
+   ascending order stops nothing. Which trials ASHA stops depends on the order they reach each rung, so the
+   sweep's own scheduler is then replayed on the grid's per-epoch metrics over 500 seeded start orders
+   (equal epoch times, and trials that start together report in start order; in a real run they race, so a
+   run's own replay matches it unless the race went the other way: it is printed).
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ COMMON = ["scaling.num_workers=1", "trainer.progress_bar=false"]
 EPOCHS = 120  # ~1 s each on one core: two-minute trials, beside the ~20 s every Ray Train run takes to start
 CONCURRENCY = [*COMMON, "model=simple_cnn", "model.channels=[64,128]", "model.hidden=256", f"trainer.max_epochs={EPOCHS}",
                "optimizer.lr=3e-4,1e-3,3e-3,1e-2"]
-ASHA = [*COMMON, "model=mlp", "trainer.max_epochs=8", "trainer.limit_train_batches=10"]
+ASHA = [*COMMON, "model=mlp", "trainer.max_epochs=16", "trainer.limit_train_batches=10"]
 # The same 8 learning rates in two orders. Asynchronous halving can only stop a trial that is worse than the
 # trials already seen at its rung, so started in ascending order (each trial better than the last) it would
 # stop none: under ASHA the sweep starts the grid in a seeded random order.
 ASCENDING = "optimizer.lr=1e-5,3e-5,1e-4,3e-4,1e-3,3e-3,1e-2,3e-2"
 SCRAMBLED = "optimizer.lr=1e-3,3e-5,1e-2,1e-5,3e-2,3e-4,1e-4,3e-3"
+REPLAYS = 500
 
 
 def run(args, folder):
@@ -76,21 +80,77 @@ def concurrency() -> None:
           f"ray_tune {tune:.1f} s ({tune_training:.0f} s in epochs, summed over trials) -> {basic / tune:.2f}x faster (target >= 1.6x)")
 
 
+def curves(summary):
+    """Each trial's per-epoch metrics from its run dir, by learning rate."""
+    return {row["overrides"].split("=")[1]: [json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))]
+            for row in summary["trials"]}
+
+
+def replay_asha(history, order, metric, max_epochs, concurrent=2):
+    """The sweep's own ASHA scheduler (Tune's) fed the grid's per-epoch metrics, trials started in ``order``,
+    ``concurrent`` at a time, every epoch taking the same time: the epochs each trial would run."""
+    from types import SimpleNamespace
+
+    from hydra_raytrain.sweep.tuner import SweepSettings, asha_scheduler
+
+    scheduler = asha_scheduler(SweepSettings(scheduler="asha"), max_epochs)
+    scheduler.set_search_properties(metric, "max")
+    waiting, running, epochs = list(order), [], {}
+    while waiting or running:
+        while waiting and len(running) < concurrent:
+            trial = SimpleNamespace(trial_id=waiting.pop(0))
+            scheduler.on_trial_add(None, trial)
+            running.append(trial)
+            epochs[trial.trial_id] = 0
+        for trial in list(running):  # each running trial ends one epoch, in the order they started
+            epochs[trial.trial_id] += 1
+            result = {"training_iteration": epochs[trial.trial_id], metric: history[trial.trial_id][epochs[trial.trial_id] - 1][metric]}
+            if epochs[trial.trial_id] == max_epochs:
+                scheduler.on_trial_complete(None, trial, result)
+                running.remove(trial)
+            elif scheduler.on_trial_result(None, trial, result) == "STOP":
+                scheduler.on_trial_remove(None, trial)
+                running.remove(trial)
+    return epochs
+
+
 def asha() -> None:
+    from hydra_raytrain.sweep.space import start_order
+
     with tempfile.TemporaryDirectory() as grid_dir:
         grid_wall = run(["hydra/sweeper=ray_tune", *ASHA, ASCENDING], grid_dir)
         grid = sweep_summary(grid_dir)
+        history = curves(grid)
     grid_epochs = sum(row["epochs"] for row in grid["trials"])
-    print(f"8-trial grid run to the end: {grid_epochs} epochs in {grid_wall:.1f} s; best {grid['best']['overrides']} ({grid['best']['best']:.4f})")
+    best = grid["best"]["overrides"]
+    print(f"8-trial grid run to the end: {grid_epochs} epochs in {grid_wall:.1f} s; best {best} ({grid['best']['best']:.4f})")
     for label, values in (("scrambled", SCRAMBLED), ("ascending", ASCENDING)):
         with tempfile.TemporaryDirectory() as asha_dir:
             asha_wall = run(["hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", *ASHA, values], asha_dir)
             asha = sweep_summary(asha_dir)
         asha_epochs = sum(row["epochs"] for row in asha["trials"])
-        per_trial = ", ".join(f"{row['overrides'].split('=')[1]}: {row['epochs']}" for row in asha["trials"])
+        per_trial = {row["overrides"].split("=")[1]: row["epochs"] for row in asha["trials"]}
+        listed = values.split("=")[1].split(",")
+        started = [lr for value in (listed[i] for i in start_order(range(len(listed)), shuffle=True, seed=0))
+                   for lr in history if float(lr) == float(value)]
         print(f"ASHA, lr in {label} order: {asha_epochs} epochs in {asha_wall:.1f} s -> {asha_epochs / grid_epochs:.0%} of the grid's "
               f"epochs (target <= 50%); best {asha['best']['overrides']} ({asha['best']['best']:.4f}), same as the grid's: "
-              f"{asha['best']['overrides'] == grid['best']['overrides']}; epochs per trial ({per_trial})")
+              f"{asha['best']['overrides'] == best}; epochs per trial {per_trial}, the same in the replay below: "
+              f"{replay_asha(history, started, grid['metric'], len(history[started[0]])) == per_trial}")
+    # Which trials ASHA stops depends on the order they reach each rung: the same scheduler replayed on the
+    # grid's own metrics over many start orders gives the spread a single run cannot.
+    lrs, metric, max_epochs = list(history), grid["metric"], len(next(iter(history.values())))
+    fractions, same = [], 0
+    for seed in range(REPLAYS):
+        epochs = replay_asha(history, [lrs[i] for i in start_order(range(len(lrs)), shuffle=True, seed=seed)], metric, max_epochs)
+        fractions.append(sum(epochs.values()) / grid_epochs)
+        found = max(lrs, key=lambda lr: max(m[metric] for m in history[lr][:epochs[lr]]))  # first in the list on ties, as the summary
+        same += f"optimizer.lr={found}" == best
+    fractions.sort()
+    print(f"ASHA replayed on the grid's per-epoch metrics over {REPLAYS} seeded start orders: median {fractions[REPLAYS // 2]:.0%} of the "
+          f"grid's epochs (mean {sum(fractions) / REPLAYS:.0%}, <= 50% in {sum(f <= 0.5 for f in fractions) / REPLAYS:.0%} of orders), "
+          f"the grid's best found in {same / REPLAYS:.0%}; without the shuffle, ascending order: "
+          f"{sum(replay_asha(history, lrs, metric, max_epochs).values()) / grid_epochs:.0%}")
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ class RayTuneSweeperConf:
     max_concurrent_trials: Optional[int] = None
     scheduler: str = "fifo"
     grace_period: int = 1
-    reduction_factor: float = 2.0
+    reduction_factor: float = 4.0  # Tune ASHAScheduler's default
     keep_checkpoints: Optional[int] = None
     params: Optional[Dict[str, str]] = None  # a search space in config, as for Hydra's basic sweeper
 

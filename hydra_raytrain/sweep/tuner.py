@@ -39,7 +39,7 @@ class SweepSettings:
     max_concurrent_trials: Optional[int] = None  # None: as many as the cluster holds
     scheduler: str = "fifo"  # fifo, or asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order)
     grace_period: int = 1  # ASHA: epochs every trial gets before it can be stopped
-    reduction_factor: float = 2.0  # ASHA: keep 1/reduction_factor of the trials at each rung
+    reduction_factor: float = 4.0  # ASHA: keep 1/reduction_factor of the trials at each rung (Tune's default)
     keep_checkpoints: Optional[int] = None  # keep only the best K trials' checkpoints (None: all)
 
     def check(self) -> None:
@@ -151,13 +151,7 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     if budget > 0:
         scheduler = None
         if settings.scheduler == "asha":
-            from ray.tune.schedulers import ASHAScheduler
-
-            max_epochs = max(job["cfg"]["trainer"]["max_epochs"] for job in (todo or probes))
-            # max_t one past the last epoch: a trial that reaches it ends by itself (and writes its summary)
-            # instead of being stopped by ASHA's max_t rule just before.
-            scheduler = ASHAScheduler(time_attr="training_iteration", max_t=max_epochs + 1, grace_period=settings.grace_period,
-                                      reduction_factor=settings.reduction_factor)
+            scheduler = asha_scheduler(settings, max(job["cfg"]["trainer"]["max_epochs"] for job in (todo or probes)))
         searcher = None
         if settings.search_alg == "optuna":
             # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
@@ -188,6 +182,16 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, scheduler=settings.scheduler)
     results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
     return summary
+
+
+def asha_scheduler(settings: SweepSettings, max_epochs: int):
+    """Tune's ASHA on epochs (one report per epoch is one training_iteration)."""
+    from ray.tune.schedulers import ASHAScheduler
+
+    # max_t one past the last epoch: a trial that reaches it ends by itself (and writes its summary) instead of
+    # being stopped by ASHA's max_t rule just before.
+    return ASHAScheduler(time_attr="training_iteration", max_t=max_epochs + 1, grace_period=settings.grace_period,
+                         reduction_factor=settings.reduction_factor)
 
 
 def _status(job: Dict[str, Any], previous: Dict[str, Dict[str, Any]]) -> str:

@@ -71,7 +71,7 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     learning rates first): they set the bar at the first rung, the two hopeless ones fall under it and stop
     there (ASHA keeps the top 1/2 at each rung)."""
     assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
-    args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "hydra.sweeper.max_concurrent_trials=2",
+    args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "hydra.sweeper.reduction_factor=2", "hydra.sweeper.max_concurrent_trials=2",
             f"ray.address={ray_address}", "model=mlp", "scaling.num_workers=1", "optimizer.lr=3e-3,1e-6,1e-3,1e-7",
             "trainer.max_epochs=4", "trainer.limit_train_batches=10", "hydra.sweep.dir=sweep"]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)
