@@ -3,6 +3,7 @@ the full grid.
 
     .venv/bin/python benchmarks/sweep.py             # or: make bench-sweep
     .venv/bin/python benchmarks/sweep.py concurrency # only part 1 (asha: only part 2)
+    .venv/bin/python benchmarks/sweep.py concurrency --epochs 240  # longer trials: start-up weighs less
 
 1. The same 4-trial sweep of 1-worker trials (a wider SimpleCNN on the digits, 4 learning rates, ~1 s per epoch
    on one core, EPOCHS epochs: two-minute trials) twice, each command in a fresh process that starts its own
@@ -22,6 +23,7 @@ the full grid.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -32,8 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["scaling.num_workers=1", "trainer.progress_bar=false"]
 EPOCHS = 120  # ~1 s each on one core: two-minute trials, beside the ~20 s every Ray Train run takes to start
-CONCURRENCY = [*COMMON, "model=simple_cnn", "model.channels=[64,128]", "model.hidden=256", f"trainer.max_epochs={EPOCHS}",
-               "optimizer.lr=3e-4,1e-3,3e-3,1e-2"]
+CONCURRENCY = [*COMMON, "model=simple_cnn", "model.channels=[64,128]", "model.hidden=256", "optimizer.lr=3e-4,1e-3,3e-3,1e-2"]
 ASHA = [*COMMON, "model=mlp", "trainer.max_epochs=16", "trainer.limit_train_batches=10"]
 # The same 8 learning rates in two orders. Asynchronous halving can only stop a trial that is worse than the
 # trials already seen at its rung, so started in ascending order (each trial better than the last) it would
@@ -68,15 +69,16 @@ def training_seconds(run_dirs):
     return total
 
 
-def concurrency() -> None:
+def concurrency(epochs: int = EPOCHS) -> None:
+    args = [*CONCURRENCY, f"trainer.max_epochs={epochs}"]
     with tempfile.TemporaryDirectory() as sequential, tempfile.TemporaryDirectory() as concurrent:
-        basic = run(CONCURRENCY, sequential)
+        basic = run(args, sequential)
         sweep_root = os.path.join(sequential, "sweep")
         basic_training = training_seconds(os.path.join(sweep_root, d) for d in os.listdir(sweep_root) if os.path.isdir(os.path.join(sweep_root, d, ".hydra")))
-        tune = run(["hydra/sweeper=ray_tune", *CONCURRENCY], concurrent)
+        tune = run(["hydra/sweeper=ray_tune", *args], concurrent)
         summary = sweep_summary(concurrent)
         tune_training = training_seconds(row["run_dir"] for row in summary["trials"])
-    print(f"4 trials x 1 worker, {EPOCHS} epochs each: basic sweeper {basic:.1f} s ({basic_training:.0f} s of it in epochs), "
+    print(f"4 trials x 1 worker, {epochs} epochs each: basic sweeper {basic:.1f} s ({basic_training:.0f} s of it in epochs), "
           f"ray_tune {tune:.1f} s ({tune_training:.0f} s in epochs, summed over trials) -> {basic / tune:.2f}x faster (target >= 1.6x)")
 
 
@@ -154,9 +156,16 @@ def asha() -> None:
 
 
 def main() -> None:
-    parts = sys.argv[1:] or ["concurrency", "asha"]
-    for part in parts:
-        {"concurrency": concurrency, "asha": asha}[part]()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("parts", nargs="*", help="concurrency and/or asha (default: both)")
+    parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per trial in the concurrency part (default {EPOCHS})")
+    args = parser.parse_args()
+    parts = {"concurrency": lambda: concurrency(args.epochs), "asha": asha}
+    unknown = [part for part in args.parts if part not in parts]
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r}: valid are {', '.join(parts)}")
+    for part in args.parts or parts:
+        parts[part]()
 
 
 if __name__ == "__main__":
