@@ -20,20 +20,12 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from hydra_raytrain.sweep.settings import SweepSettings
+
 
 @dataclass
-class RayTuneSweeperConf:
+class RayTuneSweeperConf(SweepSettings):
     _target_: str = "hydra_plugins.hydra_raytrain_sweeper.ray_tune_sweeper.RayTuneSweeper"
-    metric: Optional[str] = None
-    mode: Optional[str] = None
-    search_alg: str = "basic"
-    num_samples: int = 1
-    seed: int = 0
-    max_concurrent_trials: Optional[int] = None
-    scheduler: str = "fifo"
-    grace_period: int = 1
-    reduction_factor: float = 4.0  # Tune ASHAScheduler's default
-    keep_checkpoints: Optional[int] = None
     params: Optional[Dict[str, str]] = None  # a search space in config, as for Hydra's basic sweeper
 
 
@@ -42,8 +34,6 @@ ConfigStore.instance().store(group="hydra/sweeper", name="ray_tune", node=RayTun
 
 class RayTuneSweeper(Sweeper):
     def __init__(self, params: Optional[Dict[str, str]] = None, **settings: Any) -> None:
-        from hydra_raytrain.sweep.tuner import SweepSettings
-
         self.params = params or {}
         self.settings = SweepSettings(**settings)
         self.config: Optional[DictConfig] = None

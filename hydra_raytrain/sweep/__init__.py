@@ -1,5 +1,6 @@
 """Hydra multirun mapped onto Ray Tune: each job of a sweep is a Tune trial that runs a whole Ray Train run.
 
+    settings.py hydra.sweeper.* (SweepSettings): the plugin's config node extends it
     space.py    Hydra's sweep grammar -> the trials' override lists (grid x sampled values, seeded), or a search space
     search.py   a search algorithm's (Optuna's) suggestions -> composed Hydra jobs, earlier trials replayed
     trial.py    the Tune function trainable: one trial = hydra_raytrain.train() on the trial's config

@@ -8,6 +8,7 @@ import pytest
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.sweep import results, search, tuner
+from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 
 
@@ -152,7 +153,23 @@ def test_a_suggestion_that_repeats_a_finished_trial_is_told_its_result_and_asked
 def test_optuna_is_named_when_it_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: `import optuna` raises ImportError
     with pytest.raises(ConfigError) as error:
-        tuner.SweepSettings(search_alg="optuna").check()
+        SweepSettings(search_alg="optuna").check()
     assert "hydra.sweeper.search_alg" in str(error.value) and "hydra_raytrain[optuna]" in str(error.value)
     with pytest.raises(ConfigError, match="unknown search algorithm"):
-        tuner.SweepSettings(search_alg="hyperopt").check()
+        SweepSettings(search_alg="hyperopt").check()
+
+
+def test_the_plugin_node_is_sweep_settings_and_loads_light():
+    """hydra/sweeper=ray_tune's node holds SweepSettings' own fields and defaults (one place to change them), and
+    Hydra imports the plugin on every start-up of any app: it must not pull in Ray or torch."""
+    import dataclasses
+    import subprocess
+
+    code = ("import sys, dataclasses; from hydra_plugins.hydra_raytrain_sweeper import ray_tune_sweeper as p; "
+            "heavy = [m for m in ('ray', 'torch', 'optuna') if m in sys.modules]; assert not heavy, heavy; "
+            "print(sorted((f.name, repr(f.default)) for f in dataclasses.fields(p.RayTuneSweeperConf)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    expected = sorted([(f.name, repr(f.default)) for f in dataclasses.fields(SweepSettings)]
+                      + [("_target_", repr("hydra_plugins.hydra_raytrain_sweeper.ray_tune_sweeper.RayTuneSweeper")), ("params", "None")])
+    assert done.stdout.strip() == str(expected)
