@@ -57,6 +57,7 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
             "a task that overrides train_batch and steps each model, e.g. task=gan; or one model",
         )
     if "_target_" in optimizer:
+        check_optimizer_values("optimizer", optimizer)
         return
     if sorted(optimizer) != names:
         raise ConfigError(
@@ -64,6 +65,32 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
             "names optimizers that do not match the models (one optimizer node for all models, or one per model).",
             f"optimizer.<name> for each of: {', '.join(names)}",
         )
+    for name in names:
+        check_optimizer_values(f"optimizer.{name}", optimizer[name])
+
+
+# How torch.optim words its argument checks, where the message does not use the argument's own name.
+_OPTIMIZER_WORDS = {"lr": "learning rate", "eps": "epsilon", "betas": "beta"}
+
+
+def check_optimizer_values(key: str, node: Dict[str, Any]) -> None:
+    """torch's own checks of an optimizer's values (lr < 0, a beta outside [0, 1), eps < 0...), run here on one
+    dummy parameter as the training loop builds it (``instantiate(node)(parameters)``): a bad value is a config
+    error naming its key before any worker starts, not a failure in every worker."""
+    import torch
+    from hydra.utils import instantiate
+
+    target = get_object(node["_target_"])
+    if not (node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer)):
+        return
+    try:
+        instantiate(node)([torch.nn.Parameter(torch.zeros(2, 2))])
+    except ValueError as error:  # torch.optim raises ValueError for a value out of range
+        reason = str(error).strip()
+        named = [name for name in node if name not in HYDRA_KEYS and (name in reason or _OPTIMIZER_WORDS.get(name, name) in reason)]
+        if named:
+            raise ConfigError(f"{key}.{named[0]}", node[named[0]], f"{node['_target_']} rejects it: {reason}.") from None
+        raise ConfigError(key, node["_target_"], f"rejects its arguments: {reason}.") from None
 
 
 def _keyword_names(function: Callable) -> list[str]:

@@ -83,6 +83,7 @@ BAD_INPUTS = [
     (["scaling.use_gpu=true"], ["scaling.use_gpu=True", "GPU", "scaling.use_gpu=false"]),
     (["model._target_=torchvision.models.resnet19"], ["model._target_='torchvision.models.resnet19'", "cannot be imported", "resnet18"]),
     (["+model.dropout=0.5"], ["model.dropout=0.5", "SimpleCNN has no argument 'dropout'", "channels"]),
+    (["optimizer.lr=-1"], ["optimizer.lr=-1", "torch.optim.Adam rejects it: Invalid learning rate"]),
     (["dataset=imagefolder", "dataset.root=/no/such/folder", "dataset.num_outputs=3"], ["dataset.root='/no/such/folder'", "no such folder"]),
 ]
 

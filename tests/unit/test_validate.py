@@ -30,6 +30,28 @@ def test_unknown_optimizer_argument(tmp_path):
         validate(compose_config("+optimizer.momentum=0.9"), str(tmp_path))
 
 
+@pytest.mark.parametrize("override, key", [
+    ("optimizer.lr=-1", "optimizer.lr"),
+    ("+optimizer.betas=[1.5,0.999]", "optimizer.betas"),
+    ("+optimizer.eps=-1", "optimizer.eps"),
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay"),
+    ("optimizer=sgd optimizer.momentum=-0.5", "optimizer.momentum"),
+])
+def test_an_optimizer_value_torch_rejects_names_its_key(tmp_path, override, key):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(*override.split()), str(tmp_path))
+    assert caught.value.key == key and "rejects it: Invalid" in str(caught.value), str(caught.value)
+
+
+def test_per_model_optimizers_are_checked_too(tmp_path):
+    cfg = compose_config("experiment=digits_gan")
+    with open_dict(cfg):
+        cfg.optimizer = {name: {"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr} for name, lr in (("generator", 1e-3), ("discriminator", -1.0))}
+    with pytest.raises(ConfigError) as caught:
+        validate(cfg, str(tmp_path))
+    assert caught.value.key == "optimizer.discriminator.lr" and caught.value.value == -1.0
+
+
 def test_missing_required_argument(tmp_path):
     with pytest.raises(ConfigError, match="arguments do not fit.*missing"):
         validate(compose_config("~model.num_outputs"), str(tmp_path))
