@@ -1,5 +1,6 @@
 """Command-line keys checked against the typed schema before Hydra composes, so a misspelt key gets a
-"did you mean" and the list of valid keys (Hydra only says the key is not in the struct)."""
+"did you mean" and the list of valid keys (Hydra only says the key is not in the struct). The same for
+``hydra.sweeper.*`` under ``hydra/sweeper=ray_tune``, and ``sweep.*`` is pointed there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.schema import TYPED_SECTIONS, TrainConfig
+from hydra_raytrain.sweep.settings import SweepSettings
+
+# What hydra/sweeper=ray_tune's node holds besides SweepSettings (hydra_plugins/.../ray_tune_sweeper.py).
+SWEEPER_KEYS = [field.name for field in dataclasses.fields(SweepSettings)] + ["params"]
 
 
 def check_override_keys(args: Sequence[str]) -> None:
@@ -24,9 +29,20 @@ def check_override_keys(args: Sequence[str]) -> None:
             continue  # Hydra reports its own syntax errors
         if override.is_add() or override.is_delete() or override.is_force_add():
             continue
-        parts = override.key_or_group.split(".")
+        parts, value = override.key_or_group.split("."), arg.split("=", 1)[1]
         if len(parts) > 1 and parts[0] in TYPED_SECTIONS:
-            _check_path(parts, arg.split("=", 1)[1])
+            _check_path(parts, value)
+        elif len(parts) == 2 and parts[0] == "sweep" and "sweep" not in typing.get_type_hints(TrainConfig):
+            raise ConfigError(
+                override.key_or_group, value, "sweep settings are the sweeper's: they live under hydra.sweeper.",
+                f"hydra/sweeper=ray_tune hydra.sweeper.{parts[1]}={value}"
+                if parts[1] in SWEEPER_KEYS else "hydra/sweeper=ray_tune and one of " + ", ".join(f"hydra.sweeper.{k}" for k in SWEEPER_KEYS),
+            )
+        elif len(parts) == 3 and parts[:2] == ["hydra", "sweeper"] and "hydra/sweeper=ray_tune" in args and parts[2] not in SWEEPER_KEYS:
+            raise ConfigError(
+                override.key_or_group, value, f"hydra/sweeper=ray_tune has no setting {parts[2]!r}{did_you_mean(parts[2], SWEEPER_KEYS)}.",
+                ", ".join(f"hydra.sweeper.{k}" for k in SWEEPER_KEYS),
+            )
 
 
 def _check_path(parts: list[str], value: str) -> None:
