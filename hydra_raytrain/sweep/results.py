@@ -144,10 +144,10 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     curves.grid(alpha=0.3)
     if rows:
         curves.legend(fontsize=6)
-    labels = [str(row["index"]) for row in rows]
     values = [row["best"] if isinstance(row["best"], (int, float)) else 0.0 for row in rows]
     colours = ["tab:green" if row is summary["best"] else ("tab:red" if row["status"] == "failed" else "tab:blue") for row in rows]
-    bars.bar(labels, values, color=colours)
+    bars.bar(range(len(rows)), values, color=colours)
+    bars.set_xticks(range(len(rows)), [str(row["index"]) for row in rows])
     bars.set_xlabel("trial")
     bars.set_title(f"best {metric} ({summary['mode']}; green: best, red: failed)")
     figure.tight_layout()
@@ -158,10 +158,15 @@ def plot(summary: Dict[str, Any], path: str) -> None:
 def table(summary: Dict[str, Any]):
     from rich.table import Table
 
-    metric = summary["metric"]
-    result = Table(title=f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}", title_justify="left")
-    for column in ("#", "overrides", "status", "epochs", f"final {metric}", f"best {metric}", "wall s"):
-        result.add_column(column, justify="right" if column not in ("overrides", "status") else "left")
+    # The overrides are what tells the trials apart: they fold onto more lines rather than lose their values to
+    # an ellipsis on a narrow (or non-terminal, 80-column) console; the metric's name is in the title.
+    result = Table(title=f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}; {summary['metric']} ({summary['mode']})",
+                   title_justify="left")
+    for column in ("#", "overrides", "status", "epochs", "final", "best", "wall s"):
+        if column == "overrides":
+            result.add_column(column, overflow="fold", ratio=1)
+        else:
+            result.add_column(column, justify="left" if column == "status" else "right", no_wrap=True)
     for row in summary["trials"]:
         mark = " *" if row is summary["best"] else ""
         result.add_row(str(row["index"]) + mark, row["overrides"], row["status"], str(row["epochs"]), _fmt(row["final"]), _fmt(row["best"]),

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import sys
 
 import pytest
@@ -70,6 +71,20 @@ def test_summary_csv_best_config_and_plot(tmp_path):
     assert "lr: 0.5" in best_config and "train_schema" in best_config and "--config-name best_config" in best_config
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert set(results.read_previous(str(tmp_path))) == {"run0", "run1", "run2"}
+
+
+def test_the_table_keeps_every_override_on_an_80_column_console():
+    from rich.console import Console
+
+    overrides = ["model=simple_cnn optimizer.lr=0.0003 trainer.batch_size=128", "model=mlp optimizer.lr=0.01 trainer.batch_size=32"]
+    rows = [{"index": i, "overrides": o, "status": "completed", "epochs": 12, "final": 0.97, "best": 0.98, "wall_seconds": 123.4}
+            for i, o in enumerate(overrides)]
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(results.table({"metric": "val_accuracy", "mode": "max", "scheduler": "fifo", "sweep_dir": "/s", "best": rows[0], "trials": rows}))
+    text = "".join(line.strip("│┃ ") for line in console.export_text().splitlines())  # folded cells joined again
+    for override in overrides:
+        assert all(part in text for part in override.split()), (override, console.export_text())
+    assert "…" not in console.export_text() and "val_accuracy (max)" in text
 
 
 def test_asha_start_order_is_a_seeded_shuffle_and_fifo_keeps_the_given_order():
