@@ -69,6 +69,9 @@ def s3_endpoint():
 def ray_address(s3_endpoint):
     import ray
 
-    ray.init(address="local", num_cpus=TEST_CLUSTER_CPUS, logging_level="WARNING")
+    from hydra_raytrain.driver.cluster import local_cluster_environment
+
+    # As hydra_raytrain starts a local cluster (its own state API address, no preemption watcher).
+    ray.init(address="local", num_cpus=TEST_CLUSTER_CPUS, logging_level="WARNING", **local_cluster_environment(None))
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -11,6 +11,7 @@ An existing cluster (``ray.address``) is never oversubscribed: the run must fit 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
@@ -118,4 +119,50 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
     if request.total.get("GPU"):
         check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": gpus}, "this machine")
     num_cpus = plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
+    local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
+    options = local_cluster_environment(ray_cfg["include_dashboard"])
+    ray.init(**local, **options)
+    if options and not ray._private.worker.get_dashboard_url():
+        # Another process took the port between the check and the dashboard's start (two commands started
+        # together): Ray then runs on without a dashboard, so without the state API this cluster's processes are
+        # pointed at. Start again on a port taken now.
+        ray.shutdown()
+        ray.init(**local, **local_cluster_environment(ray_cfg["include_dashboard"], port=free_port()))
+
+
+def local_cluster_environment(include_dashboard: Optional[bool], port: Optional[int] = None) -> Dict[str, Any]:
+    """What a new local cluster's processes inherit from this one's environment, and its dashboard port.
+
+    - Ray's state API (Ray Train's placement-group cleaner calls it in every run) finds "the" cluster by looking
+      for Ray processes on this machine, and fails with "Found multiple active Ray instances" (a traceback per
+      run on the console, and no clean-up) when another Ray instance runs here: a second training command, a
+      `ray start --head`. The dashboard, which serves that API, gets ``port`` or a port chosen here (Ray's 8265
+      when free), and RAY_API_SERVER_ADDRESS names it.
+    - One node and no autoscaler: nothing drains a node, so Ray Train's PreemptionWatcher has nothing to watch
+      (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
+      RAY_TRAIN_ENABLE_PREEMPTION_WATCHER.
+    """
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    if include_dashboard is False:
+        return {}
+    port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    return {"dashboard_port": port}
+
+
+DASHBOARD_PORT = 8265  # Ray's default
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

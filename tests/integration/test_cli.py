@@ -12,8 +12,9 @@ from tests.conftest import run_cli
 pytestmark = pytest.mark.integration
 
 
-def test_embedded_default_meets_the_accuracy_bar(tmp_path):
-    """`python -m hydra_raytrain` exactly as a user types it: starts its own local cluster, 2 workers."""
+def test_embedded_default_meets_the_accuracy_bar(ray_address, tmp_path):
+    """`python -m hydra_raytrain` exactly as a user types it: starts its own local cluster, 2 workers, while
+    another Ray instance (the test session's, ``ray_address``) runs on this machine."""
     started = time.time()
     done = run_cli(["hydra.run.dir=run", "trainer.progress_bar=true"], cwd=str(tmp_path))
     wall = time.time() - started
@@ -38,6 +39,9 @@ def test_embedded_default_meets_the_accuracy_bar(tmp_path):
     # Train's per-report INFO lines.
     output = done.stdout + done.stderr
     assert "Reporting training result" not in output and "Moving model to device" not in output
+    # Ray Train's placement-group cleaner reached this run's own cluster, not "multiple active Ray instances",
+    # and the preemption watcher (nothing to watch on one local node) logged no ERROR line.
+    assert "Traceback" not in output and "multiple active Ray instances" not in output and "PreemptionWatcher" not in output
     assert all(f"epoch {n}/12  train_accuracy" in done.stdout for n in range(1, 13))
     assert "epoch 12/12: 100%" in done.stderr and "batch/s" in done.stderr
     # Logs kept on disk: the driver's terminal, and every worker's and the controller's stdout/stderr (copies).

@@ -1,5 +1,7 @@
 """Sizing a local cluster and refusing what cannot be served (pure functions)."""
 
+import os
+
 import pytest
 
 from hydra_raytrain.config import ConfigError
@@ -61,3 +63,24 @@ def test_elastic_local_cluster_is_sized_for_the_maximum_and_existing_ones_must_f
     request = resource_request({**scaling(2), "max_workers": 6})
     assert plan_local_cpus(request, cores=2, free_memory=20 * GIB, ray_cfg=RAY) == 6
     check_fits(request, {"CPU": 2.0}, "the cluster")  # 2 of at most 6 fit: enough to start
+
+
+def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_watcher(monkeypatch):
+    import socket
+
+    from hydra_raytrain.driver.cluster import DASHBOARD_PORT, local_cluster_environment
+
+    monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
+    monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    with socket.socket() as busy:  # Ray's default port taken, as by another cluster's dashboard
+        try:
+            busy.bind(("127.0.0.1", DASHBOARD_PORT))
+        except OSError:
+            pass  # already taken by something else: the same situation
+        busy.listen()
+        options = local_cluster_environment(include_dashboard=None)
+    assert options["dashboard_port"] != DASHBOARD_PORT
+    assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{options['dashboard_port']}"
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice stays
+    assert local_cluster_environment(include_dashboard=False) == {} and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
