@@ -23,6 +23,11 @@ from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial
 
+# Tune's console output off (with verbose=0 its new output still prints a "Configuration for experiment" box and
+# a TensorBoard hint into Ray's temp folder): the sweep prints its own plan line and summary table.
+TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0"}
+
+
 def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, overrides: List[str], index: int,
                 params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here: a config
@@ -102,7 +107,7 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(probes[0]["cfg"]["ray"], largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
-    for variable, value in RAY_TRAIN_ENV.items():
+    for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
     fits = max(1, int(cpus // max(1, largest.total.get("CPU", 1))))

@@ -64,6 +64,7 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
     kept = [row for row in good if os.path.isdir(os.path.join(row["run_dir"], "ray_storage"))]
     assert kept == [rows[summary["best"]["overrides"]]]  # keep_checkpoints=1: the best trial's Ray storage only
     assert "hydra_raytrain sweep: 3 trials" in done.stdout and "failed" in done.stdout
+    assert "Configuration for experiment" not in done.stdout + done.stderr  # Tune's own console output is off
 
 
 def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address, tmp_path):
