@@ -166,3 +166,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def state_api_problem(timeout_s: float = 60) -> Optional[str]:
+    """Why a process in the cluster cannot reach Ray's state API (None when it can), asked from such a process on
+    this node, as Ray Train's placement-group cleaner asks it: the dashboard serves the API."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    def reach() -> Optional[str]:
+        from ray.util.state import list_nodes
+
+        try:
+            list_nodes(limit=1, timeout=10)
+        except Exception as error:
+            return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return None
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    try:
+        return ray.get(reach.options(scheduling_strategy=here).remote(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        return f"no answer in {timeout_s:g} s"

@@ -107,6 +107,8 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(probes[0]["cfg"]["ray"], largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
+    if settings.scheduler == "asha":
+        _check_asha_can_free_stopped_trials(probes[0]["cfg"]["ray"])
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
@@ -159,6 +161,27 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
     # being stopped by ASHA's max_t rule just before.
     return ASHAScheduler(time_attr="training_iteration", max_t=max_epochs + 1, grace_period=settings.grace_period,
                          reduction_factor=settings.reduction_factor)
+
+
+def _check_asha_can_free_stopped_trials(ray_cfg: Dict[str, Any]) -> None:
+    """ASHA stops a trial by ending its process; Ray Train then frees that run's placement group (its workers'
+    CPUs) through Ray's state API. Where the cluster's processes cannot reach it (no dashboard), every stopped
+    trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
+    from hydra_raytrain.driver import cluster
+
+    if not ray_cfg["address"] and ray_cfg["include_dashboard"] is False:
+        problem = "ray.include_dashboard=false"  # (another cluster's dashboard on this machine may answer a probe)
+    else:
+        problem = cluster.state_api_problem()
+    if problem is not None:
+        where = f"the cluster at ray.address={ray_cfg['address']}" if ray_cfg["address"] else "the local cluster"
+        raise ConfigError(
+            "hydra.sweeper.scheduler", "asha",
+            f"a trial ASHA stops frees its workers' CPUs through Ray's state API, which {where} does not serve ({problem}): "
+            "stopped trials would keep their CPUs and the sweep would wait forever.",
+            "ray.include_dashboard=null (Ray's default: the dashboard serves the state API), a cluster started with its "
+            "dashboard, or hydra.sweeper.scheduler=fifo",
+        )
 
 
 def _status(job: Dict[str, Any], previous: Dict[str, Dict[str, Any]]) -> str:

@@ -144,6 +144,17 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
     assert len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
 
 
+def test_asha_where_stopped_trials_could_not_be_freed_is_refused_before_any_trial(ray_address, tmp_path):
+    """Without the dashboard (Ray's state API) Ray Train cannot free a stopped trial's CPUs: the sweep used to wait
+    forever after ASHA's first stop. Refused instead, beside another cluster whose dashboard answers on this machine."""
+    done = run_cli(["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "ray.include_dashboard=false", "model=mlp",
+                    "scaling.num_workers=1", "optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"], cwd=str(tmp_path), timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "hydra.sweeper.scheduler='asha'" in done.stderr and "ray.include_dashboard=false" in done.stderr
+    assert "hydra.sweeper.scheduler=fifo" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_config_error_in_one_trial_stops_the_sweep_before_anything_starts(tmp_path):
     """Every trial is composed and checked on the driver first: one bad trial, a clear message, exit 2, no Ray."""
     done = run_cli(["-m", "hydra/sweeper=ray_tune", "trainer.max_epochs=2,0", "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
