@@ -38,26 +38,33 @@ def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endp
 
 
 MULTI_NODE = r'''
-import json, sys
+import glob, json, sys
 from ray.cluster_utils import Cluster
 import ray
 from hydra import compose, initialize_config_module
 import hydra_raytrain
+from hydra_raytrain import cli
 
 tmp = sys.argv[1]
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-cluster.add_node(num_cpus=1)
+cluster.add_node(num_cpus=1, node_ip_address="127.0.0.2")  # its own node:<ip> resource, unlike the head's
 cluster.wait_for_nodes()
-ray.init(address=cluster.address, logging_level="WARNING")
-out = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}
+ray.init(address=cluster.address, logging_level="WARNING", _node_ip_address="127.0.0.2")  # the driver on the non-head node
+out = {"nodes": len([n for n in ray.nodes() if n["Alive"]]), "driver_ip": ray.util.get_node_ip_address()}
+shared = [f"storage.path={tmp}/shared", "storage.shared_filesystem=true"]
 with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
     base = ["debug=smoke", "scaling.num_workers=2", "scaling.placement_strategy=SPREAD"]
     try:
         hydra_raytrain.train(compose("train", overrides=base), run_dir=f"{tmp}/refused")
     except hydra_raytrain.ConfigError as error:
         out["refused"] = str(error)
-    shared = [f"storage.path={tmp}/shared", "storage.shared_filesystem=true"]
     out["summary"] = hydra_raytrain.train(compose("train", overrides=base + shared), run_dir=f"{tmp}/run")
+# A ray_tune sweep from this driver: its trials (which write the run dirs) run on the driver's node.
+sys.argv = ["hydra_raytrain", "-m", "hydra/sweeper=ray_tune", "debug=smoke", "scaling.num_workers=1", "optimizer.lr=1e-3,1e-2",
+            *shared, f"hydra.sweep.dir={tmp}/sweep"]
+cli.main()
+out["trial_ips"] = [json.loads(open(path).readline())["node_ip"] for path in sorted(glob.glob(f"{tmp}/sweep/tune/**/result.json", recursive=True))]
+out["sweep"] = [row["status"] for row in json.load(open(f"{tmp}/sweep/sweep_summary.json"))["trials"]]
 ray.shutdown()
 cluster.shutdown()
 print("RESULT " + json.dumps(out))
@@ -66,7 +73,9 @@ print("RESULT " + json.dumps(out))
 
 def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
     """Ray's own multi-node test utility: two raylets on this machine, one CPU each, so two workers must
-    land on both nodes; our package and tasks import there, and checkpoints land in the shared storage."""
+    land on both nodes; our package and tasks import there, and checkpoints land in the shared storage.
+    The driver joins the second node (its own address, 127.0.0.2): a sweep's trials run there, beside the driver
+    and its sweep dir, where Ray would otherwise place them on the head node."""
     done = subprocess.run([sys.executable, "-c", MULTI_NODE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
@@ -75,3 +84,5 @@ def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
     assert "storage.path=" in out["refused"] and "2 nodes" in out["refused"] and "shared_filesystem=true" in out["refused"]
     assert out["summary"]["status"] == "completed" and out["summary"]["final"]["world_size"] == 2
     assert list((tmp_path / "shared").glob("*/epoch_0001/model.pt"))
+    assert out["driver_ip"] == "127.0.0.2" and out["sweep"] == ["completed", "completed"]
+    assert out["trial_ips"] == ["127.0.0.2", "127.0.0.2"], out["trial_ips"]
