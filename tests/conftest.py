@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
+from hydra_raytrain.driver.cluster import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
@@ -34,12 +35,6 @@ def run_cli(args: Sequence[str], cwd: str, timeout: float = 180) -> subprocess.C
     return subprocess.run(
         [sys.executable, "-m", "hydra_raytrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from hydra_raytrain.sweep.settings import SweepSettings
 
 # What hydra/sweeper=ray_tune's node holds besides SweepSettings (hydra_plugins/.../ray_tune_sweeper.py).
 SWEEPER_KEYS = [field.name for field in dataclasses.fields(SweepSettings)] + ["params"]
+VALID_SWEEPER_KEYS = ", ".join(f"hydra.sweeper.{key}" for key in SWEEPER_KEYS)
 
 
 def check_override_keys(args: Sequence[str]) -> None:
@@ -32,16 +33,16 @@ def check_override_keys(args: Sequence[str]) -> None:
         parts, value = override.key_or_group.split("."), arg.split("=", 1)[1]
         if len(parts) > 1 and parts[0] in TYPED_SECTIONS:
             _check_path(parts, value)
-        elif len(parts) == 2 and parts[0] == "sweep" and "sweep" not in typing.get_type_hints(TrainConfig):
+        elif len(parts) == 2 and parts[0] == "sweep":  # not a section of ours: the sweeper's settings
             raise ConfigError(
                 override.key_or_group, value, "sweep settings are the sweeper's: they live under hydra.sweeper.",
                 f"hydra/sweeper=ray_tune hydra.sweeper.{parts[1]}={value}"
-                if parts[1] in SWEEPER_KEYS else "hydra/sweeper=ray_tune and one of " + ", ".join(f"hydra.sweeper.{k}" for k in SWEEPER_KEYS),
+                if parts[1] in SWEEPER_KEYS else f"hydra/sweeper=ray_tune and one of {VALID_SWEEPER_KEYS}",
             )
         elif len(parts) == 3 and parts[:2] == ["hydra", "sweeper"] and "hydra/sweeper=ray_tune" in args and parts[2] not in SWEEPER_KEYS:
             raise ConfigError(
                 override.key_or_group, value, f"hydra/sweeper=ray_tune has no setting {parts[2]!r}{did_you_mean(parts[2], SWEEPER_KEYS)}.",
-                ", ".join(f"hydra.sweeper.{k}" for k in SWEEPER_KEYS),
+                VALID_SWEEPER_KEYS,
             )
 
 

@@ -121,8 +121,8 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
     num_cpus = plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
     local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
     options = local_cluster_environment(ray_cfg["include_dashboard"])
-    ray.init(**local, **options)
-    if options and not ray._private.worker.get_dashboard_url():
+    started = ray.init(**local, **options)
+    if options and not started.dashboard_url:
         # Another process took the port between the check and the dashboard's start (two commands started
         # together): Ray then runs on without a dashboard, so without the state API this cluster's processes are
         # pointed at. Start again on a port taken now.
