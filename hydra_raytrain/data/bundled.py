@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import importlib.util
+import os
+from typing import Sequence, Tuple
 
+import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
@@ -12,14 +15,28 @@ from hydra_raytrain.data.splits import Splits, check_shape, random_split_indices
 
 def digits(input_shape: Sequence[int] = (1, 8, 8), num_outputs: int = 10, val_fraction: float = 0.2, split_seed: int = 0) -> Splits:
     """1,797 8x8 grayscale digits (pixels 0..16, scaled to 0..1), 10 classes."""
-    from sklearn.datasets import load_digits
-
     check_shape("digits", input_shape, (1, 8, 8), num_outputs, 10)
-    data = load_digits()
-    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(data.target, dtype=torch.long)
+    pixels, target = digits_arrays()
+    images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(target, dtype=torch.long)
     train, val = random_split_indices(len(labels), val_fraction, split_seed)
     return Splits(TensorDataset(images[train], labels[train]), TensorDataset(images[val], labels[val]))
+
+
+def digits_arrays(package_dir: str = "") -> Tuple[np.ndarray, np.ndarray]:
+    """``load_digits()``'s images and target, read with numpy from the file scikit-learn ships
+    (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row), as load_digits reads it. Importing
+    sklearn.datasets (scipy and more) took 1.5-2.7 s of every worker's start, for a 30 ms read. Where the file is
+    not there (another layout), load_digits itself."""
+    package_dir = package_dir or importlib.util.find_spec("sklearn").submodule_search_locations[0]  # sklearn not imported
+    path = os.path.join(package_dir, "datasets", "data", "digits.csv.gz")
+    if not os.path.isfile(path):
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        return data.images, data.target
+    rows = np.loadtxt(path, delimiter=",")
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
 
 
 def diabetes(input_shape: Sequence[int] = (10,), num_outputs: int = 1, val_fraction: float = 0.2, split_seed: int = 0) -> Splits:

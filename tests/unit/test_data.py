@@ -1,6 +1,8 @@
 """Dataset builders on data that ships offline or that the test writes (torchvision's real loaders)."""
 
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import torch
 from PIL import Image
 
 from hydra_raytrain.data import diabetes, digits, fake, imagefolder, torchvision_builtin
+from hydra_raytrain.data.bundled import digits_arrays
 
 
 def test_digits_shapes_and_split():
@@ -15,6 +18,18 @@ def test_digits_shapes_and_split():
     assert (len(splits.train), len(splits.val)) == (1438, 359)
     image, label = splits.train[0]
     assert image.shape == (1, 8, 8) and 0 <= image.min() and image.max() <= 1 and 0 <= label < 10
+
+
+def test_digits_are_load_digits_without_importing_sklearn_datasets(tmp_path):
+    from sklearn.datasets import load_digits
+
+    expected = load_digits()
+    for images, target in (digits_arrays(), digits_arrays(package_dir=str(tmp_path))):  # the file; the fallback
+        np.testing.assert_array_equal(images, expected.images)
+        np.testing.assert_array_equal(target, expected.target)
+    probe = "import sys; from hydra_raytrain.data import digits; digits(); print(sorted(m for m in sys.modules if m.startswith('sklearn')))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_digits_refuses_a_config_that_disagrees_with_its_shape():
