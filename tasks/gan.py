@@ -56,7 +56,7 @@ class GAN(Task):
         return {
             "loss_d": loss_d.detach() * count, "loss_g": loss_g.detach() * count,
             "d_real": torch.sigmoid(real_logits).sum(), "d_fake": torch.sigmoid(fake_logits).sum(),
-            "count": torch.tensor(float(count), device=logits.device),
+            "count": logits.new_full((), count),
         }
 
     def train_batch(self, step, batch) -> Sums:

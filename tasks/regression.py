@@ -21,7 +21,7 @@ class Regression(Task):
             # R^2 needs the targets' variance over the whole split: keep sums that add up across workers.
             "target_sum": targets.sum(),
             "target_sq_sum": targets.pow(2).sum(),
-            "count": targets.new_tensor(targets.numel()),
+            "count": targets.new_full((), targets.numel()),
         }
         return StepOutput(squared.mean(), sums)
 
