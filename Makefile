@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test bench bench-sweep clean
+.PHONY: install train test bench bench-gpu bench-sweep clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/throughput.py
+
+bench-gpu: install
+	$(BIN)/python benchmarks/throughput.py --gpu
 
 bench-sweep: install
 	$(BIN)/python benchmarks/sweep.py
