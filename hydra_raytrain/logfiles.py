@@ -98,3 +98,10 @@ def quiet_ray_train(level: str) -> None:
         from ray.train.v2._internal.execution import context
 
         logging.getLogger(context.__file__).setLevel(level)
+
+
+def quiet_placement_group_cleaner() -> None:
+    """``worker_process_setup_hook`` of a local cluster started without its dashboard (so without Ray's state API):
+    Ray Train's placement-group cleaner would warn "Failed to query Ray Train Controller actor state" every few
+    seconds of every run. It has nothing to clean there (the cluster ends with the command), so errors only."""
+    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)

@@ -120,6 +120,8 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
         check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": gpus}, "this machine")
     num_cpus = plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
     local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
+    if ray_cfg["include_dashboard"] is False:  # no state API: Ray Train's placement-group cleaner, quiet (a user's own hook wins)
+        local["runtime_env"] = {"worker_process_setup_hook": QUIET_CLEANER_HOOK, **(local["runtime_env"] or {})}
     options = local_cluster_environment(ray_cfg["include_dashboard"])
     started = ray.init(**local, **options)
     if options and not started.dashboard_url:
@@ -151,6 +153,7 @@ def local_cluster_environment(include_dashboard: Optional[bool], port: Optional[
 
 
 DASHBOARD_PORT = 8265  # Ray's default
+QUIET_CLEANER_HOOK = "hydra_raytrain.logfiles.quiet_placement_group_cleaner"
 
 
 def port_is_free(port: int) -> bool:

@@ -51,6 +51,16 @@ def test_embedded_default_meets_the_accuracy_bar(ray_address, tmp_path):
     assert not any(p.is_symlink() for p in (run_dir / "logs").iterdir())
 
 
+def test_a_local_cluster_without_its_dashboard_keeps_the_placement_group_cleaners_warnings_off(tmp_path):
+    """ray.include_dashboard=false: no state API, which Ray Train's placement-group cleaner asks every few seconds
+    ("Failed to query Ray Train Controller actor state" each time, a whole run long). On a local cluster it has
+    nothing to clean (the cluster ends with the command): its warnings stay off the console."""
+    done = run_cli(["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "hydra.run.dir=run"], cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    assert "Failed to query Ray Train Controller actor state" not in done.stdout + done.stderr
+
+
 USER_TASK = '''
 import torch.nn.functional as F
 from hydra_raytrain.tasks.classification import Classification
