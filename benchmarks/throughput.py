@@ -100,21 +100,22 @@ def _gpu_loop(record_to: str, overrides, report) -> None:
     from torch.utils.data import DataLoader
 
     import hydra_raytrain.config  # noqa: F401  (registers the config schema the root config extends)
+    from hydra_raytrain.recipe.step import AUTOCAST_DTYPES
 
     with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
-    assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.channels_last, "the GPU workloads are bf16-mixed and channels_last"
     torch.manual_seed(cfg.trainer.seed)
     device = torch.device("cuda", torch.cuda.current_device())
+    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.preserve_format
     splits = instantiate(cfg.dataset, _convert_="all")
-    model = instantiate(cfg.model, _convert_="all").to(device, memory_format=torch.channels_last)
+    model = instantiate(cfg.model, _convert_="all").to(device, memory_format=memory_format)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
     options = cfg.trainer.dataloader
     loader = DataLoader(splits.train, batch_size=cfg.trainer.batch_size, shuffle=True, num_workers=options.num_workers,
                         pin_memory=options.pin_memory, persistent_workers=options.persistent_workers and options.num_workers > 0)
     state: dict = {}
     for _ in range(cfg.trainer.max_epochs):
-        report(_epoch(model, optimizer, loader, record_to, state, device, torch.bfloat16, torch.channels_last))
+        report(_epoch(model, optimizer, loader, record_to, state, device, AUTOCAST_DTYPES[cfg.trainer.precision], memory_format))
 
 
 def raw_gpu(record_to: str, out: str, *overrides: str) -> None:
@@ -210,17 +211,22 @@ def measure(name: str, overrides: tuple = ()) -> dict:
     return {"samples_per_second": statistics.median(rates[1:]), "first_step_seconds": first_step}
 
 
-def main(rounds: int = 3) -> None:
-    """Rounds alternate the contenders' order; each figure is the best over rounds (this machine's run-to-run
-    noise, about +-10% on 2 shared cores, is larger than the differences being measured)."""
-    labels = {"raw": "raw PyTorch loop", "handwritten": "hand-written Ray Train", "ours": "hydra_raytrain"}
-    runs: dict = {name: [] for name in labels}
+def alternate(names, rounds: int, overrides: tuple = (), label=str) -> dict:
+    """Every contender ``rounds`` times, the order reversed every other round (this machine's run-to-run noise is
+    larger than the differences being measured); each run's figures printed as it ends."""
+    runs: dict = {name: [] for name in names}
     for round_ in range(rounds):
-        order = list(labels) if round_ % 2 == 0 else list(reversed(labels))
-        for name in order:
-            runs[name].append(measure(name))
-            print(f"round {round_ + 1} {labels[name]:22} {runs[name][-1]['samples_per_second']:8.0f} samples/s "
+        for name in list(names) if round_ % 2 == 0 else reversed(list(names)):
+            runs[name].append(measure(name, overrides))
+            print(f"round {round_ + 1} {label(name):22} {runs[name][-1]['samples_per_second']:8.0f} samples/s "
                   f"{runs[name][-1]['first_step_seconds']:6.1f} s to first step", flush=True)
+    return runs
+
+
+def main(rounds: int = 3) -> None:
+    """Each figure is the best over rounds (about +-10% of noise on 2 shared cores)."""
+    labels = {"raw": "raw PyTorch loop", "handwritten": "hand-written Ray Train", "ours": "hydra_raytrain"}
+    runs = alternate(labels, rounds, label=labels.get)
     results = {
         name: {"samples_per_second": max(r["samples_per_second"] for r in rs), "first_step_seconds": min(r["first_step_seconds"] for r in rs)}
         for name, rs in runs.items()
@@ -235,15 +241,10 @@ def main(rounds: int = 3) -> None:
 
 
 def main_gpu(rounds: int, extra: list) -> None:
-    """One GPU worker against the raw loop on the same GPU, per workload (rounds alternate the order)."""
+    """One GPU worker against the raw loop on the same GPU, per workload."""
     for workload, overrides in GPU_WORKLOADS.items():
-        overrides = (*GPU, *overrides, *extra)
-        rates: dict = {"raw_gpu": [], "handwritten": [], "ours": []}
-        for round_ in range(rounds):
-            for name in list(rates) if round_ % 2 == 0 else reversed(list(rates)):
-                rates[name].append(measure(name, overrides)["samples_per_second"])
-                print(f"{workload}: round {round_ + 1} {name:8} {rates[name][-1]:9.0f} samples/s", flush=True)
-        raw_, hand, ours_ = (max(rates[name]) for name in rates)
+        runs = alternate(("raw_gpu", "handwritten", "ours"), rounds, (*GPU, *overrides, *extra), label=lambda name: f"{workload}: {name}")
+        raw_, hand, ours_ = (max(r["samples_per_second"] for r in rs) for rs in runs.values())
         print(f"{workload} (bf16-mixed, channels_last, best of {rounds}): raw PyTorch {raw_:.0f} samples/s, the same loop in a "
               f"hand-written Ray Train script {hand:.0f}, hydra_raytrain {ours_:.0f} -> {ours_ / raw_:.3f}x raw, "
               f"{ours_ / hand:.3f}x hand-written Ray Train", flush=True)

@@ -120,8 +120,7 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
         check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": gpus}, "this machine")
     num_cpus = plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
     local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
-    if ray_cfg["include_dashboard"] is False:  # no state API: Ray Train's placement-group cleaner, quiet (a user's own hook wins)
-        local["runtime_env"] = {"worker_process_setup_hook": QUIET_CLEANER_HOOK, **(local["runtime_env"] or {})}
+    local["runtime_env"] = local_runtime_env(local["runtime_env"], ray_cfg["include_dashboard"])
     options = local_cluster_environment(ray_cfg["include_dashboard"])
     started = ray.init(**local, **options)
     if options and not started.dashboard_url:
@@ -150,6 +149,16 @@ def local_cluster_environment(include_dashboard: Optional[bool], port: Optional[
     port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     return {"dashboard_port": port}
+
+
+def local_runtime_env(runtime_env: Optional[Dict[str, Any]], include_dashboard: Optional[bool]) -> Optional[Dict[str, Any]]:
+    """A new local cluster's job runtime_env: the user's ``ray.runtime_env``, and without the dashboard (so without
+    Ray's state API, which Ray Train's placement-group cleaner asks every few seconds, warning each time) a
+    ``worker_process_setup_hook`` that keeps that cleaner to errors: it has nothing to clean on a cluster that
+    ends with the command. A hook of the user's own wins."""
+    if include_dashboard is not False:
+        return runtime_env
+    return {"worker_process_setup_hook": QUIET_CLEANER_HOOK, **(runtime_env or {})}
 
 
 DASHBOARD_PORT = 8265  # Ray's default

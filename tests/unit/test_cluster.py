@@ -84,3 +84,26 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice stays
     assert local_cluster_environment(include_dashboard=False) == {} and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
+def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleaner_unless_the_user_has_a_hook():
+    import importlib
+    import logging
+
+    from hydra_raytrain.driver.cluster import QUIET_CLEANER_HOOK, local_runtime_env
+
+    user = {"env_vars": {"A": "1"}}
+    assert local_runtime_env(None, None) is None and local_runtime_env(user, True) is user
+    assert local_runtime_env(None, False) == {"worker_process_setup_hook": QUIET_CLEANER_HOOK}
+    assert local_runtime_env(user, False) == {"worker_process_setup_hook": QUIET_CLEANER_HOOK, "env_vars": {"A": "1"}}
+    assert local_runtime_env({"worker_process_setup_hook": "mine.setup"}, False) == {"worker_process_setup_hook": "mine.setup"}
+    # The hook is what Ray will import in every worker process: it resolves and quiets the cleaner's logger.
+    module, name = QUIET_CLEANER_HOOK.rsplit(".", 1)
+    cleaner = logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner")
+    before = cleaner.level
+    try:
+        getattr(importlib.import_module(module), name)()
+        assert cleaner.getEffectiveLevel() == logging.ERROR
+    finally:
+        cleaner.setLevel(before)
+
