@@ -143,7 +143,7 @@ class EarlyStoppingConfig:
             raise ConfigError("trainer.early_stopping.mode", self.mode, "unknown mode.", "max, min")
 
 
-PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+PRECISIONS = ("32", "64", "bf16-mixed", "16-mixed")
 PARALLEL_STRATEGIES = ("ddp", "fsdp")
 
 
@@ -163,7 +163,7 @@ class TrainerConfig:
     monitor_mode: Optional[str] = None  # "max" or "min"; None: the task's default
     dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
     # Optimisation
-    precision: str = "32"  # 32, bf16-mixed (autocast), 16-mixed (autocast + torch.amp.GradScaler)
+    precision: str = "32"  # 32, 64 (float64 weights and inputs), bf16-mixed (autocast), 16-mixed (autocast + GradScaler)
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step; DDP syncs on the last one only
     gradient_clip_val: Optional[float] = None  # clip the gradients' total norm (after unscaling)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)

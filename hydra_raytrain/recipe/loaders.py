@@ -61,15 +61,18 @@ def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | N
     return batch_size // world_size
 
 
-def move_to(batch: Any, device: torch.device, memory_format: Optional[torch.memory_format] = None) -> Any:
+def move_to(batch: Any, device: torch.device, memory_format: Optional[torch.memory_format] = None,
+            float_dtype: Optional[torch.dtype] = None) -> Any:
     """Tensors in a batch (a tensor, or lists / tuples / dicts of them) moved to ``device``; 4-D ones (images)
-    also into ``memory_format`` when given (``trainer.channels_last``)."""
+    also into ``memory_format`` when given (``trainer.channels_last``), floating ones into ``float_dtype`` when
+    given (``trainer.precision=64``)."""
     if isinstance(batch, torch.Tensor):
+        dtype = float_dtype if float_dtype is not None and batch.is_floating_point() else None
         if memory_format is not None and batch.dim() == 4:
-            return batch.to(device, non_blocking=True, memory_format=memory_format)
-        return batch.to(device, non_blocking=True)
+            return batch.to(device, dtype=dtype, non_blocking=True, memory_format=memory_format)
+        return batch.to(device, dtype=dtype, non_blocking=True)
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to(item, device, memory_format) for item in batch)
+        return type(batch)(move_to(item, device, memory_format, float_dtype) for item in batch)
     if isinstance(batch, dict):
-        return {key: move_to(value, device, memory_format) for key, value in batch.items()}
+        return {key: move_to(value, device, memory_format, float_dtype) for key, value in batch.items()}
     return batch

@@ -30,7 +30,7 @@ from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
-from hydra_raytrain.recipe.step import Precision, StepTimer, TrainStep
+from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep
 
 PROFILER_DIR = "profiler"
 
@@ -62,6 +62,10 @@ class Recipe:
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
         self.several_models = "_target_" not in cfg.model  # config.model names several models (a GAN)
+        # trainer.precision=64: weights, inputs and whatever a task creates (noise, targets) in float64. The
+        # default dtype is restored in cleanup: in local mode this is the driver's own process.
+        self.float_dtype = PARAM_DTYPES.get(cfg.trainer.precision)
+        self.default_dtype = torch.get_default_dtype()
 
     def setup(self) -> None:
         trainer = self.cfg.trainer
@@ -72,6 +76,8 @@ class Recipe:
         self.task = instantiate(self.cfg.task)
         self._setup_data()
         models = self._setup_models()
+        if self.float_dtype is not None:  # after the models: float64 weights start from float32's initial values
+            torch.set_default_dtype(self.float_dtype)
         self.step = self._setup_step(models)
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
@@ -84,6 +90,7 @@ class Recipe:
         self.profiler = self._setup_profiler()
 
     def cleanup(self, status: str) -> None:
+        torch.set_default_dtype(self.default_dtype)
         for error in finish_all(getattr(self, "loggers", {}), status):
             logger.warning(f"a logger failed to finish: {error}")
 
@@ -126,6 +133,8 @@ class Recipe:
         models = {}
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
+            if self.float_dtype is not None:
+                module = module.to(self.float_dtype)
             if trainer.channels_last:
                 module = module.to(memory_format=torch.channels_last)
             if trainer.compile:
@@ -272,7 +281,7 @@ class Recipe:
         return dict(self.step.unwrapped) if self.several_models else self.step.unwrapped["model"]
 
     def _to_device(self, batch: Any) -> Any:
-        return move_to(batch, self.device, torch.channels_last if self.cfg.trainer.channels_last else None)
+        return move_to(batch, self.device, torch.channels_last if self.cfg.trainer.channels_last else None, self.float_dtype)
 
     def _weights(self) -> Optional[bytes]:
         """The full model weights as ``torch.save`` bytes on rank 0 (None elsewhere); a collective under FSDP."""

@@ -17,7 +17,9 @@ from typing import Any, Dict, Iterator, List, Optional
 import torch
 from torch import nn
 
-AUTOCAST_DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+AUTOCAST_DTYPES = {"64": None, "32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+# The dtype of parameters and floating inputs; the mixed precisions keep float32 weights under autocast.
+PARAM_DTYPES = {"64": torch.float64}
 
 
 @dataclass
@@ -27,11 +29,13 @@ class Precision:
     device_type: str
     dtype: Optional[torch.dtype]
     scaler: torch.amp.GradScaler
+    param_dtype: torch.dtype = torch.float32  # float64 with trainer.precision=64 (Lightning's "64-true")
 
     @classmethod
     def build(cls, precision: str, device: torch.device) -> "Precision":
         dtype = AUTOCAST_DTYPES[precision]
-        return cls(device.type, dtype, torch.amp.GradScaler(device.type, enabled=dtype is torch.float16))
+        scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+        return cls(device.type, dtype, scaler, PARAM_DTYPES.get(precision, torch.float32))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.dtype is None:
