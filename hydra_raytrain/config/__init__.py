@@ -1,6 +1,6 @@
 """Config: typed schemas for the framework's own settings, and driver-side validation of the whole config."""
 
-from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.errors import ConfigError, ConfigErrors
 from hydra_raytrain.config.identity import register_resolver, run_name
 from hydra_raytrain.config.schema import register_configs
 from hydra_raytrain.config.validate import validate
@@ -8,4 +8,4 @@ from hydra_raytrain.config.validate import validate
 register_configs()
 register_resolver()
 
-__all__ = ["ConfigError", "run_name", "validate"]
+__all__ = ["ConfigError", "ConfigErrors", "run_name", "validate"]

@@ -1,9 +1,10 @@
-"""The one exception a user's own mistake turns into: a paragraph naming the key, the value and what is valid."""
+"""The exception a user's own mistake turns into: a paragraph naming the key, the value and what is valid."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator, List
 
 
 class ConfigError(ValueError):
@@ -14,13 +15,67 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value: Any, problem: str, valid: str | None = None):
         self.key, self.value, self.problem, self.valid = key, value, problem, valid
-        message = f"Invalid config: {key}={value!r}: {problem}"
-        if valid:
-            message += f" Valid: {valid}"
-        super().__init__(message)
+        super().__init__(f"Invalid config: {self.detail}")
+
+    @property
+    def detail(self) -> str:
+        """The message without its "Invalid config: " opening."""
+        return f"{self.key}={self.value!r}: {self.problem}" + (f" Valid: {self.valid}" if self.valid else "")
+
+    @property
+    def errors(self) -> List["ConfigError"]:
+        return [self]
+
+    def within(self, context: str) -> "ConfigError":
+        """The same error with ``context`` (e.g. which sweep trial) added to its problem."""
+        return ConfigError(self.key, self.value, f"{self.problem} ({context})", self.valid)
 
     def __reduce__(self):  # Ray copies and pickles exceptions raised in its processes (a sweep trial's train())
         return type(self), (self.key, self.value, self.problem, self.valid)
+
+
+class ConfigErrors(ConfigError):
+    """Several problems found in one pass, reported together: the user fixes them in one go, not one run each."""
+
+    def __init__(self, errors: Iterable[ConfigError]):
+        self._errors = [single for error in errors for single in error.errors]
+        first = self._errors[0]
+        self.key, self.value, self.problem, self.valid = first.key, first.value, first.problem, first.valid
+        lines = "\n".join(f"  - {error.detail}" for error in self._errors)
+        ValueError.__init__(self, f"Invalid config: {len(self._errors)} problems\n{lines}")
+
+    @property
+    def errors(self) -> List[ConfigError]:
+        return list(self._errors)
+
+    def within(self, context: str) -> "ConfigError":
+        return ConfigErrors(error.within(context) for error in self._errors)
+
+    def __reduce__(self):
+        return type(self), (self._errors,)
+
+
+class Problems:
+    """Collects config errors from independent checks, so that one run reports every problem it finds."""
+
+    def __init__(self) -> None:
+        self.errors: List[ConfigError] = []
+
+    @contextlib.contextmanager
+    def collect(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as error:
+            self.errors += error.errors
+
+    def add(self, error: ConfigError) -> None:
+        self.errors.append(error)
+
+    def raise_any(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise ConfigErrors(self.errors)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

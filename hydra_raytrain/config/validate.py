@@ -15,38 +15,64 @@ from typing import Any, Callable, Dict
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError
 
-from hydra_raytrain.config.errors import ConfigError, did_you_mean
+from hydra_raytrain.config.typecheck import wrong_type
+from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
 from hydra_raytrain.config.paths import PathArg
 from hydra_raytrain.config.schema import TYPED_SECTIONS
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
 COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger")
 HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
+CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", "checkpoint")
+REHEARSED = ("model", "dataset", "task")  # what the rehearsal builds
 
 
 def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
+    """Every check that can run on the driver, each independent one run even when another failed: the error
+    (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
+    that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``)."""
+    problems = Problems()
     for section in TYPED_SECTIONS:
-        OmegaConf.to_object(cfg[section])  # runs each schema's __post_init__ range checks
-    resolved = resolve(cfg)
+        with problems.collect():
+            OmegaConf.to_object(cfg[section])  # runs each schema's __post_init__ range checks
+    resolved = resolve(cfg, problems)
     for section in COMPONENT_SECTIONS:
-        check_targets(section, resolved[section], cwd)
-    if resolved["storage"]["path"]:
+        if section in resolved:
+            check_targets(section, resolved[section], cwd, problems)
+    if resolved.get("storage", {}).get("path"):
         resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
+    if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
+        problems.raise_any()
     from hydra_raytrain.recipe.loaders import per_worker_batch_size
 
+    def failed(*sections: str) -> bool:  # a later check reads these: it runs only when they passed their own
+        return any(error.key.split(".")[0].split("[")[0] in sections for error in problems.errors)
+
     trainer, scaling = resolved["trainer"], resolved["scaling"]
-    check_models_and_optimizers(resolved["model"], resolved["optimizer"], resolved["task"])
-    check_trainer_switches(trainer, scaling)
-    for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
-        per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
+    if not failed("model", "task"):
+        with problems.collect():
+            check_models_and_optimizers(resolved["model"], resolved["optimizer"], resolved["task"], values=not failed("optimizer"))
+    if not failed("trainer", "scaling"):
+        with problems.collect():
+            check_trainer_switches(trainer, scaling)
+        with problems.collect():
+            for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
+                per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
+    if not failed(*REHEARSED, "trainer", "checkpoint", "logger"):
+        from hydra_raytrain.config.rehearsal import rehearse
+
+        with problems.collect():
+            rehearse(resolved, schedule=not failed("scheduler", "optimizer"))
+    problems.raise_any()
     return resolved
 
 
-def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any], task: Dict[str, Any]) -> None:
+def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any], task: Dict[str, Any], values: bool = True) -> None:
     """``model`` is one ``_target_`` node, or several named ones (a GAN) for a task that owns its step;
-    ``optimizer`` is one node for every model, or one per model name."""
+    ``optimizer`` is one node for every model, or one per model name. ``values``: also build each optimizer
+    (not when its arguments were already refused)."""
     from hydra_raytrain.tasks.base import Task
 
     names = sorted(model) if "_target_" not in model else ["model"]
@@ -57,7 +83,8 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
             "a task that overrides train_batch and steps each model, e.g. task=gan; or one model",
         )
     if "_target_" in optimizer:
-        check_optimizer_values("optimizer", optimizer)
+        if values:
+            check_optimizer_values("optimizer", optimizer)
         return
     if sorted(optimizer) != names:
         raise ConfigError(
@@ -65,7 +92,7 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
             "names optimizers that do not match the models (one optimizer node for all models, or one per model).",
             f"optimizer.<name> for each of: {', '.join(names)}",
         )
-    for name in names:
+    for name in names if values else []:
         check_optimizer_values(f"optimizer.{name}", optimizer[name])
 
 
@@ -85,7 +112,7 @@ def check_optimizer_values(key: str, node: Dict[str, Any]) -> None:
         return
     try:
         instantiate(node)([torch.nn.Parameter(torch.zeros(2, 2))])
-    except ValueError as error:  # torch.optim raises ValueError for a value out of range
+    except (ValueError, TypeError) as error:  # torch.optim raises ValueError for a value out of range
         reason = str(error).strip()
         named = [name for name in node if name not in HYDRA_KEYS and (name in reason or _OPTIMIZER_WORDS.get(name, name) in reason)]
         if named:
@@ -141,14 +168,21 @@ def _cpu_supports_fp16_autocast() -> bool:
             return False
 
 
-def resolve(cfg: DictConfig) -> Dict[str, Any]:
+def resolve(cfg: DictConfig, problems: Problems) -> Dict[str, Any]:
+    """The config as plain containers, section by section: a missing value (``???``) or an interpolation that
+    cannot be resolved is a problem of its own section; the sections that resolve are returned."""
     missing = _missing_keys(cfg)
-    if missing:
-        raise ConfigError(missing[0], "???", f"is required and has no value (all missing: {', '.join(missing)}).", f"set it: {missing[0]}=VALUE")
-    try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except InterpolationResolutionError as error:
-        raise ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg}") from None
+    for key in missing:
+        problems.add(ConfigError(key, "???", "is required and has no value.", f"set it: {key}=VALUE"))
+    resolved = {}
+    for section in cfg.keys():
+        try:
+            node = cfg[section]
+            resolved[section] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        except InterpolationResolutionError as error:
+            if not (isinstance(error, InterpolationToMissingValueError) and missing):
+                problems.add(ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg}"))
+    return resolved
 
 
 def _missing_keys(node: Any, prefix: str = "") -> list[str]:
@@ -163,17 +197,18 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
     return found
 
 
-def check_targets(key: str, node: Any, cwd: str) -> None:
+def check_targets(key: str, node: Any, cwd: str, problems: Problems) -> None:
     """Every `_target_` in the tree imports and accepts its arguments; path arguments become absolute."""
     if isinstance(node, dict):
         if "_target_" in node:
-            check_call(key, node, cwd)
+            with problems.collect():
+                check_call(key, node, cwd)
         for name, value in node.items():
             if name not in HYDRA_KEYS:
-                check_targets(f"{key}.{name}", value, cwd)
+                check_targets(f"{key}.{name}", value, cwd, problems)
     elif isinstance(node, list):
         for index, value in enumerate(node):
-            check_targets(f"{key}[{index}]", value, cwd)
+            check_targets(f"{key}[{index}]", value, cwd, problems)
 
 
 def locate(key: str, path: str) -> Callable:
@@ -199,6 +234,8 @@ def locate(key: str, path: str) -> Callable:
 
 
 def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
+    """The node's arguments against its target's signature: names, values of a plainly wrong type, required
+    ones, then paths. Every argument's problem is reported, not the first one only."""
     target = locate(key, node["_target_"])
     try:
         signature = inspect.signature(target)
@@ -208,12 +245,22 @@ def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
     params = signature.parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepted = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    problems = Problems()
+    hints = _type_hints(target)
     for name, value in kwargs.items():
         if name not in params and not takes_any:
-            raise ConfigError(
+            problems.add(ConfigError(
                 f"{key}.{name}", value, f"{node['_target_']} has no argument {name!r}{did_you_mean(name, accepted)}.",
                 ", ".join(accepted) or "(no arguments)",
-            )
+            ))
+        elif name in params and value != "???":  # a missing value is reported as such
+            expected = wrong_type(value, hints.get(name), params[name].default)
+            if expected:
+                default = params[name].default
+                example = f", e.g. {key}.{name}={default}" if default is not inspect.Parameter.empty and default is not None else ""
+                problems.add(ConfigError(f"{key}.{name}", value, f"{node['_target_']} takes {expected} for {name!r}, not {type(value).__name__}.",
+                                         f"{expected}{example}"))
+    problems.raise_any()
     bind = signature.bind_partial if node.get("_partial_") else signature.bind
     try:
         bind(*node.get("_args_", []), **kwargs)
@@ -222,12 +269,15 @@ def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
     _check_paths(key, target, node, cwd)
 
 
-def _check_paths(key: str, target: Callable, node: Dict[str, Any], cwd: str) -> None:
+def _type_hints(target: Callable) -> Dict[str, Any]:
     try:
-        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
-    except Exception:
-        return
-    for name, hint in hints.items():
+        return typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
+    except Exception:  # a hint that does not evaluate: nothing to check by
+        return {}
+
+
+def _check_paths(key: str, target: Callable, node: Dict[str, Any], cwd: str) -> None:
+    for name, hint in _type_hints(target).items():
         markers = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, PathArg)]
         if not markers or not isinstance(node.get(name), str):
             continue

@@ -5,18 +5,20 @@ torchvision is imported inside the builders: the driver validates these signatur
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from torch.utils.data import Subset
 
+from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import ExistingDir, LocalPath
-from hydra_raytrain.data.splits import Splits, random_split_indices
+from hydra_raytrain.data.splits import Splits, check_image_shape, random_split_indices
 
 
 def image_transform(input_shape: Sequence[int], mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None):
     """PIL image -> float tensor of exactly ``input_shape`` (channels converted, resized), optionally normalised."""
     from torchvision import transforms as T
 
+    check_image_shape(input_shape)
     channels, height, width = input_shape
     steps = [
         T.Grayscale(1) if channels == 1 else T.Lambda(lambda image: image.convert("RGB")),
@@ -40,24 +42,43 @@ def torchvision_builtin(
     """``torchvision.datasets.<name>(root, train=True/False)``, e.g. MNIST, FashionMNIST, CIFAR10."""
     import torchvision
 
-    dataset_cls = getattr(torchvision.datasets, name)
+    dataset_cls = getattr(torchvision.datasets, name, None)
+    if dataset_cls is None:
+        known = [n for n in torchvision.datasets.__all__ if n[0].isupper()]
+        raise ConfigError("dataset.name", name, f"torchvision.datasets has no {name!r}{did_you_mean(name, known)}.", "e.g. MNIST, FashionMNIST, CIFAR10")
     transform = image_transform(input_shape, mean, std)
     try:
-        return Splits(
+        splits = Splits(
             dataset_cls(root, train=True, download=download, transform=transform),
             dataset_cls(root, train=False, download=download, transform=transform),
         )
-    except RuntimeError as error:  # torchvision: "Dataset not found. You can use download=True to download it"
-        raise FileNotFoundError(
-            f"dataset.name={name}: no usable data under dataset.root={root} ({error}). Set dataset.download=true "
-            f"on a machine with internet access, or copy torchvision's {name} files there."
+    except (RuntimeError, OSError) as error:  # torchvision: "Dataset not found...", or the download failed
+        raise ConfigError(
+            "dataset.root", root, f"no usable {name} data there ({type(error).__name__}: {error}).",
+            f"dataset.download=true on a machine with internet access, or torchvision's {name} files copied there",
         ) from error
+    classes = getattr(splits.train, "classes", None)
+    if classes is not None:
+        check_class_count(num_outputs, classes, f"torchvision's {name}")
+    return splits
+
+
+def check_class_count(num_outputs: int, classes: Sequence[str], where: str) -> None:
+    if len(classes) != num_outputs:
+        shown = ", ".join(classes[:10]) + (", ..." if len(classes) > 10 else "")
+        raise ConfigError("dataset.num_outputs", num_outputs, f"{where} has {len(classes)} classes ({shown}).",
+                          f"dataset.num_outputs={len(classes)}")
 
 
 def fake(input_shape: Sequence[int] = (3, 32, 32), num_outputs: int = 10, train_size: int = 1024, val_size: int = 256) -> Splits:
     """Random images (torchvision.datasets.FakeData) for throughput tests; deterministic per index."""
     import torchvision
     from torchvision import transforms as T
+
+    check_image_shape(input_shape)
+    for key, size in (("dataset.train_size", train_size), ("dataset.val_size", val_size)):
+        if size < 1:
+            raise ConfigError(key, size, "must be >= 1.")
 
     def make(size: int, offset: int):
         return torchvision.datasets.FakeData(size, tuple(input_shape), num_outputs, T.ToTensor(), random_offset=offset)
@@ -74,23 +95,34 @@ def imagefolder(
     mean: Optional[Sequence[float]] = None,
     std: Optional[Sequence[float]] = None,
 ) -> Splits:
-    """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train."""
+    """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
+    Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way."""
     import torchvision
 
     transform = image_transform(input_shape, mean, std)
     train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
-        raise FileNotFoundError(f"dataset.root={root} has no train/ folder (expected root/train/<class>/<image>).")
-    train = torchvision.datasets.ImageFolder(train_dir, transform=transform)
-    if len(train.classes) != num_outputs:
-        raise ValueError(
-            f"dataset.num_outputs={num_outputs} but {train_dir} has {len(train.classes)} class folders: {train.classes}."
-        )
+        train_dir = root
+    train = _image_folder(train_dir, transform, root)
+    check_class_count(num_outputs, train.classes, f"{train_dir} (class folders)")
     val_dir = os.path.join(root, "val")
-    if os.path.isdir(val_dir):
-        val = torchvision.datasets.ImageFolder(val_dir, transform=transform)
+    if train_dir != root and os.path.isdir(val_dir):
+        val = _image_folder(val_dir, transform, root)
         if val.classes != train.classes:
-            raise ValueError(f"{val_dir} has classes {val.classes}, {train_dir} has {train.classes}: they must match.")
+            raise ConfigError("dataset.root", root, f"{val_dir} has classes {val.classes}, {train_dir} has {train.classes}.",
+                              "the same class folders under train/ and val/")
         return Splits(train, val)
     train_idx, val_idx = random_split_indices(len(train), val_fraction, split_seed)
     return Splits(Subset(train, train_idx), Subset(train, val_idx))
+
+
+IMAGEFOLDER_LAYOUT = "root/<class>/<image>, or root/train/<class>/<image> with an optional root/val/<class>/<image>"
+
+
+def _image_folder(folder: str, transform: Any, root: str) -> Any:
+    import torchvision
+
+    try:
+        return torchvision.datasets.ImageFolder(folder, transform=transform)
+    except FileNotFoundError as error:  # torchvision: no class folder, or a class folder without images
+        raise ConfigError("dataset.root", root, f"{str(error).rstrip('.')}.", IMAGEFOLDER_LAYOUT) from None

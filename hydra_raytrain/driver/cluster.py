@@ -92,6 +92,22 @@ def check_fits(request: ResourceRequest, available: Mapping[str, float], where: 
             )
 
 
+RAY_ADDRESS_VALID = ("the HOST:PORT of a running cluster's head (what `ray start --head` prints), auto for the cluster "
+                     "started on this machine, or null to start a local cluster")
+
+
+def check_reachable(address: str, timeout_s: float = 3.0) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) where nothing listens is refused in seconds: ray.init itself retries the
+    connection for minutes, printing Ray's GCS errors. "auto" and "local" are Ray's own words, left to it."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if address in ("auto", "local") or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConfigError("ray.address", address, f"no Ray cluster answers there ({error.strerror or error}).", RAY_ADDRESS_VALID) from None
+
+
 def local_gpu_count() -> int:
     import torch
 
@@ -111,14 +127,15 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
         check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
         return
     common = dict(runtime_env=dict(ray_cfg["runtime_env"]) or None, logging_level=ray_cfg["logging_level"], include_dashboard=ray_cfg["include_dashboard"])
+    num_cpus = check_request(ray_cfg, request)
     if ray_cfg["address"]:
-        ray.init(address=ray_cfg["address"], **common)
+        try:
+            ray.init(address=ray_cfg["address"], **common)
+        except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
+            raise ConfigError("ray.address", ray_cfg["address"], f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID) from None
         check_fits(request, ray.cluster_resources(), f"the cluster at ray.address={ray_cfg['address']}")
         return
     gpus = local_gpu_count()
-    if request.total.get("GPU"):
-        check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": gpus}, "this machine")
-    num_cpus = plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
     local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
     local["runtime_env"] = local_runtime_env(local["runtime_env"], ray_cfg["include_dashboard"])
     options = local_cluster_environment(ray_cfg["include_dashboard"])
@@ -129,6 +146,17 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
         # pointed at. Start again on a port taken now.
         ray.shutdown()
         ray.init(**local, **local_cluster_environment(ray_cfg["include_dashboard"], port=free_port()))
+
+
+def check_request(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> Optional[int]:
+    """What can be checked before starting or joining Ray: a joined cluster's address answers; this machine can
+    serve a local cluster for the request (its GPUs, CPUs and memory). Returns the local cluster's CPUs."""
+    if ray_cfg["address"]:
+        check_reachable(ray_cfg["address"])
+        return None
+    if request.total.get("GPU"):
+        check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": local_gpu_count()}, "this machine")
+    return plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
 
 
 def local_cluster_environment(include_dashboard: Optional[bool], port: Optional[int] = None) -> Dict[str, Any]:

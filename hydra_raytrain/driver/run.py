@@ -18,8 +18,8 @@ from rich.console import Console
 from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 
-from hydra_raytrain.config import validate
 from hydra_raytrain.driver import builders, cluster, outputs, report
+from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
@@ -58,7 +58,7 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Seque
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
-    resolved = validate(cfg, cwd=os.getcwd())
+    resolved = preflight(cfg, cwd=os.getcwd())
     storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
     name = builders.run_name(resolved)
     if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise
@@ -90,7 +90,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
     epoch_log = outputs.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
-    worker_env = builders.worker_env(resolved, RAY_TRAIN_ENV, import_path())
+    worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved)}, import_path())
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},
@@ -124,6 +124,18 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
     summary = finish("completed")
     print(f"Run dir: {run_dir}", flush=True)
     return summary
+
+
+def _tracker_env(resolved: Dict[str, Any]) -> Dict[str, str]:
+    """W&B's mode decided here (offline, with a warning, when its server cannot be reached) and W&B's variables
+    forwarded to the workers, which on a joined cluster do not inherit the driver's environment."""
+    node = resolved["logger"].get("wandb")
+    if node is None:
+        return {}
+    from hydra_raytrain.loggers import wandb
+
+    wandb.plan_mode(node, os.environ, wandb.server_problem, warn=lambda message: print(f"WARNING: {message}", file=sys.stderr, flush=True))
+    return wandb.forwarded_env(os.environ)
 
 
 def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:

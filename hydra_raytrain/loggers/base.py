@@ -1,10 +1,17 @@
-"""The logger protocol and the one place loggers are built."""
+"""The logger protocol and the one place loggers are built, started, fed and finished.
+
+A tracker is a helper: one that cannot start or log warns once and is dropped; training goes on, and the run's
+own files (metrics.jsonl, summary.json, TensorBoard's) are still written.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Protocol
+import logging
+from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Protocol
 
 from hydra.utils import instantiate
+
+log = logging.getLogger(__name__)
 
 
 class Logger(Protocol):
@@ -22,8 +29,23 @@ def build_loggers(nodes: Mapping[str, Any]) -> Dict[str, Logger]:
     return {name: instantiate(node) for name, node in (nodes or {}).items()}
 
 
-def start_all(loggers: Mapping[str, Logger], config: Dict[str, Any], run_dir: str, run_ids: Mapping[str, str]) -> Dict[str, str]:
-    return {name: logger.start(config, run_dir, run_ids.get(name)) for name, logger in loggers.items()}
+def start_all(loggers: MutableMapping[str, Logger], config: Dict[str, Any], run_dir: str, run_ids: Mapping[str, str]) -> Dict[str, str]:
+    """Start each logger; one that fails is dropped from ``loggers`` with a warning."""
+    started = {}
+    for name, logger in list(loggers.items()):
+        try:
+            started[name] = logger.start(config, run_dir, run_ids.get(name))
+        except Exception as error:
+            _drop(loggers, name, "could not start", error)
+    return started
+
+
+def log_all(loggers: MutableMapping[str, Logger], metrics: Mapping[str, float], step: int) -> None:
+    for name, logger in list(loggers.items()):
+        try:
+            logger.log_metrics(metrics, step)
+        except Exception as error:
+            _drop(loggers, name, "failed to log", error)
 
 
 def finish_all(loggers: Mapping[str, Logger], status: str) -> List[str]:
@@ -35,3 +57,14 @@ def finish_all(loggers: Mapping[str, Logger], status: str) -> List[str]:
         except Exception as error:  # a tracker's failure must not hide the run's own outcome
             errors.append(f"{name}: {error}")
     return errors
+
+
+def _drop(loggers: MutableMapping[str, Logger], name: str, what: str, error: Exception) -> None:
+    reason = " ".join(str(error).split())[:500]
+    log.warning(f"logger.{name} {what} ({type(error).__name__}: {reason}); training goes on without it "
+                f"(metrics.jsonl and summary.json are still written).")
+    try:
+        loggers[name].finish("failed")
+    except Exception:
+        pass
+    del loggers[name]

@@ -1,18 +1,37 @@
-"""Weights & Biases, from rank 0. ``mode: offline`` needs no account and no network (files under
-``<run dir>/wandb/``; ``wandb sync`` uploads them later). The API key is read by wandb from its own
-environment or netrc and never passes through our config, checkpoints or run dir files."""
+"""Weights & Biases, from rank 0. W&B's own conventions hold: a setting left null here is left to W&B, so
+``WANDB_MODE``, ``WANDB_PROJECT``, ``WANDB_ENTITY``, ``WANDB_BASE_URL`` ... work as with ``wandb.init``, and the
+driver forwards the ``WANDB_*`` variables to the workers (all but ``WANDB_API_KEY``, which W&B reads from the
+workers' own environment or netrc and which never passes through our config, checkpoints or run dir files).
+
+Offline (``mode: offline`` or ``WANDB_MODE=offline``) needs no account and no network: files under
+``<run dir>/wandb/``, uploaded later by ``wandb sync``. A W&B server that the driver cannot reach is not a reason
+to fail or stall a training run: the run logs offline instead, with one warning (``plan_mode``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+import os
+import socket
+from typing import Any, Callable, Dict, List, Mapping, Optional
+from urllib.parse import urlparse
+
+MODES = ("online", "offline", "disabled")
+DEFAULT_PROJECT = "hydra_raytrain"
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+NOT_FORWARDED = ("WANDB_API_KEY",)
 
 
 class WandbLogger:
-    def __init__(self, project: str = "hydra_raytrain", entity: Optional[str] = None, group: Optional[str] = None,
-                 tags: Optional[List[str]] = None, name: Optional[str] = None, mode: str = "online"):
-        if mode not in ("online", "offline", "disabled"):
-            raise ValueError(f"logger.wandb.mode={mode!r}: must be online, offline or disabled")
-        self.settings = dict(project=project, entity=entity, group=group, tags=tags, name=name, mode=mode)
+    def __init__(self, project: Optional[str] = None, entity: Optional[str] = None, group: Optional[str] = None,
+                 tags: Optional[List[str]] = None, name: Optional[str] = None, mode: Optional[str] = None):
+        if mode is not None and mode not in MODES:
+            from hydra_raytrain.config.errors import ConfigError
+
+            raise ConfigError("logger.wandb.mode", mode, "unknown W&B mode.", "online, offline, disabled, or null (W&B's WANDB_MODE, else online)")
+        given = dict(project=project, entity=entity, group=group, tags=tags or None, name=name, mode=mode)
+        self.settings = {key: value for key, value in given.items() if value is not None}
+        if project is None and not os.environ.get("WANDB_PROJECT"):
+            self.settings["project"] = DEFAULT_PROJECT
         self.run = None
 
     def start(self, config: Dict[str, Any], run_dir: str, run_id: Optional[str]) -> str:
@@ -37,3 +56,43 @@ class WandbLogger:
 def _wandb_id(run_name: str) -> str:
     # W&B ids allow letters, digits, '-' and '_' (at most 128 characters).
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in run_name)[:128]
+
+
+def effective_mode(node: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """The mode wandb.init will use: the config's, else W&B's environment variables, else online."""
+    if node.get("mode"):
+        return node["mode"]
+    if environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return "disabled"
+    mode = environ.get("WANDB_MODE", "online")
+    return {"dryrun": "offline", "run": "online"}.get(mode, mode)
+
+
+def plan_mode(node: Dict[str, Any], environ: Mapping[str, str], reachable: Callable[[str], Optional[str]], warn: Callable[[str], None]) -> None:
+    """On the driver, before the workers start: an online run whose W&B server does not answer logs offline
+    instead (``node["mode"] = "offline"``), with one warning that says how to upload it later."""
+    if effective_mode(node, environ) != "online":
+        return
+    url = environ.get("WANDB_BASE_URL", DEFAULT_BASE_URL)
+    problem = reachable(url)
+    if problem is None:
+        return
+    node["mode"] = "offline"
+    warn(f"logger.wandb: W&B at {url} cannot be reached ({problem}); this run logs to W&B offline instead, "
+         f"into <run dir>/wandb. Upload it later with `wandb sync <run dir>/wandb/offline-run-*`.")
+
+
+def server_problem(url: str, timeout_s: float = 3.0) -> Optional[str]:
+    """Why a TCP connection to the W&B server at ``url`` fails, in a few seconds at most; None when it connects."""
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return None
+
+
+def forwarded_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """W&B's variables from the driver's environment, for the workers (on a joined cluster they do not inherit it)."""
+    return {name: value for name, value in environ.items() if name.startswith("WANDB_") and name not in NOT_FORWARDED}

@@ -8,7 +8,6 @@ the end, or when early stopping ends the run). The config arrives resolved from 
 
 from __future__ import annotations
 
-import inspect
 import io
 import itertools
 import logging
@@ -24,13 +23,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_raytrain.loggers.base import build_loggers, finish_all, start_all
+from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
-from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep
+from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep, build_lr_scheduler
 
 PROFILER_DIR = "profiler"
 
@@ -157,10 +156,7 @@ class Recipe:
         for name, optimizer in optimizers.items():
             lr_schedulers[name] = []
             if scheduler.lr_scheduler is not None:
-                build = instantiate(scheduler.lr_scheduler)
-                runtime = {"steps_per_epoch": steps_per_epoch}
-                accepted = inspect.signature(build).parameters
-                lr_schedulers[name].append(build(optimizer, **{k: v for k, v in runtime.items() if k in accepted}))
+                lr_schedulers[name].append(build_lr_scheduler(scheduler.lr_scheduler, optimizer, steps_per_epoch))
             if scheduler.warmup_steps:  # built after the main schedule: both scale the LR the other one set
                 warmups[name] = torch.optim.lr_scheduler.LinearLR(optimizer, scheduler.warmup_start_factor, total_iters=scheduler.warmup_steps)
         return TrainStep(
@@ -214,8 +210,7 @@ class Recipe:
                 **self.step.timer.pop(),
             }
             self.step.end_epoch()
-            for tracker in self.loggers.values():
-                tracker.log_metrics(metrics, step=epoch + 1)
+            log_all(self.loggers, metrics, step=epoch + 1)
             self.history.append(metrics)
             if self.rank == 0:
                 self.task.on_epoch_end(self._eval_models(), epoch + 1, self.run_dir)

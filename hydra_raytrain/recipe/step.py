@@ -9,6 +9,7 @@ calls ``step.optimize`` once per optimizer (see tasks/gan.py).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -41,6 +42,16 @@ class Precision:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
+
+
+def build_lr_scheduler(node: Any, optimizer: torch.optim.Optimizer, steps_per_epoch: int) -> Any:
+    """``scheduler.lr_scheduler`` (a ``_partial_`` node) called with the optimizer, plus ``steps_per_epoch``
+    (optimizer steps) when the target takes it (OneCycleLR)."""
+    from hydra.utils import instantiate
+
+    build = instantiate(node)
+    accepted = inspect.signature(build).parameters
+    return build(optimizer, **({"steps_per_epoch": steps_per_epoch} if "steps_per_epoch" in accepted else {}))
 
 
 class StepTimer:

@@ -39,7 +39,7 @@ def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, ov
         resolved = validate(composed, cwd=os.getcwd())
     except ConfigError as error:
         trial = f"trial {index}" if index >= 0 else "the search space"
-        raise ConfigError(error.key, error.value, f"{error.problem} ({trial}: {' '.join(overrides)})", error.valid) from None
+        raise error.within(f"{trial}: {' '.join(overrides)}") from None
     name = run_name(resolved)
     wandb = resolved["logger"].get("wandb")
     if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep

@@ -41,3 +41,8 @@ def records(path: Path) -> Iterator["object"]:
 def run_group(path: Path) -> str:
     """The group the run was started with (its first run record)."""
     return next(record.run.run_group for record in records(path) if record.HasField("run"))
+
+
+def run_record(path: Path) -> "object":
+    """The run's first run record: project, entity, group, ... as wandb.init received them."""
+    return next(record.run for record in records(path) if record.HasField("run"))

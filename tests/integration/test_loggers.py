@@ -1,6 +1,7 @@
 """Experiment trackers from rank 0: W&B offline (no account, no network) and TensorBoard event files."""
 
 import struct
+import time
 
 import pytest
 from tensorboardX.proto import event_pb2
@@ -8,7 +9,8 @@ from tensorboardX.proto import event_pb2
 from hydra_raytrain import train
 from hydra_raytrain.config import run_name, validate
 from tests.conftest import WANDB_TEST_KEY, compose_config
-from tests.helpers.wandb_files import wandb_runs
+from hydra_raytrain.driver.cluster import free_port
+from tests.helpers.wandb_files import run_record, wandb_runs
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +44,36 @@ def test_wandb_and_tensorboard_log_from_rank_zero_and_keep_no_secret(ray_address
     for path in tmp_path.rglob("*"):  # no secret in anything the run wrote
         if path.is_file():
             assert WANDB_TEST_KEY.encode() not in path.read_bytes(), path
+
+
+def test_wandb_follows_its_own_environment_variables(ray_address, tmp_path, monkeypatch):
+    """WANDB_MODE / WANDB_PROJECT in the driver's environment work as with wandb.init: the config leaves them to
+    W&B, and the driver forwards them to the workers (which did not inherit this process's environment)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
+    summary = train(compose_config("logger=wandb", "debug=smoke", "trainer.max_epochs=1"), run_dir=str(tmp_path))
+    assert summary["status"] == "completed"
+    (run,) = wandb_runs(tmp_path)
+    assert run_record(run).project == "from-the-environment"
+
+
+def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(ray_address, tmp_path, monkeypatch, capfd):
+    """W&B online (no WANDB_MODE) with its server unreachable: the driver says so once and the run logs offline.
+    A tracker that raises when it starts, and one that raises when it logs, are dropped with a warning each."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    cfg = compose_config("logger=wandb", "debug=smoke", "trainer.max_epochs=2",
+                         "+logger.down={_target_: tests.helpers.loggers.Broken, fail_in: start}",
+                         "+logger.flaky={_target_: tests.helpers.loggers.Broken, fail_in: log}")
+    started = time.time()
+    summary = train(cfg, run_dir=str(tmp_path))
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 2
+    assert time.time() - started < 90  # no wait for W&B's 90 s init timeout
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    (run,) = wandb_runs(tmp_path)  # logged offline instead
+    assert b"val_accuracy" in run.read_bytes()
+    driver = capfd.readouterr().err
+    assert driver.count("cannot be reached") == 1 and "wandb sync" in driver
+    worker = "".join(path.read_text() for path in (tmp_path / "logs").glob("rank0*.err"))
+    assert "logger.down could not start (RuntimeError: tracker server unavailable); training goes on without it" in worker
+    assert worker.count("logger.flaky failed to log") == 1  # dropped after the first failure

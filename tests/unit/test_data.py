@@ -1,16 +1,16 @@
 """Dataset builders on data that ships offline or that the test writes (torchvision's real loaders)."""
 
-import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data import diabetes, digits, fake, imagefolder, torchvision_builtin
 from hydra_raytrain.data.bundled import digits_arrays
+from tests.helpers.data import write_images, write_idx, write_mnist
 
 
 def test_digits_shapes_and_split():
@@ -49,35 +49,17 @@ def test_fake_data_is_deterministic_with_the_configured_shape():
     assert (len(splits.train), len(splits.val)) == (8, 4)
 
 
-def write_idx(path, array):
-    """The MNIST file format: a magic number, the dimensions, then uint8 data."""
-    header = struct.pack(">I", 0x0800 | array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
 @pytest.mark.parametrize("name", ["MNIST", "FashionMNIST"])
 def test_torchvision_mnist_family_reads_raw_files(tmp_path, name):
-    raw = tmp_path / name / "raw"
-    raw.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 12), ("t10k", 5)):
-        write_idx(raw / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
-        write_idx(raw / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
+    write_mnist(tmp_path, name)
     splits = torchvision_builtin(name, str(tmp_path), input_shape=(1, 14, 14), num_outputs=10, mean=[0.5], std=[0.5])
     assert (len(splits.train), len(splits.val)) == (12, 5)
     assert splits.train[0][0].shape == (1, 14, 14)  # resized to the configured input_shape
 
 
 def test_missing_torchvision_data_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="dataset.download=true"):
+    with pytest.raises(ConfigError, match="dataset.download=true"):
         torchvision_builtin("CIFAR10", str(tmp_path), input_shape=(3, 32, 32), num_outputs=10)
-
-
-def write_images(folder, classes, per_class, size=(10, 12)):
-    for c in classes:
-        (folder / c).mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(np.full((*size, 3), 40 * i, dtype=np.uint8)).save(folder / c / f"{i}.png")
 
 
 def test_imagefolder_with_train_and_val(tmp_path):
@@ -96,5 +78,32 @@ def test_imagefolder_without_val_splits_train(tmp_path):
 
 def test_imagefolder_class_count_must_match(tmp_path):
     write_images(tmp_path / "train", ["a", "b"], 1)
-    with pytest.raises(ValueError, match="num_outputs=5 but .* has 2 class folders"):
+    with pytest.raises(ConfigError, match=r"dataset.num_outputs=5: .* has 2 classes \(a, b\). Valid: dataset.num_outputs=2"):
         imagefolder(str(tmp_path), input_shape=(3, 8, 8), num_outputs=5)
+
+
+def test_imagefolder_takes_torchvisions_own_layout_class_folders_at_the_root(tmp_path):
+    write_images(tmp_path, ["a", "b"], 4)
+    splits = imagefolder(str(tmp_path), input_shape=(3, 8, 8), num_outputs=2, val_fraction=0.25)
+    assert (len(splits.train), len(splits.val)) == (6, 2)
+
+
+def test_imagefolder_without_images_names_the_root_and_the_layout(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as caught:
+        imagefolder(str(tmp_path), input_shape=(3, 8, 8), num_outputs=2)
+    assert caught.value.key == "dataset.root" and "root/<class>/<image>" in str(caught.value)
+
+
+@pytest.mark.parametrize("build, key", [
+    (lambda: digits(val_fraction=1.5), "dataset.val_fraction"),
+    (lambda: digits(num_outputs=4), "dataset.num_outputs"),
+    (lambda: fake(input_shape=(16, 16)), "dataset.input_shape"),
+    (lambda: fake(input_shape=(2, 8, 8)), "dataset.input_shape"),
+    (lambda: fake(train_size=0), "dataset.train_size"),
+    (lambda: torchvision_builtin("MNSIT", "/tmp", input_shape=(1, 28, 28), num_outputs=10), "dataset.name"),
+])
+def test_a_builder_refuses_its_own_bad_arguments_naming_the_key(build, key):
+    with pytest.raises(ConfigError) as caught:
+        build()
+    assert caught.value.key == key, str(caught.value)

@@ -5,15 +5,20 @@ import pathlib
 import pytest
 
 import hydra_raytrain
-from hydra_raytrain.config import validate
+from hydra_raytrain.config import ConfigError, validate
 from tests.conftest import compose_config
+from tests.helpers.data import write_images, write_mnist
 
 CONF = pathlib.Path(hydra_raytrain.__file__).parent.parent / "conf"
 OPTIONS = sorted(
     (group.name, option.stem) for group in CONF.iterdir() if group.is_dir() and not group.name.startswith("_") for option in group.glob("*.yaml")
 )
-# Options that need a user's value to be complete.
-REQUIRED = {("dataset", "imagefolder"): ["dataset.root=pets", "dataset.num_outputs=2"], ("model", "dcgan"): ["task=gan"], ("task", "gan"): ["model=dcgan"]}
+# Options that need a user's value to be complete; data sets on disk are made by the test (nothing downloads here).
+REQUIRED = {("dataset", "imagefolder"): ["dataset.root=pets", "dataset.num_outputs=2"], ("model", "dcgan"): ["task=gan"], ("task", "gan"): ["model=dcgan"],
+            ("dataset", "diabetes"): ["model=mlp", "task=regression"], ("task", "regression"): ["dataset=diabetes", "model=mlp"], ("dataset", "mnist"): ["dataset.root=data"], ("dataset", "fashion_mnist"): ["dataset.root=data"]}
+# torchvision checks CIFAR-10's files by their checksums: no small stand-in exists, so without the real files the
+# option must be refused on the driver, naming the folder and what to do.
+NO_DATA = {("dataset", "cifar10"): ("dataset.root", "dataset.download=true")}
 
 
 def test_every_group_is_found():
@@ -23,8 +28,16 @@ def test_every_group_is_found():
 
 @pytest.mark.parametrize("group, option", OPTIONS)
 def test_option_composes_and_validates(group, option, tmp_path):
-    (tmp_path / "pets").mkdir()
+    write_images(tmp_path / "pets", ["cat", "dog"], 2)
+    for name in ("MNIST", "FashionMNIST"):
+        write_mnist(tmp_path / "data", name)
     cfg = compose_config(f"{group}={option}", *REQUIRED.get((group, option), []))
+    if (group, option) in NO_DATA:
+        with pytest.raises(ConfigError) as caught:
+            validate(cfg, str(tmp_path))
+        key, hint = NO_DATA[group, option]
+        assert caught.value.key == key and hint in str(caught.value)
+        return
     resolved = validate(cfg, str(tmp_path))
     models = resolved["model"] if "_target_" not in resolved["model"] else {"model": resolved["model"]}
     assert models and all(node["_target_"] for node in models.values()) and resolved["dataset"]["_target_"]

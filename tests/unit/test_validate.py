@@ -5,8 +5,9 @@ import os
 import pytest
 from omegaconf import open_dict
 
-from hydra_raytrain.config import ConfigError, validate
+from hydra_raytrain.config import ConfigError, ConfigErrors, validate
 from tests.conftest import compose_config
+from tests.helpers.data import write_images, write_mnist
 
 
 def test_unimportable_target_suggests_the_close_name(tmp_path):
@@ -70,7 +71,8 @@ def test_imagefolder_root_must_exist(tmp_path):
 
 
 def test_relative_paths_become_absolute_against_the_driver_cwd(tmp_path):
-    (tmp_path / "pets").mkdir()
+    write_images(tmp_path / "pets", ["a", "b", "c"], 2)
+    write_mnist(tmp_path / "data" / "mnist")
     resolved = validate(compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=3", "storage.path=results"), str(tmp_path))
     assert resolved["dataset"]["root"] == str(tmp_path / "pets")
     assert resolved["storage"]["path"] == str(tmp_path / "results")
@@ -120,3 +122,51 @@ def test_a_config_error_survives_pickling_and_copying():
     error = ConfigError("optimizer.lr", -1.0, "must be > 0.", "a positive float")
     for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
         assert type(clone) is ConfigError and str(clone) == str(error) and clone.key == "optimizer.lr"
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ("optimizer.lr=abc", "optimizer.lr", "takes a number for 'lr', not str"),
+    ("+optimizer.betas=[0.9]", "optimizer.betas", "a list of 2"),
+    ("+optimizer.amsgrad=1", "optimizer.amsgrad", "true or false"),
+    ("model.hidden=many", "model.hidden", "an integer"),
+    ("task.label_smoothing=[0.1]", "task.label_smoothing", "a number"),
+])
+def test_a_value_of_the_wrong_type_in_a_target_node_names_its_key(tmp_path, override, key, words):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(override), str(tmp_path))
+    assert caught.value.key == key and words in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer.monitor=val_bogus", "trainer.monitor"),
+    ("trainer.early_stopping.monitor=val_acc", "trainer.early_stopping.monitor"),
+    ("checkpoint.checkpoint_score_attribute=accuracy", "checkpoint.checkpoint_score_attribute"),
+])
+def test_a_metric_the_task_does_not_report_is_refused(tmp_path, override, key):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(override), str(tmp_path))
+    assert caught.value.key == key and "val_accuracy" in caught.value.valid
+
+
+def test_the_metrics_a_run_reports_are_found_on_the_driver(tmp_path):
+    validate(compose_config("trainer.monitor=train_accuracy", "trainer.profile=true", "checkpoint.checkpoint_score_attribute=time_data"), str(tmp_path))
+    validate(compose_config("experiment=diabetes_regression", "trainer.monitor=val_r2"), str(tmp_path))
+
+
+def test_every_independent_problem_is_reported_at_once(tmp_path):
+    with pytest.raises(ConfigErrors) as caught:
+        validate(compose_config("dataset=imagefolder", "dataset.root=/no/such/folder", "trainer.max_epochs=0",
+                                "optimizer.lr=abc", "+task.smoothing=0.5"), str(tmp_path))
+    keys = [error.key for error in caught.value.errors]
+    assert keys == ["trainer.max_epochs", "dataset.num_outputs", "dataset.root", "optimizer.lr", "task.smoothing"], keys
+    assert str(caught.value).startswith("Invalid config: 5 problems\n  - trainer.max_epochs=0: must be >= 1.")
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["scheduler=step", "scheduler.lr_scheduler.step_size=0"], "scheduler.lr_scheduler"),  # StepLR divides by it
+    (["scheduler=onecycle", "scheduler.lr_scheduler.epochs=0"], "scheduler.lr_scheduler"),
+])
+def test_an_lr_schedule_is_built_and_stepped_on_the_driver(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(*overrides), str(tmp_path))
+    assert caught.value.key == key and caught.value.value == compose_config(*overrides).scheduler.lr_scheduler._target_

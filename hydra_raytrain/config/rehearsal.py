@@ -1,0 +1,167 @@
+"""One validation step on the driver, before any worker starts: the dataset, the models and the task are built
+as a worker builds them, and two real training samples go through ``task.validation_step``.
+
+What only building can tell is found here, each as one config error naming its key: a dataset argument its
+builder refuses (a fraction out of range, a folder with another layout, ``num_outputs`` that disagrees with the
+class folders), a model that does not fit the data (``input_shape``), and a metric the task does not report
+(``trainer.monitor=val_bogus``, early stopping's and the checkpoints' metric). The builders are the workers' own,
+so the check cannot drift from what training does. Cost: one build of the dataset (a scan of an ImageFolder, the
+bundled sets in milliseconds) and of the models, and a forward pass of two samples on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Set
+
+from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
+
+# What every epoch's metrics hold besides the task's own train_*/val_* (see recipe/loop.py).
+RUNNER_METRICS = ("epoch", "lr", "world_size", "samples_per_second", "epoch_seconds")
+PROFILE_METRICS = ("time_data", "time_forward", "time_backward", "time_optimizer")
+
+
+def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Set[str]:
+    """Build and run what a worker would; return the metric names a run reports. Raises ``ConfigError``.
+    ``schedule``: also build the LR schedule (not when the optimizer's or the schedule's arguments were refused)."""
+    import torch
+
+    from hydra_raytrain.tasks.base import Task
+
+    problems = Problems()
+    splits = models = task = None
+    with problems.collect():
+        splits = _build("dataset", cfg["dataset"], cfg["dataset"])
+        for split in ("train", "val"):
+            if len(getattr(splits, split)) == 0:
+                raise ConfigError("dataset", cfg["dataset"]["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits")
+    # The models are built from dataset.input_shape / num_outputs: when the dataset refused those, their failure
+    # would only repeat the problem.
+    if not any(error.key in ("dataset.input_shape", "dataset.num_outputs") for error in problems.errors):
+        with problems.collect():
+            several = "_target_" not in cfg["model"]  # a task with several models (a GAN) names them
+            specs = dict(cfg["model"]) if several else {"model": cfg["model"]}
+            models = {name: _build(f"model.{name}" if several else "model", spec, cfg["dataset"]) for name, spec in specs.items()}
+    with problems.collect():
+        task = _build("task", cfg["task"], cfg["dataset"])
+    for name, node in (cfg["logger"] or {}).items():  # built only: a tracker starts its run in the worker
+        with problems.collect():
+            _build(f"logger.{name}", node, cfg["dataset"])
+    problems.raise_any()
+
+    batch = _two_samples(splits.train)
+    model_arg = models if "_target_" not in cfg["model"] else models["model"]
+    with torch.no_grad():
+        for model in models.values():
+            model.eval()
+        try:
+            val_sums = task.validation_step(model_arg, batch)
+            train_sums = val_sums
+            if type(task).train_batch is Task.train_batch:  # the default step: training_step's sums are the train metrics
+                train_sums = task.training_step(model_arg, batch).sums
+            names = {f"val_{name}" for name in task.compute(_floats(val_sums))}
+            names |= {f"train_{name}" for name in task.compute(_floats(train_sums))}
+        except Exception as error:
+            raise _does_not_fit(cfg, batch, error) from None
+    if schedule:
+        check_lr_scheduler(cfg, next(iter(models.values())))
+    names |= set(RUNNER_METRICS) | (set(PROFILE_METRICS) if cfg["trainer"]["profile"] else set())
+    check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch)
+    return names
+
+
+def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
+    """The LR schedule built on an optimizer of the first model, as the loop builds it, and stepped once: a value
+    only the scheduler judges (StepLR's step_size=0 divides by it at its first step) fails here, naming the key."""
+    import warnings
+
+    from hydra.utils import instantiate
+
+    from hydra_raytrain.recipe.step import build_lr_scheduler
+
+    node = cfg["scheduler"]["lr_scheduler"]
+    if node is None:
+        return
+    optimizer_node = cfg["optimizer"] if "_target_" in cfg["optimizer"] else next(iter(cfg["optimizer"].values()))
+    optimizer = instantiate(optimizer_node)(model.parameters())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            build_lr_scheduler(node, optimizer, steps_per_epoch=1).step()
+    except Exception as error:
+        raise _failed("scheduler.lr_scheduler", node["_target_"], error, cfg["dataset"]) from None
+
+
+def check_monitors(cfg: Mapping[str, Any], names: Set[str], task: Any, allow_any_train: bool) -> None:
+    """Every setting that names a metric names one the run reports. A task with its own ``train_batch`` may report
+    train metrics its validation step does not: any ``train_*`` name is accepted there."""
+    trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
+    settings = {
+        "trainer.monitor": trainer["monitor"],
+        "trainer.early_stopping.monitor": trainer["early_stopping"]["monitor"],
+        "checkpoint.checkpoint_score_attribute": checkpoint["checkpoint_score_attribute"],
+    }
+    if not trainer["monitor"] and task.monitor not in names and not (allow_any_train and task.monitor.startswith("train_")):
+        settings["trainer.monitor"] = task.monitor  # the task's own default must exist too
+    problems = Problems()
+    for key, metric in settings.items():
+        if metric and metric not in names and not (allow_any_train and metric.startswith("train_")):
+            problems.add(ConfigError(
+                key, metric, f"{cfg['task']['_target_']} does not report this metric{did_you_mean(metric, names)}.",
+                ", ".join(sorted(names)),
+            ))
+    problems.raise_any()
+
+
+def _build(key: str, node: Dict[str, Any], dataset: Mapping[str, Any]) -> Any:
+    """``instantiate(node)`` as a worker calls it; the builder's own ConfigError passes through, anything else it
+    raises becomes one naming ``key`` and the target."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise _failed(key, node["_target_"], cause, dataset) from None
+    except ConfigError:
+        raise
+    except Exception as error:
+        raise _failed(key, node["_target_"], error, dataset) from None
+
+
+def _failed(key: str, target: str, error: BaseException, dataset: Mapping[str, Any]) -> ConfigError:
+    reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip() and not line.strip().startswith("full_key:"))
+    valid = f"arguments that {target} accepts"
+    if key.startswith("model"):
+        valid = f"model settings that fit dataset.input_shape={dataset.get('input_shape')} and dataset.num_outputs={dataset.get('num_outputs')}"
+    return ConfigError(key, target, f"building it on the driver failed: {type(error).__name__}: {reason}", valid)
+
+
+def _two_samples(dataset: Any) -> Any:
+    from torch.utils.data import default_collate
+
+    return default_collate([dataset[0], dataset[min(1, len(dataset) - 1)]])
+
+
+def _floats(sums: Mapping[str, Any]) -> Dict[str, float]:
+    return {name: float(value) for name, value in sums.items()}
+
+
+def _does_not_fit(cfg: Mapping[str, Any], batch: Any, error: BaseException) -> ConfigError:
+    shapes = _shapes(batch)
+    reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    model = cfg["model"].get("_target_", "the models")
+    return ConfigError(
+        "model", model,
+        f"does not fit the data or the task: one validation step on two samples of {cfg['dataset']['_target_']} "
+        f"(batch shapes {shapes}) failed: {type(error).__name__}: {reason}",
+        "model settings and dataset.input_shape / dataset.num_outputs that match the data "
+        f"(dataset.input_shape={cfg['dataset'].get('input_shape')}, dataset.num_outputs={cfg['dataset'].get('num_outputs')} now)",
+    )
+
+
+def _shapes(batch: Any) -> List[Any]:
+    items = batch if isinstance(batch, (list, tuple)) else [batch]
+    return [list(item.shape) if hasattr(item, "shape") else type(item).__name__ for item in items]
