@@ -11,7 +11,8 @@ bundled sets in milliseconds) and of the models, and a forward pass of two sampl
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Set
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
 
@@ -20,13 +21,39 @@ RUNNER_METRICS = ("epoch", "lr", "world_size", "samples_per_second", "epoch_seco
 PROFILE_METRICS = ("time_data", "time_forward", "time_backward", "time_optimizer")
 
 
-def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Set[str]:
-    """Build and run what a worker would; return the metric names a run reports. Raises ``ConfigError``.
-    ``schedule``: also build the LR schedule (not when the optimizer's or the schedule's arguments were refused)."""
+# A model with more parameters is not built on the driver (~1 GiB in float32): it is counted on the meta device.
+MAX_REHEARSED_PARAMETERS = 250_000_000
+
+
+def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Optional[Set[str]]:
+    """Build and run what a worker would; return the metric names a run reports (None when the step could not be
+    rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
+    optimizer's or the schedule's arguments were refused)."""
     import torch
 
     from hydra_raytrain.tasks.base import Task
 
+    splits, models, task = _build_parts(cfg)
+    if models is None:
+        return None
+    batch = _two_samples(splits.train)
+    try:
+        names = metric_names(task, models if "_target_" not in cfg["model"] else models["model"], batch)
+    except Exception as error:
+        if cfg["scaling"]["use_gpu"] and not torch.cuda.is_available():  # a GPU-only model on a CPU-only driver
+            warn(f"the validation step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
+                 "the metrics that settings name are checked when the run starts.")
+            return None
+        raise _does_not_fit(cfg, batch, error) from None
+    if schedule:
+        check_lr_scheduler(cfg, next(iter(models.values())))
+    names |= set(RUNNER_METRICS) | (set(PROFILE_METRICS) if cfg["trainer"]["profile"] else set())
+    check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch)
+    return names
+
+
+def _build_parts(cfg: Mapping[str, Any]) -> Tuple[Any, Optional[Dict[str, Any]], Any]:
+    """The dataset's splits, the models by name (None when too large to build here) and the task."""
     problems = Problems()
     splits = models = task = None
     with problems.collect():
@@ -40,33 +67,54 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Set[str]:
         with problems.collect():
             several = "_target_" not in cfg["model"]  # a task with several models (a GAN) names them
             specs = dict(cfg["model"]) if several else {"model": cfg["model"]}
-            models = {name: _build(f"model.{name}" if several else "model", spec, cfg["dataset"]) for name, spec in specs.items()}
+            keys = {name: f"model.{name}" if several else "model" for name in specs}
+            large = {keys[name]: count for name, count in ((name, _parameter_count(spec)) for name, spec in specs.items())
+                     if count > MAX_REHEARSED_PARAMETERS}
+            if large:
+                warn(f"{', '.join(f'{key} has {count:,} parameters' for key, count in large.items())}: not built on the "
+                     "driver; its fit to the data and the metrics that settings name are checked when the run starts.")
+            else:
+                models = {name: _build(keys[name], spec, cfg["dataset"]) for name, spec in specs.items()}
     with problems.collect():
         task = _build("task", cfg["task"], cfg["dataset"])
     for name, node in (cfg["logger"] or {}).items():  # built only: a tracker starts its run in the worker
         with problems.collect():
             _build(f"logger.{name}", node, cfg["dataset"])
     problems.raise_any()
+    return splits, models, task
 
-    batch = _two_samples(splits.train)
-    model_arg = models if "_target_" not in cfg["model"] else models["model"]
+
+def metric_names(task: Any, model: Any, batch: Any) -> Set[str]:
+    """The task's train_* and val_* metrics, from one step on ``batch`` in eval mode without gradients."""
+    import torch
+
+    from hydra_raytrain.tasks.base import Task
+
+    modules = model.values() if isinstance(model, dict) else [model]
     with torch.no_grad():
-        for model in models.values():
-            model.eval()
-        try:
-            val_sums = task.validation_step(model_arg, batch)
-            train_sums = val_sums
-            if type(task).train_batch is Task.train_batch:  # the default step: training_step's sums are the train metrics
-                train_sums = task.training_step(model_arg, batch).sums
-            names = {f"val_{name}" for name in task.compute(_floats(val_sums))}
-            names |= {f"train_{name}" for name in task.compute(_floats(train_sums))}
-        except Exception as error:
-            raise _does_not_fit(cfg, batch, error) from None
-    if schedule:
-        check_lr_scheduler(cfg, next(iter(models.values())))
-    names |= set(RUNNER_METRICS) | (set(PROFILE_METRICS) if cfg["trainer"]["profile"] else set())
-    check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch)
-    return names
+        for module in modules:
+            module.eval()
+        val_sums = train_sums = task.validation_step(model, batch)
+        if type(task).train_batch is Task.train_batch:  # the default step: training_step's sums are the train metrics
+            train_sums = task.training_step(model, batch).sums
+    return {f"val_{name}" for name in task.compute(_floats(val_sums))} | {f"train_{name}" for name in task.compute(_floats(train_sums))}
+
+
+def _parameter_count(spec: Mapping[str, Any]) -> int:
+    """Parameters of the model ``spec`` builds, counted on the meta device (no memory); 0 when it cannot be built
+    there (the real build then reports the problem)."""
+    import torch
+    from hydra.utils import instantiate
+
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in instantiate(spec, _convert_="all").parameters())
+    except Exception:
+        return 0
+
+
+def warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:

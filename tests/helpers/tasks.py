@@ -69,3 +69,12 @@ class Probe(Classification):
                 }, file)
         self.done = True
         return super().train_batch(step, batch)
+
+
+class CudaOnly(Classification):
+    """A step that runs on CUDA only (a custom kernel), as some users' models do."""
+
+    def validation_step(self, model, batch):
+        if not batch[0].is_cuda:
+            raise RuntimeError("this kernel runs on CUDA only")
+        return super().validation_step(model, batch)

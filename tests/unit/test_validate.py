@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 from omegaconf import open_dict
 
 from hydra_raytrain.config import ConfigError, ConfigErrors, validate
@@ -170,3 +171,21 @@ def test_an_lr_schedule_is_built_and_stepped_on_the_driver(tmp_path, overrides, 
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(*overrides), str(tmp_path))
     assert caught.value.key == key and caught.value.value == compose_config(*overrides).scheduler.lr_scheduler._target_
+
+
+def test_a_model_too_large_for_the_driver_is_counted_not_built(tmp_path, monkeypatch, capsys):
+    from hydra_raytrain.config import rehearsal
+
+    monkeypatch.setattr(rehearsal, "MAX_REHEARSED_PARAMETERS", 1000)
+    validate(compose_config("trainer.monitor=val_bogus"), str(tmp_path))  # not checked: the step was not rehearsed
+    assert "model has 151,306 parameters: not built on the driver" in capsys.readouterr().err
+
+
+def test_a_step_that_needs_the_workers_gpus_is_not_refused_on_a_cpu_driver(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only driver, on any machine
+    cfg = compose_config("task._target_=tests.helpers.tasks.CudaOnly", "scaling.use_gpu=true")
+    validate(cfg, str(tmp_path))
+    assert "not rehearsed on the driver's CPU (RuntimeError: this kernel runs on CUDA only)" in capsys.readouterr().err
+    with pytest.raises(ConfigError) as caught:  # CPU workers would fail the same way: refused
+        validate(compose_config("task._target_=tests.helpers.tasks.CudaOnly"), str(tmp_path))
+    assert caught.value.key == "model" and "this kernel runs on CUDA only" in str(caught.value)
