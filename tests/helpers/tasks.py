@@ -78,3 +78,11 @@ class CudaOnly(Classification):
         if not batch[0].is_cuda:
             raise RuntimeError("this kernel runs on CUDA only")
         return super().validation_step(model, batch)
+
+
+class FailsInTraining(Classification):
+    """Raises in its first training step: a failure only a running worker can meet (the driver rehearses the
+    validation step, not training)."""
+
+    def train_batch(self, step, batch):
+        raise RuntimeError("the loss diverged at the first step")
