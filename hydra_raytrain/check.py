@@ -41,9 +41,10 @@ def _hydra_check(cfg: DictConfig) -> None:
     label = " ".join(HydraConfig.get().overrides.task) or "(the default config)"
     try:
         check(cfg)
-    except ConfigError as error:
+    except Exception as error:  # a ConfigError, or a check that itself broke: the other configs are still checked
         FAILED.append(label)
-        print(f"FAIL {label}\n{error}", file=sys.stderr, flush=True)
+        message = str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}"
+        print(f"FAIL {label}\n{message}", file=sys.stderr, flush=True)
         return
     print(f"ok   {label}", flush=True)
 

@@ -11,6 +11,7 @@ bundled sets in milliseconds) and of the models, and a forward pass of two sampl
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
@@ -23,58 +24,57 @@ PROFILE_METRICS = ("time_data", "time_forward", "time_backward", "time_optimizer
 
 # A model with more parameters is not built on the driver (~1 GiB in float32): it is counted on the meta device.
 MAX_REHEARSED_PARAMETERS = 250_000_000
+# Samples of the training split the step runs on, spread over it (an ImageFolder is sorted by class).
+REHEARSED_SAMPLES = 16
+# Arguments that make a model builder download weights: such a model is not built on the driver.
+WEIGHT_ARGUMENTS = ("weights", "pretrained")
 
 
 def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Optional[Set[str]]:
     """Build and run what a worker would; return the metric names a run reports (None when the step could not be
     rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
     optimizer's or the schedule's arguments were refused)."""
-    import torch
-
     from hydra_raytrain.tasks.base import Task
 
-    splits, models, task = _build_parts(cfg)
-    if models is None:
+    on_gpu = cfg["scaling"]["use_gpu"]  # the workers' device is not the driver's CPU: what fails here may work there
+    splits, models, task = _build_parts(cfg, on_gpu)
+    if splits is None or models is None:
         return None
-    batch = _two_samples(splits.train)
+    batch = _spread_samples(splits.train)
+    model = models if "_target_" not in cfg["model"] else models["model"]
     try:
-        names = metric_names(task, models if "_target_" not in cfg["model"] else models["model"], batch)
+        train_sums, val_sums = step_sums(task, model, batch)
     except Exception as error:
-        if cfg["scaling"]["use_gpu"] and not torch.cuda.is_available():  # a GPU-only model on a CPU-only driver
+        if on_gpu:
             warn(f"the validation step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
                  "the metrics that settings name are checked when the run starts.")
             return None
         raise _does_not_fit(cfg, batch, error) from None
     if schedule:
         check_lr_scheduler(cfg, next(iter(models.values())))
+    try:
+        names = {f"val_{name}" for name in task.compute(val_sums)} | {f"train_{name}" for name in task.compute(train_sums)}
+    except Exception as error:  # a metric that needs more than a few samples (recall of an absent class)
+        warn(f"{cfg['task']['_target_']}.compute failed on {len(_first(batch))} samples ({type(error).__name__}: {error}); "
+             "the metrics that settings name are checked when the run starts.")
+        return None
     names |= set(RUNNER_METRICS) | (set(PROFILE_METRICS) if cfg["trainer"]["profile"] else set())
     check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch)
     return names
 
 
-def _build_parts(cfg: Mapping[str, Any]) -> Tuple[Any, Optional[Dict[str, Any]], Any]:
-    """The dataset's splits, the models by name (None when too large to build here) and the task."""
+def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> Tuple[Any, Optional[Dict[str, Any]], Any]:
+    """The dataset's splits (None when its files are not on the driver and the workers download them), the models
+    by name (None when not built here, with a warning) and the task."""
     problems = Problems()
     splits = models = task = None
     with problems.collect():
-        splits = _build("dataset", cfg["dataset"], cfg["dataset"])
-        for split in ("train", "val"):
-            if len(getattr(splits, split)) == 0:
-                raise ConfigError("dataset", cfg["dataset"]["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits")
+        splits = build_dataset(cfg["dataset"])
     # The models are built from dataset.input_shape / num_outputs: when the dataset refused those, their failure
     # would only repeat the problem.
     if not any(error.key in ("dataset.input_shape", "dataset.num_outputs") for error in problems.errors):
         with problems.collect():
-            several = "_target_" not in cfg["model"]  # a task with several models (a GAN) names them
-            specs = dict(cfg["model"]) if several else {"model": cfg["model"]}
-            keys = {name: f"model.{name}" if several else "model" for name in specs}
-            large = {keys[name]: count for name, count in ((name, _parameter_count(spec)) for name, spec in specs.items())
-                     if count > MAX_REHEARSED_PARAMETERS}
-            if large:
-                warn(f"{', '.join(f'{key} has {count:,} parameters' for key, count in large.items())}: not built on the "
-                     "driver; its fit to the data and the metrics that settings name are checked when the run starts.")
-            else:
-                models = {name: _build(keys[name], spec, cfg["dataset"]) for name, spec in specs.items()}
+            models = _build_models(cfg, on_gpu)
     with problems.collect():
         task = _build("task", cfg["task"], cfg["dataset"])
     for name, node in (cfg["logger"] or {}).items():  # built only: a tracker starts its run in the worker
@@ -84,20 +84,72 @@ def _build_parts(cfg: Mapping[str, Any]) -> Tuple[Any, Optional[Dict[str, Any]],
     return splits, models, task
 
 
-def metric_names(task: Any, model: Any, batch: Any) -> Set[str]:
-    """The task's train_* and val_* metrics, from one step on ``batch`` in eval mode without gradients."""
+_DATASETS: Dict[str, Any] = {}  # the last dataset built, by its node: a sweep's trials share it
+
+
+def build_dataset(node: Mapping[str, Any]) -> Any:
+    """The splits, built as a worker builds them but never downloading: a dataset whose files are not here while
+    ``download`` is true is left to the workers (None, with a warning)."""
+    key = json.dumps(node, sort_keys=True, default=str)
+    if key not in _DATASETS:
+        local = {**node, "download": False} if node.get("download") else dict(node)
+        try:
+            splits = _build("dataset", local, node)
+        except ConfigError as error:
+            if node.get("download") and error.key == "dataset.root":
+                warn(f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
+                     "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked when they do.")
+                return None
+            raise
+        for split in ("train", "val"):
+            if len(getattr(splits, split)) == 0:
+                raise ConfigError("dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits")
+        _DATASETS.clear()
+        _DATASETS[key] = splits
+    return _DATASETS[key]
+
+
+def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> Optional[Dict[str, Any]]:
+    several = "_target_" not in cfg["model"]  # a task with several models (a GAN) names them
+    specs = dict(cfg["model"]) if several else {"model": cfg["model"]}
+    keys = {name: f"model.{name}" if several else "model" for name in specs}
+    downloads = [keys[name] for name, spec in specs.items() if any(spec.get(arg) for arg in WEIGHT_ARGUMENTS)]
+    if downloads:
+        warn(f"{', '.join(downloads)}: pretrained weights are loaded by the workers, not on the driver; the model's fit "
+             "to the data and the metrics that settings name are checked when the run starts.")
+        return None
+    large = {keys[name]: count for name, count in ((name, _parameter_count(spec)) for name, spec in specs.items())
+             if count > MAX_REHEARSED_PARAMETERS}
+    if large:
+        warn(f"{', '.join(f'{key} has {count:,} parameters' for key, count in large.items())}: not built on the "
+             "driver; its fit to the data and the metrics that settings name are checked when the run starts.")
+        return None
+    try:
+        return {name: _build(keys[name], spec, cfg["dataset"]) for name, spec in specs.items()}
+    except ConfigError as error:
+        if on_gpu and "building it on the driver failed" in error.problem:  # a model that builds on GPUs only
+            warn(f"{error.key} was not built on the driver's CPU ({error.problem}); it is built on the workers' GPUs.")
+            return None
+        raise
+
+
+def step_sums(task: Any, model: Any, batch: Any) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """The sums of one training step (train mode, gradients on: a loss may differentiate) and one validation
+    step (eval mode, no gradients) on ``batch``; nothing is optimised."""
     import torch
 
     from hydra_raytrain.tasks.base import Task
 
-    modules = model.values() if isinstance(model, dict) else [model]
+    modules = list(model.values()) if isinstance(model, dict) else [model]
+    for module in modules:
+        module.eval()
     with torch.no_grad():
-        for module in modules:
-            module.eval()
         val_sums = train_sums = task.validation_step(model, batch)
-        if type(task).train_batch is Task.train_batch:  # the default step: training_step's sums are the train metrics
-            train_sums = task.training_step(model, batch).sums
-    return {f"val_{name}" for name in task.compute(_floats(val_sums))} | {f"train_{name}" for name in task.compute(_floats(train_sums))}
+    if type(task).train_batch is Task.train_batch:  # the default step: training_step's sums are the train metrics
+        for module in modules:
+            module.train()
+        train_sums = task.training_step(model, batch).sums
+    return _floats(train_sums), _floats(val_sums)
 
 
 def _parameter_count(spec: Mapping[str, Any]) -> int:
@@ -130,8 +182,8 @@ def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
     if node is None:
         return
     optimizer_node = cfg["optimizer"] if "_target_" in cfg["optimizer"] else next(iter(cfg["optimizer"].values()))
-    optimizer = instantiate(optimizer_node)(model.parameters())
     try:
+        optimizer = instantiate(optimizer_node)(model.parameters())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             build_lr_scheduler(node, optimizer, steps_per_epoch=1).step()
@@ -187,10 +239,21 @@ def _failed(key: str, target: str, error: BaseException, dataset: Mapping[str, A
     return ConfigError(key, target, f"building it on the driver failed: {type(error).__name__}: {reason}", valid)
 
 
-def _two_samples(dataset: Any) -> Any:
+def _spread_samples(dataset: Any) -> Any:
+    """Up to REHEARSED_SAMPLES samples spread evenly over ``dataset``, collated as a DataLoader collates them."""
     from torch.utils.data import default_collate
 
-    return default_collate([dataset[0], dataset[min(1, len(dataset) - 1)]])
+    count = min(REHEARSED_SAMPLES, len(dataset))
+    indices = sorted({round(i * (len(dataset) - 1) / max(1, count - 1)) for i in range(count)})
+    try:
+        return default_collate([dataset[index] for index in indices])
+    except Exception as error:
+        raise ConfigError("dataset", "", f"its samples could not be loaded and collated: {type(error).__name__}: {error}",
+                          "a dataset whose items torch's default_collate batches (tensors, numbers, or tuples / dicts of them)") from None
+
+
+def _first(batch: Any) -> Any:
+    return batch[0] if isinstance(batch, (list, tuple)) else batch
 
 
 def _floats(sums: Mapping[str, Any]) -> Dict[str, float]:
@@ -203,7 +266,7 @@ def _does_not_fit(cfg: Mapping[str, Any], batch: Any, error: BaseException) -> C
     model = cfg["model"].get("_target_", "the models")
     return ConfigError(
         "model", model,
-        f"does not fit the data or the task: one validation step on two samples of {cfg['dataset']['_target_']} "
+        f"does not fit the data or the task: one step on {len(_first(batch))} samples of {cfg['dataset']['_target_']} "
         f"(batch shapes {shapes}) failed: {type(error).__name__}: {reason}",
         "model settings and dataset.input_shape / dataset.num_outputs that match the data "
         f"(dataset.input_shape={cfg['dataset'].get('input_shape')}, dataset.num_outputs={cfg['dataset'].get('num_outputs')} now)",

@@ -22,6 +22,8 @@ def wrong_type(value: Any, hint: Any, default: Any = inspect.Parameter.empty) ->
     """What the parameter takes, in words, when ``value`` plainly does not fit it; None when it fits or we cannot tell."""
     if isinstance(value, dict) and "_target_" in value:
         return None  # Hydra instantiates it first
+    if value is None and default is None:
+        return None  # `x: int = None`: an implicit Optional
     if hint is not None:
         verdict = _fits(value, _strip_annotated(hint))
         return None if verdict is not False else describe(_strip_annotated(hint))
@@ -35,8 +37,8 @@ def _fits(value: Any, hint: Any) -> Optional[bool]:
     if hint in (bool, int, float, str, type(None)):
         if hint is float:
             return isinstance(value, (int, float)) and not isinstance(value, bool)
-        if hint is int:
-            return isinstance(value, int) and not isinstance(value, bool)
+        if hint is int:  # 1e4 is an int written as a float
+            return (isinstance(value, int) or (isinstance(value, float) and value.is_integer())) and not isinstance(value, bool)
         return isinstance(value, hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union or origin is types.UnionType:
@@ -58,13 +60,14 @@ def _fits(value: Any, hint: Any) -> Optional[bool]:
 
 
 def _wrong_for_default(value: Any, default: Any) -> Optional[str]:
-    """No usable hint: a number where the default is a number, a bool where it is a bool."""
-    if value is None or default is inspect.Parameter.empty or default is None:
+    """No usable hint: a string or a mapping where the default is a number or a bool (a list may be a per-group
+    value, as CyclicLR's base_momentum; a number may stand for a bool)."""
+    if default is inspect.Parameter.empty or default is None or not isinstance(value, (str, dict)):
         return None
     if isinstance(default, bool):
-        return None if isinstance(value, bool) else _PLAIN[bool]
+        return _PLAIN[bool]
     if isinstance(default, (int, float)):
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else NUMBER
+        return NUMBER
     return None
 
 

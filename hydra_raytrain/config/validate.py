@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError
+from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
 from hydra_raytrain.config.typecheck import wrong_type
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
@@ -29,14 +29,17 @@ CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", 
 REHEARSED = ("model", "dataset", "task")  # what the rehearsal builds
 
 
-def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
+def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]:
     """Every check that can run on the driver, each independent one run even when another failed: the error
     (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
     that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``)."""
     problems = Problems()
     for section in TYPED_SECTIONS:
         with problems.collect():
-            OmegaConf.to_object(cfg[section])  # runs each schema's __post_init__ range checks
+            try:
+                OmegaConf.to_object(cfg[section])  # runs each schema's __post_init__ range checks
+            except (MissingMandatoryValue, InterpolationResolutionError):
+                pass  # a missing value or an interpolation that does not resolve: reported by resolve() below
     resolved = resolve(cfg, problems)
     for section in COMPONENT_SECTIONS:
         if section in resolved:
@@ -60,7 +63,7 @@ def validate(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
         with problems.collect():
             for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
                 per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
-    if not failed(*REHEARSED, "trainer", "checkpoint", "logger"):
+    if rehearse and not failed(*REHEARSED, "trainer", "checkpoint", "logger"):
         from hydra_raytrain.config.rehearsal import rehearse
 
         with problems.collect():
@@ -112,7 +115,7 @@ def check_optimizer_values(key: str, node: Dict[str, Any]) -> None:
         return
     try:
         instantiate(node)([torch.nn.Parameter(torch.zeros(2, 2))])
-    except (ValueError, TypeError) as error:  # torch.optim raises ValueError for a value out of range
+    except Exception as error:  # torch.optim raises ValueError for a value out of range, RuntimeError for a combination
         reason = str(error).strip()
         named = [name for name in node if name not in HYDRA_KEYS and (name in reason or _OPTIMIZER_WORDS.get(name, name) in reason)]
         if named:
@@ -181,7 +184,7 @@ def resolve(cfg: DictConfig, problems: Problems) -> Dict[str, Any]:
             resolved[section] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         except InterpolationResolutionError as error:
             if not (isinstance(error, InterpolationToMissingValueError) and missing):
-                problems.add(ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg}"))
+                problems.add(ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg.splitlines()[0]}"))
     return resolved
 
 

@@ -100,6 +100,7 @@ def check_reachable(address: str, timeout_s: float = 3.0) -> None:
     """A HOST:PORT (or ray://HOST:PORT) where nothing listens is refused in seconds: ray.init itself retries the
     connection for minutes, printing Ray's GCS errors. "auto" and "local" are Ray's own words, left to it."""
     host, _, port = address.split("://")[-1].rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
     if address in ("auto", "local") or not host or not port.isdigit():
         return
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+import ray
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config import validate
@@ -13,17 +14,22 @@ from hydra_raytrain.config.errors import Problems
 from hydra_raytrain.driver import cluster
 
 
-def preflight(cfg: DictConfig, cwd: str) -> Dict[str, Any]:
-    """The resolved config, or a ``ConfigError`` naming every problem found."""
+def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]:
+    """The resolved config, or a ``ConfigError`` naming every problem found. ``rehearse=False``: a config that
+    was rehearsed already (a sweep trial's, on the sweep's driver). A Ray already initialised in this process
+    (a notebook, a sweep trial) is checked against when the run connects, not this machine."""
     problems = Problems()
     resolved = None
     with problems.collect():
-        resolved = validate(cfg, cwd)
-    if not any(error.key.split(".")[0] in ("scaling", "ray") for error in problems.errors):
-        with problems.collect():
+        resolved = validate(cfg, cwd, rehearse=rehearse)
+    if not ray.is_initialized() and not any(error.key.split(".")[0] in ("scaling", "ray") for error in problems.errors):
+        try:
             sections = resolved or {name: OmegaConf.to_container(cfg[name], resolve=True) for name in ("scaling", "ray")}
-            request = cluster.resource_request(sections["scaling"])
-            if request.num_workers:  # 0: Ray Train's local mode, no cluster
+        except Exception:  # an interpolation of these sections that does not resolve is reported by validate
+            sections = None
+        with problems.collect():
+            request = cluster.resource_request(sections["scaling"]) if sections else None
+            if request is not None and request.num_workers:  # 0: Ray Train's local mode, no cluster
                 cluster.check_request(sections["ray"], request)
     problems.raise_any()
     assert resolved is not None

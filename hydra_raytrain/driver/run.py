@@ -46,19 +46,20 @@ def hydra_run_dir() -> Optional[str]:
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
 
 
-def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Sequence[Any] = (), show_summary: bool = True) -> Dict[str, Any]:
+def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Sequence[Any] = (), show_summary: bool = True,
+          rehearse: bool = True) -> Dict[str, Any]:
     """Train the configured model; return the summary (also written to ``<run_dir>/summary.json``).
 
     ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
     Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
-    instead of each run's (``show_summary=False``). Raises ``ConfigError`` before
+    instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``). Raises ``ConfigError`` before
     anything starts or is written when the config cannot work, ``TrainingFailed`` when the run fails.
     """
     started = time.time()
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
-    resolved = preflight(cfg, cwd=os.getcwd())
+    resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
     storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
     name = builders.run_name(resolved)
     if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise

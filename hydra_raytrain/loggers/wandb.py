@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 MODES = ("online", "offline", "disabled")
 DEFAULT_PROJECT = "hydra_raytrain"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
-NOT_FORWARDED = ("WANDB_API_KEY",)
+NOT_FORWARDED = ("WANDB_API_KEY", "WANDB_SERVICE")  # the key stays out of Ray; the service is this process's own
 
 
 class WandbLogger:
@@ -83,8 +83,14 @@ def plan_mode(node: Dict[str, Any], environ: Mapping[str, str], reachable: Calla
 
 
 def server_problem(url: str, timeout_s: float = 3.0) -> Optional[str]:
-    """Why a TCP connection to the W&B server at ``url`` fails, in a few seconds at most; None when it connects."""
+    """Why a TCP connection to the W&B server at ``url`` (or to the proxy that ``HTTPS_PROXY`` / ``HTTP_PROXY``
+    name for it, unless ``NO_PROXY`` exempts it) fails, in a few seconds at most; None when it connects."""
+    import urllib.request
+
     parsed = urlparse(url)
+    proxy = urllib.request.getproxies().get(parsed.scheme)
+    if proxy and not urllib.request.proxy_bypass(parsed.hostname or ""):
+        parsed = urlparse(proxy if "://" in proxy else f"http://{proxy}")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
         socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()

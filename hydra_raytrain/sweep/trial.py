@@ -39,7 +39,7 @@ def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: str
     with open(os.path.join(run_dir, TRIAL_FILE), "w") as file:
         json.dump({"index": config["index"], "overrides": job["overrides"], "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
-    train(OmegaConf.create(job["cfg"]), run_dir=run_dir, extra_callbacks=[TuneReportCallback()], show_summary=False)
+    train(OmegaConf.create(job["cfg"]), run_dir=run_dir, extra_callbacks=[TuneReportCallback()], show_summary=False, rehearse=False)
 
 
 def _as_on_the_driver(cwd: str, pythonpath: str) -> None:

@@ -51,5 +51,5 @@ def test_an_unreachable_server_turns_an_online_run_offline_with_one_warning():
 
 
 def test_wandb_variables_are_forwarded_except_the_key():
-    environ = {"WANDB_MODE": "offline", "WANDB_PROJECT": "p", "WANDB_API_KEY": "secret", "HOME": "/root"}
+    environ = {"WANDB_MODE": "offline", "WANDB_PROJECT": "p", "WANDB_API_KEY": "secret", "WANDB_SERVICE": "driver-socket", "HOME": "/root"}
     assert forwarded_env(environ) == {"WANDB_MODE": "offline", "WANDB_PROJECT": "p"}
