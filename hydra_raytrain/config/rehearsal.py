@@ -1,12 +1,16 @@
-"""One validation step on the driver, before any worker starts: the dataset, the models and the task are built
-as a worker builds them, and two real training samples go through ``task.validation_step``.
+"""A rehearsal of the worker's first step, on the driver, before any worker starts: the dataset, the models, the
+task and the loggers are built as a worker builds them, one training and one validation step run on 16 samples
+spread over the training split (no optimizer step), and the LR schedule is built and stepped once.
 
 What only building can tell is found here, each as one config error naming its key: a dataset argument its
 builder refuses (a fraction out of range, a folder with another layout, ``num_outputs`` that disagrees with the
-class folders), a model that does not fit the data (``input_shape``), and a metric the task does not report
-(``trainer.monitor=val_bogus``, early stopping's and the checkpoints' metric). The builders are the workers' own,
-so the check cannot drift from what training does. Cost: one build of the dataset (a scan of an ImageFolder, the
-bundled sets in milliseconds) and of the models, and a forward pass of two samples on the CPU.
+class folders), a model that does not fit the data or the task (``input_shape``), a schedule its class refuses,
+and a metric the task does not report (``trainer.monitor=val_bogus``, early stopping's and the checkpoints'
+metric). The builders are the workers' own, so the check cannot drift from what training does. Cost: one build of
+the dataset (a scan of an ImageFolder, the bundled sets in milliseconds) and of the models, and a forward pass on
+the CPU. The driver never downloads and never builds what it cannot hold: data left to the workers' download,
+pretrained weights, models over MAX_REHEARSED_PARAMETERS, and (GPU workers) what fails on the CPU are warned about
+and checked when the run starts.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Optional[Set[str]
         train_sums, val_sums = step_sums(task, model, batch)
     except Exception as error:
         if on_gpu:
-            warn(f"the validation step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
+            warn(f"the model's first step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
                  "the metrics that settings name are checked when the run starts.")
             return None
         raise _does_not_fit(cfg, batch, error) from None

@@ -97,8 +97,6 @@ def imagefolder(
 ) -> Splits:
     """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
     Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way."""
-    import torchvision
-
     transform = image_transform(input_shape, mean, std)
     train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):

@@ -10,7 +10,7 @@ import torch
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data import diabetes, digits, fake, imagefolder, torchvision_builtin
 from hydra_raytrain.data.bundled import digits_arrays
-from tests.helpers.data import write_images, write_idx, write_mnist
+from tests.helpers.data import write_images, write_mnist
 
 
 def test_digits_shapes_and_split():
