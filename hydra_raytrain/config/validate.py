@@ -25,6 +25,8 @@ from hydra_raytrain.config.schema import TYPED_SECTIONS
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
 COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger")
 HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
+# What the runner passes to a section's `_partial_` node at run time: a node without `_partial_: true` misses it.
+RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", "checkpoint")
 REHEARSED = ("model", "dataset", "task")  # what the rehearsal builds
 
@@ -268,6 +270,10 @@ def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
     try:
         bind(*node.get("_args_", []), **kwargs)
     except TypeError as error:
+        passed = RUNTIME_ARGUMENTS.get(key.split(".")[0])
+        if passed and not node.get("_partial_") and f"'{passed}'" in str(error):
+            raise ConfigError(f"{key}._partial_", None, f"{node['_target_']} needs {passed!r}, which the runner passes at run time.",
+                              f"add `_partial_: true` to {key} (on the command line: +{key}._partial_=true)") from None
         raise ConfigError(key, node["_target_"], f"its arguments do not fit: {error}.", f"arguments of {node['_target_']}: {', '.join(accepted)}") from None
     _check_paths(key, target, node, cwd)
 

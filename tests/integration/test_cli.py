@@ -111,6 +111,7 @@ BAD_INPUTS = [
     (["dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=4"], ["dataset.num_outputs=4", "3 classes (a, b, c)", "dataset.num_outputs=3"]),
     (["model=mlp", "task=regression"], ["model='hydra_raytrain.models.MLP'", "does not fit the data or the task", "batch shapes [[16, 1, 8, 8], [16]]"]),
     (["logger=wandb", "logger.wandb.mode=bogus"], ["logger.wandb.mode='bogus'", "online, offline, disabled"]),
+    (["~optimizer._partial_"], ["optimizer._partial_=None", "needs 'params', which the runner passes", "add `_partial_: true`"]),
     # No cluster at the address: refused in seconds, not after minutes of Ray's GCS retries.
     (["ray.address=127.0.0.1:1"], ["ray.address='127.0.0.1:1'", "no Ray cluster answers there", "ray start --head"]),
     # Several problems at once: every one in the same message.

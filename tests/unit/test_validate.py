@@ -189,3 +189,13 @@ def test_a_step_that_needs_the_workers_gpus_is_not_refused_on_a_cpu_driver(tmp_p
     with pytest.raises(ConfigError) as caught:  # CPU workers would fail the same way: refused
         validate(compose_config("task._target_=tests.helpers.tasks.CudaOnly"), str(tmp_path))
     assert caught.value.key == "model" and "this kernel runs on CUDA only" in str(caught.value)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["~optimizer._partial_"], "optimizer._partial_"),
+    (["scheduler=step", "~scheduler.lr_scheduler._partial_"], "scheduler.lr_scheduler._partial_"),
+])
+def test_a_forgotten_partial_says_to_add_it(tmp_path, overrides, key):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(*overrides), str(tmp_path))
+    assert caught.value.key == key and "add `_partial_: true`" in caught.value.valid and "which the runner passes" in str(caught.value)
