@@ -71,11 +71,21 @@ class Problems:
     def add(self, error: ConfigError) -> None:
         self.errors.append(error)
 
+    def failed(self, *sections: str) -> bool:
+        """Whether a problem was found in one of these top-level sections: a check that reads them then waits."""
+        return any(error.key.split(".")[0].split("[")[0] in sections for error in self.errors)
+
     def raise_any(self) -> None:
         if len(self.errors) == 1:
             raise self.errors[0]
         if self.errors:
             raise ConfigErrors(self.errors)
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's message on one line, without Hydra's and OmegaConf's ``full_key:`` lines."""
+    lines = (line.strip() for line in str(error).splitlines())
+    return " ".join(line for line in lines if line and not line.startswith("full_key:"))
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
-from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
+from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 
 # What every epoch's metrics hold besides the task's own train_*/val_* (see recipe/loop.py).
 RUNNER_METRICS = ("epoch", "lr", "world_size", "samples_per_second", "epoch_seconds")
@@ -80,10 +80,10 @@ def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> Tuple[Any, Optional[Di
         with problems.collect():
             models = _build_models(cfg, on_gpu)
     with problems.collect():
-        task = _build("task", cfg["task"], cfg["dataset"])
+        task = _build("task", cfg["task"])
     for name, node in (cfg["logger"] or {}).items():  # built only: a tracker starts its run in the worker
         with problems.collect():
-            _build(f"logger.{name}", node, cfg["dataset"])
+            _build(f"logger.{name}", node)
     problems.raise_any()
     return splits, models, task
 
@@ -98,7 +98,7 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
     if key not in _DATASETS:
         local = {**node, "download": False} if node.get("download") else dict(node)
         try:
-            splits = _build("dataset", local, node)
+            splits = _build("dataset", local)
         except ConfigError as error:
             if node.get("download") and error.key == "dataset.root":
                 warn(f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
@@ -128,8 +128,9 @@ def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> Optional[Dict[str, An
         warn(f"{', '.join(f'{key} has {count:,} parameters' for key, count in large.items())}: not built on the "
              "driver; its fit to the data and the metrics that settings name are checked when the run starts.")
         return None
+    fits = _fits_dataset(cfg["dataset"])
     try:
-        return {name: _build(keys[name], spec, cfg["dataset"]) for name, spec in specs.items()}
+        return {name: _build(keys[name], spec, fits) for name, spec in specs.items()}
     except ConfigError as error:
         if on_gpu and "building it on the driver failed" in error.problem:  # a model that builds on GPUs only
             warn(f"{error.key} was not built on the driver's CPU ({error.problem}); it is built on the workers' GPUs.")
@@ -192,7 +193,7 @@ def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
             warnings.simplefilter("ignore")
             build_lr_scheduler(node, optimizer, steps_per_epoch=1).step()
     except Exception as error:
-        raise _failed("scheduler.lr_scheduler", node["_target_"], error, cfg["dataset"]) from None
+        raise _failed("scheduler.lr_scheduler", node["_target_"], error) from None
 
 
 def check_monitors(cfg: Mapping[str, Any], names: Set[str], task: Any, allow_any_train: bool) -> None:
@@ -200,12 +201,10 @@ def check_monitors(cfg: Mapping[str, Any], names: Set[str], task: Any, allow_any
     train metrics its validation step does not: any ``train_*`` name is accepted there."""
     trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
     settings = {
-        "trainer.monitor": trainer["monitor"],
+        "trainer.monitor": trainer["monitor"] or task.monitor,  # the task's own default must exist too
         "trainer.early_stopping.monitor": trainer["early_stopping"]["monitor"],
         "checkpoint.checkpoint_score_attribute": checkpoint["checkpoint_score_attribute"],
     }
-    if not trainer["monitor"] and task.monitor not in names and not (allow_any_train and task.monitor.startswith("train_")):
-        settings["trainer.monitor"] = task.monitor  # the task's own default must exist too
     problems = Problems()
     for key, metric in settings.items():
         if metric and metric not in names and not (allow_any_train and metric.startswith("train_")):
@@ -216,7 +215,7 @@ def check_monitors(cfg: Mapping[str, Any], names: Set[str], task: Any, allow_any
     problems.raise_any()
 
 
-def _build(key: str, node: Dict[str, Any], dataset: Mapping[str, Any]) -> Any:
+def _build(key: str, node: Mapping[str, Any], valid: Optional[str] = None) -> Any:
     """``instantiate(node)`` as a worker calls it; the builder's own ConfigError passes through, anything else it
     raises becomes one naming ``key`` and the target."""
     from hydra.errors import InstantiationException
@@ -228,19 +227,21 @@ def _build(key: str, node: Dict[str, Any], dataset: Mapping[str, Any]) -> Any:
         cause = error.__cause__ or error
         if isinstance(cause, ConfigError):
             raise cause from None
-        raise _failed(key, node["_target_"], cause, dataset) from None
+        raise _failed(key, node["_target_"], cause, valid) from None
     except ConfigError:
         raise
     except Exception as error:
-        raise _failed(key, node["_target_"], error, dataset) from None
+        raise _failed(key, node["_target_"], error, valid) from None
 
 
-def _failed(key: str, target: str, error: BaseException, dataset: Mapping[str, Any]) -> ConfigError:
-    reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip() and not line.strip().startswith("full_key:"))
-    valid = f"arguments that {target} accepts"
-    if key.startswith("model"):
-        valid = f"model settings that fit dataset.input_shape={dataset.get('input_shape')} and dataset.num_outputs={dataset.get('num_outputs')}"
-    return ConfigError(key, target, f"building it on the driver failed: {type(error).__name__}: {reason}", valid)
+def _failed(key: str, target: str, error: BaseException, valid: Optional[str] = None) -> ConfigError:
+    return ConfigError(key, target, f"building it on the driver failed: {type(error).__name__}: {one_line(error)}",
+                       valid or f"arguments that {target} accepts")
+
+
+def _fits_dataset(dataset: Mapping[str, Any]) -> str:
+    return (f"model settings that fit dataset.input_shape={dataset.get('input_shape')} and "
+            f"dataset.num_outputs={dataset.get('num_outputs')}")
 
 
 def _spread_samples(dataset: Any) -> Any:
@@ -265,15 +266,11 @@ def _floats(sums: Mapping[str, Any]) -> Dict[str, float]:
 
 
 def _does_not_fit(cfg: Mapping[str, Any], batch: Any, error: BaseException) -> ConfigError:
-    shapes = _shapes(batch)
-    reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    model = cfg["model"].get("_target_", "the models")
     return ConfigError(
-        "model", model,
+        "model", cfg["model"].get("_target_", "the models"),
         f"does not fit the data or the task: one step on {len(_first(batch))} samples of {cfg['dataset']['_target_']} "
-        f"(batch shapes {shapes}) failed: {type(error).__name__}: {reason}",
-        "model settings and dataset.input_shape / dataset.num_outputs that match the data "
-        f"(dataset.input_shape={cfg['dataset'].get('input_shape')}, dataset.num_outputs={cfg['dataset'].get('num_outputs')} now)",
+        f"(batch shapes {_shapes(batch)}) failed: {type(error).__name__}: {one_line(error)}",
+        _fits_dataset(cfg["dataset"]),
     )
 
 

@@ -17,10 +17,10 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
-from hydra_raytrain.config.typecheck import wrong_type
-from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
+from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 from hydra_raytrain.config.paths import PathArg
 from hydra_raytrain.config.schema import TYPED_SECTIONS
+from hydra_raytrain.config.typecheck import wrong_type
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
 COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger")
@@ -28,7 +28,6 @@ HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
 # What the runner passes to a section's `_partial_` node at run time: a node without `_partial_: true` misses it.
 RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", "checkpoint")
-REHEARSED = ("model", "dataset", "task")  # what the rehearsal builds
 
 
 def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]:
@@ -52,24 +51,22 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]
         problems.raise_any()
     from hydra_raytrain.recipe.loaders import per_worker_batch_size
 
-    def failed(*sections: str) -> bool:  # a later check reads these: it runs only when they passed their own
-        return any(error.key.split(".")[0].split("[")[0] in sections for error in problems.errors)
-
+    # Each check below reads several sections: it runs only when they passed their own checks.
     trainer, scaling = resolved["trainer"], resolved["scaling"]
-    if not failed("model", "task"):
+    if not problems.failed("model", "task"):
         with problems.collect():
-            check_models_and_optimizers(resolved["model"], resolved["optimizer"], resolved["task"], values=not failed("optimizer"))
-    if not failed("trainer", "scaling"):
+            check_models_and_optimizers(resolved["model"], resolved["optimizer"], resolved["task"], values=not problems.failed("optimizer"))
+    if not problems.failed("trainer", "scaling"):
         with problems.collect():
             check_trainer_switches(trainer, scaling)
         with problems.collect():
             for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
                 per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
-    if rehearse and not failed(*REHEARSED, "trainer", "checkpoint", "logger"):
+    if rehearse and not problems.failed("model", "dataset", "task", "trainer", "checkpoint", "logger"):
         from hydra_raytrain.config.rehearsal import rehearse
 
         with problems.collect():
-            rehearse(resolved, schedule=not failed("scheduler", "optimizer"))
+            rehearse(resolved, schedule=not problems.failed("scheduler", "optimizer"))
     problems.raise_any()
     return resolved
 
@@ -229,9 +226,8 @@ def locate(key: str, path: str) -> Callable:
             hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
         except Exception:
             pass
-        reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         raise ConfigError(
-            f"{key}._target_", path, f"cannot be imported{hint}: {reason}",
+            f"{key}._target_", path, f"cannot be imported{hint}: {one_line(error)}",
             "the dotted path of an importable class or function, e.g. torch.optim.SGD.",
         ) from None
     finally:

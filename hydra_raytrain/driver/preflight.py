@@ -22,7 +22,7 @@ def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any
     resolved = None
     with problems.collect():
         resolved = validate(cfg, cwd, rehearse=rehearse)
-    if not ray.is_initialized() and not any(error.key.split(".")[0] in ("scaling", "ray") for error in problems.errors):
+    if not ray.is_initialized() and not problems.failed("scaling", "ray"):
         try:
             sections = resolved or {name: OmegaConf.to_container(cfg[name], resolve=True) for name in ("scaling", "ray")}
         except Exception:  # an interpolation of these sections that does not resolve is reported by validate

@@ -18,6 +18,7 @@ from rich.console import Console
 from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 
+from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.driver import builders, cluster, outputs, report
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
@@ -164,5 +165,4 @@ def _first_cause(error: TrainingFailedError) -> str:
     if not failures:
         return str(error).strip().splitlines()[-1]
     rank, cause = sorted(failures.items())[0]
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip() and not line.strip().startswith("full_key:")]
-    return f"worker {rank}: {type(cause).__name__}: {' '.join(lines)}"
+    return f"worker {rank}: {type(cause).__name__}: {one_line(cause)}"
