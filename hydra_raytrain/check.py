@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.overrides import check_override_keys
+from hydra_raytrain.config.replaced import apply_command_line_targets
 
 FAILED: List[str] = []
 
@@ -40,6 +41,7 @@ def check(cfg: DictConfig, cwd: str | None = None) -> Dict[str, Any]:
 def _hydra_check(cfg: DictConfig) -> None:
     label = " ".join(HydraConfig.get().overrides.task) or "(the default config)"
     try:
+        apply_command_line_targets(cfg)
         check(cfg)
     except Exception as error:  # a ConfigError, or a check that itself broke: the other configs are still checked
         FAILED.append(label)

@@ -4,8 +4,10 @@ command finds its run again (and resumes it); a change that can alter the result
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -33,12 +35,30 @@ def _label(node: Mapping[str, Any]) -> str:
     return str(node.get("arch") or node["_target_"].rsplit(".", 1)[-1]).lower()
 
 
+def run_identity(cfg: DictConfig, cwd: str) -> str:
+    """The run name of a composed config as the driver will run it: ``_target_`` replacements of the command line
+    applied (``replaced.py``; the overrides come from ``hydra.overrides.task`` when the config has them) and path
+    arguments made absolute against ``cwd``, as ``validate`` does. So a relative ``dataset.root`` names the same run
+    in the run dir and in Ray storage, and the same relative path from another folder is another run."""
+    from hydra_raytrain.config.replaced import drop_replaced_arguments
+    from hydra_raytrain.config.validate import absolute_target_paths
+
+    overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
+    sections = [str(key) for key in cfg if key != "hydra"]
+    if overrides:
+        cfg = copy.deepcopy(cfg)  # the caller's config stays as composed
+        drop_replaced_arguments(cfg, list(overrides))
+    resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in sections}
+    for section in ("model", "dataset", "task", "optimizer", "scheduler"):
+        absolute_target_paths(resolved.get(section), cwd)
+    return run_name(resolved)
+
+
 def run_name_resolver(*, _root_: DictConfig) -> str:
     """``${run_name:}`` in ``hydra.run.dir``. A config that does not resolve gets a placeholder name: the
     driver's validation then reports what is wrong (and removes the run dir)."""
     try:
-        cfg = {key: OmegaConf.to_container(_root_[key], resolve=True) for key in _root_ if key != "hydra"}
-        return run_name(cfg)
+        return run_identity(_root_, os.getcwd())
     except Exception:
         return "unresolved-config"
 
@@ -51,7 +71,10 @@ def sweep_name(*argument_lists: Any) -> str:
 
 
 def register_resolver() -> None:
-    if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver("run_name", run_name_resolver)
-    if not OmegaConf.has_resolver("sweep_name"):
-        OmegaConf.register_new_resolver("sweep_name", sweep_name)
+    from hydra_raytrain.data import folders
+
+    resolvers = {"run_name": run_name_resolver, "sweep_name": sweep_name,
+                 "class_count": folders.class_count, "image_shape": folders.image_shape}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)

@@ -182,9 +182,19 @@ def resolve(cfg: DictConfig, problems: Problems) -> Dict[str, Any]:
             node = cfg[section]
             resolved[section] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         except InterpolationResolutionError as error:
-            if not (isinstance(error, InterpolationToMissingValueError) and missing):
+            cause = _config_error_cause(error)
+            if cause is not None:  # a resolver of ours refused a value (an image folder it infers from)
+                if not any(e.detail == cause.detail for e in problems.errors):
+                    problems.add(cause)
+            elif not (isinstance(error, InterpolationToMissingValueError) and missing):
                 problems.add(ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg.splitlines()[0]}"))
     return resolved
+
+
+def _config_error_cause(error: BaseException) -> ConfigError | None:
+    while error is not None and not isinstance(error, ConfigError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def _missing_keys(node: Any, prefix: str = "") -> list[str]:
@@ -282,13 +292,37 @@ def _type_hints(target: Callable) -> Dict[str, Any]:
 
 
 def _check_paths(key: str, target: Callable, node: Dict[str, Any], cwd: str) -> None:
+    for name, must_exist in absolute_paths(target, node, cwd):
+        if must_exist and not os.path.isdir(node[name]):
+            raise ConfigError(f"{key}.{name}", node[name], "no such folder.", "the path of an existing folder.")
+
+
+def absolute_paths(target: Callable, node: Dict[str, Any], cwd: str) -> list[tuple[str, bool]]:
+    """Make the node's path arguments (``LocalPath`` / ``ExistingDir``) absolute against ``cwd``, in place;
+    returns each one's name and whether it must exist."""
+    paths = []
     for name, hint in _type_hints(target).items():
         markers = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, PathArg)]
-        if not markers or not isinstance(node.get(name), str):
-            continue
-        node[name] = absolute(node[name], cwd)
-        if markers[0].must_exist and not os.path.isdir(node[name]):
-            raise ConfigError(f"{key}.{name}", node[name], "no such folder.", "the path of an existing folder.")
+        if markers and isinstance(node.get(name), str):
+            node[name] = absolute(node[name], cwd)
+            paths.append((name, markers[0].must_exist))
+    return paths
+
+
+def absolute_target_paths(node: Any, cwd: str) -> None:
+    """``absolute_paths`` for every importable ``_target_`` node in a tree (the run identity's view of a config)."""
+    if isinstance(node, dict):
+        if isinstance(node.get("_target_"), str):
+            try:
+                absolute_paths(locate("", node["_target_"]), node, cwd)
+            except ConfigError:
+                pass  # not importable: validation reports it
+        for name, value in node.items():
+            if name not in HYDRA_KEYS:
+                absolute_target_paths(value, cwd)
+    elif isinstance(node, list):
+        for value in node:
+            absolute_target_paths(value, cwd)
 
 
 def absolute(path: str, cwd: str) -> str:

@@ -11,6 +11,7 @@ from torch.utils.data import Subset
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import ExistingDir, LocalPath
+from hydra_raytrain.data.folders import LAYOUT, train_folder
 from hydra_raytrain.data.splits import Splits, check_image_shape, random_split_indices
 
 
@@ -98,9 +99,7 @@ def imagefolder(
     """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
     Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way."""
     transform = image_transform(input_shape, mean, std)
-    train_dir = os.path.join(root, "train")
-    if not os.path.isdir(train_dir):
-        train_dir = root
+    train_dir = train_folder(root)
     train = _image_folder(train_dir, transform, root)
     check_class_count(num_outputs, train.classes, f"{train_dir} (class folders)")
     val_dir = os.path.join(root, "val")
@@ -114,13 +113,10 @@ def imagefolder(
     return Splits(Subset(train, train_idx), Subset(train, val_idx))
 
 
-IMAGEFOLDER_LAYOUT = "root/<class>/<image>, or root/train/<class>/<image> with an optional root/val/<class>/<image>"
-
-
 def _image_folder(folder: str, transform: Any, root: str) -> Any:
     import torchvision
 
     try:
         return torchvision.datasets.ImageFolder(folder, transform=transform)
     except FileNotFoundError as error:  # torchvision: no class folder, or a class folder without images
-        raise ConfigError("dataset.root", root, f"{str(error).rstrip('.')}.", IMAGEFOLDER_LAYOUT) from None
+        raise ConfigError("dataset.root", root, f"{str(error).rstrip('.')}.", LAYOUT) from None

@@ -11,11 +11,13 @@ import functools
 import itertools
 import math
 import os
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from omegaconf import DictConfig, open_dict
 
 from hydra_raytrain.config import ConfigError, run_name, validate
+from hydra_raytrain.config.replaced import drop_replaced_arguments
 from hydra_raytrain.driver import outputs
 from hydra_raytrain.sweep import results
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
@@ -26,6 +28,7 @@ from hydra_raytrain.sweep.trial import run_trial
 # Tune's console output off (with verbose=0 its new output still prints a "Configuration for experiment" box and
 # a TensorBoard hint into Ray's temp folder): the sweep prints its own plan line and summary table.
 TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0"}
+SAID: set = set()  # a note about a replaced _target_ is printed once for the sweep, not once per trial
 
 
 def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, overrides: List[str], index: int,
@@ -35,6 +38,10 @@ def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, ov
     composed = config_loader.load_sweep_config(sweep_config, list(overrides))
     with open_dict(composed):
         del composed["hydra"]
+    for note in drop_replaced_arguments(composed, list(overrides)):
+        if note not in SAID:
+            SAID.add(note)
+            print(note, file=sys.stderr, flush=True)
     try:
         resolved = validate(composed, cwd=os.getcwd())
     except ConfigError as error:

@@ -1,0 +1,98 @@
+"""A ``_target_`` set on the command line starts its node afresh.
+
+``python -m hydra_raytrain model._target_=my_models.MyNet`` means "train MyNet", not "MyNet with SimpleCNN's
+settings": Hydra alone keeps the previous option's arguments in the node, so MyNet would fail on SimpleCNN's
+``channels``, or worse, silently take its ``hidden: 128`` instead of MyNet's own default. The rule here:
+
+- the node keeps what the command line sets for it (``model.hidden=64``, ``+model.depth=3``),
+- and the arguments that wire it to other settings (``num_outputs: ${dataset.num_outputs}``) when the new target
+  takes them (so a model of your own still adapts to the dataset),
+- every other argument of the option it replaces is dropped, and the run says which (``dropped_note``).
+
+Applied before anything reads the config: by the ``${run_name:}`` resolver (the run dir's identity), by
+``train()`` and ``check`` on the composed config, by a sweep on each trial's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Dict, List, Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+# Hydra's own keys of an instantiable node: they say how to call the target, so they stay.
+KEPT_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_")
+
+
+def replaced_targets(overrides: Sequence[str]) -> Dict[str, List[str]]:
+    """``{node key: [argument names the command line sets in it]}`` for each node whose ``_target_`` it sets."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = []
+    for override in overrides:
+        try:
+            parsed += OverridesParser.create().parse_overrides([override])
+        except Exception:
+            continue  # not an override Hydra accepts: Hydra reports it
+    keys = [o.key_or_group for o in parsed if not o.is_delete() and not o.package]
+    nodes = {key[: -len("._target_")] for key in keys if key.endswith("._target_")}
+    return {node: sorted({key[len(node) + 1:].split(".")[0] for key in keys if key.startswith(node + ".")}) for node in sorted(nodes)}
+
+
+def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> List[str]:
+    """Drop, in place, the arguments of each node whose ``_target_`` the overrides replace (see the module's
+    rule); returns one note per node that lost arguments."""
+    notes = []
+    for key, kept in replaced_targets(overrides).items():
+        node = OmegaConf.select(cfg, key, throw_on_missing=False)
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        accepted = _accepted_arguments(node._get_node("_target_")._value())
+        dropped = {}
+        for name in list(node.keys()):
+            name = str(name)
+            if name in KEPT_KEYS or name in kept:
+                continue
+            if OmegaConf.is_interpolation(node, name) and (accepted is None or name in accepted):
+                continue
+            dropped[name] = node._get_node(name)._value()
+            with open_dict(node):
+                del node[name]
+        if dropped:
+            notes.append(dropped_note(key, str(node["_target_"]), dropped))
+    return notes
+
+
+def apply_command_line_targets(cfg: DictConfig) -> List[str]:
+    """A ``_target_`` set on the command line starts its node afresh (``config/replaced.py``); each dropped
+    argument is said once. Under the CLI the overrides are Hydra's; a composed config passed to ``train()``
+    from Python keeps what it holds."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    notes = drop_replaced_arguments(cfg, list(HydraConfig.get().overrides.task))
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return notes
+
+
+def dropped_note(key: str, target: str, dropped: Dict[str, object]) -> str:
+    shown = ", ".join(f"{name}={value}" for name, value in dropped.items())
+    return (f"Note: {key}._target_={target} starts {key} afresh: the replaced option's arguments {shown} were dropped "
+            f"and {target} uses its own defaults; set one on the command line to pass it (e.g. {key}.{next(iter(dropped))}=...).")
+
+
+def _accepted_arguments(target: object):
+    """The keyword names the target takes; None when any is accepted or it cannot be told (not importable: the
+    validation reports that)."""
+    from hydra.utils import get_object
+
+    try:
+        parameters = inspect.signature(get_object(str(target))).parameters
+    except Exception:
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return set(parameters)

@@ -1,0 +1,50 @@
+"""A ``_target_`` set on the command line starts its node afresh (hydra_raytrain/config/replaced.py)."""
+
+from hydra_raytrain.config.replaced import drop_replaced_arguments, replaced_targets
+from tests.conftest import compose_config
+
+
+def dropped(*overrides):
+    cfg = compose_config(*overrides)
+    notes = drop_replaced_arguments(cfg, list(overrides))
+    return cfg, notes
+
+
+def test_the_overrides_that_replace_targets_and_the_arguments_they_set():
+    overrides = ["model._target_=my.Net", "model.hidden=3", "+model.depth=2", "~model.channels", "optimizer.lr=1",
+                 "model.generator._target_=my.G", "dataset=digits"]
+    assert replaced_targets(overrides) == {"model": ["_target_", "depth", "generator", "hidden"], "model.generator": ["_target_"]}
+
+
+def test_the_replaced_options_literal_arguments_go_and_the_note_names_them():
+    cfg, notes = dropped("model._target_=hydra_raytrain.models.MLP")
+    # SimpleCNN's channels and hidden go; the dataset wiring stays, since MLP takes input_shape and num_outputs.
+    assert sorted(cfg.model) == ["_target_", "input_shape", "num_outputs"]
+    assert cfg.model.num_outputs == 10
+    (note,) = notes
+    assert note.startswith("Note: model._target_=hydra_raytrain.models.MLP starts model afresh")
+    assert "channels=[32, 64], hidden=128 were dropped" in note and "model.channels=..." in note
+
+
+def test_what_the_command_line_sets_in_the_node_stays():
+    cfg, _ = dropped("model._target_=hydra_raytrain.models.MLP", "model.hidden=7", "+model.dropout=0.5")
+    assert cfg.model.hidden == 7 and cfg.model.dropout == 0.5 and "channels" not in cfg.model
+
+
+def test_wiring_the_new_target_does_not_take_goes_too():
+    cfg, notes = dropped("task._target_=hydra_raytrain.tasks.base.Task", "model._target_=torch.nn.Flatten")
+    assert sorted(cfg.task) == ["_target_"] and sorted(cfg.model) == ["_target_"]  # Flatten takes neither
+    assert any("label_smoothing=0.0" in note for note in notes)
+
+
+def test_hydras_own_keys_stay_and_a_group_choice_changes_nothing():
+    cfg, notes = dropped("optimizer._target_=torch.optim.SGD")
+    assert cfg.optimizer._partial_ is True and sorted(cfg.optimizer) == ["_partial_", "_target_"]
+    assert "lr=0.002, weight_decay=0.0 were dropped" in notes[0]
+    cfg, notes = dropped("model=mlp", "optimizer=sgd")
+    assert notes == [] and "hidden_sizes" in cfg.model
+
+
+def test_a_target_that_does_not_import_loses_its_literal_arguments_and_keeps_its_wiring():
+    cfg, _ = dropped("model._target_=no_such_module.Net")
+    assert sorted(cfg.model) == ["_target_", "input_shape", "num_outputs"]
