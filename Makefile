@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c constraints.txt torch torchvision
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tensorboard]'
 	touch $(STAMP)
 
 install: $(STAMP)

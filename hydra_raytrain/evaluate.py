@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Dict, Union
+import sys
+from typing import Any, Dict, Optional, Union
 
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from hydra_raytrain.driver.outputs import MODEL_FILE, write_json
-from hydra_raytrain.recipe.checkpoint import CONFIG_FILE
+from hydra_raytrain.config.errors import ConfigError, Problems
+from hydra_raytrain.config.validate import check_targets
+from hydra_raytrain.driver.outputs import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
 
@@ -38,10 +40,39 @@ def load_config(path: str) -> Dict[str, Any]:
     raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
 
 
+def check_config(cfg: Dict[str, Any], path: str) -> None:
+    """The run's model, dataset and task import here and take their arguments, or one ``ConfigError`` that says
+    how to make a module of the user's own importable (evaluating from another folder than the training's)."""
+    problems = Problems()
+    for section in ("model", "dataset", "task"):
+        check_targets(section, cfg[section], os.getcwd(), problems)
+    launched_from = _launched_from(path)
+    hint = (f"run this from {launched_from}, where the run was trained, or put that folder on the path: "
+            f"PYTHONPATH={launched_from} python -m hydra_raytrain.evaluate {path}") if launched_from else \
+        "the module on the path (run this from the folder the run was trained in, or set PYTHONPATH to it)"
+    problems.errors = [ConfigError(e.key, e.value, f"{e.problem} (in {os.getcwd()})", hint)
+                       if "cannot be imported" in e.problem else e for e in problems.errors]
+    problems.raise_any()
+
+
+def _launched_from(path: str) -> Optional[str]:
+    """The folder the run was started from (summary.json's ``launched_from``), for a run dir or a checkpoint in it."""
+    folder = os.path.abspath(path)
+    for _ in range(4):  # <run dir>/ray_storage/<name>/<checkpoint>
+        summary = os.path.join(folder, SUMMARY_FILE)
+        if os.path.exists(summary):
+            with open(summary) as file:
+                return json.load(file).get("launched_from")
+        folder = os.path.dirname(folder)
+    return None
+
+
 def load_model(path: str) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
     """The model of a run dir or checkpoint, built from its saved config, with its weights, in eval mode.
     A task with several models (a GAN) gives ``{name: model}``."""
-    spec = load_config(path)["model"]
+    cfg = load_config(path)
+    check_config(cfg, path)
+    spec = cfg["model"]
     state = torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu")
     if "_target_" not in spec:
         return {name: _build(node, state[name]) for name, node in spec.items()}
@@ -56,6 +87,7 @@ def _build(spec: Dict[str, Any], state: Dict[str, Any]) -> torch.nn.Module:
 
 def evaluate(path: str) -> Dict[str, float]:
     cfg = load_config(path)
+    check_config(cfg, path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     task = instantiate(cfg["task"])
     model = load_model(path)
@@ -75,7 +107,11 @@ def main() -> None:
     path = parser.parse_args().path
     if not os.path.isdir(path):
         parser.error(f"{path}: no such folder")
-    metrics = evaluate(path)
+    try:
+        metrics = evaluate(path)
+    except ConfigError as error:
+        print(str(error).replace("Invalid config", "Cannot evaluate this run here", 1), file=sys.stderr)
+        sys.exit(2)
     print("  ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
     print(f"Written: {os.path.join(path, EVALUATION_FILE)}")
 

@@ -14,6 +14,7 @@ from hydra_raytrain.logfiles import link_process_logs
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 MODEL_FILE = "model.pt"
+CONFIG_FILE = "config.json"  # the resolved config, in the run dir and in every checkpoint
 
 
 class EpochLog(UserCallback):

@@ -19,6 +19,7 @@ from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 
 from hydra_raytrain.config.errors import one_line
+from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.driver import builders, cluster, outputs, report
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
@@ -60,16 +61,17 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Seque
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
+    replaced = apply_command_line_targets(cfg)
     resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
     storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
-    name = builders.run_name(resolved)
+    name = builders.run_name(resolved)  # the run dir's ${run_name:} too (config.identity.run_identity)
     if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise
         resolved["trainer"]["progress_bar"] = sys.stderr.isatty()
     resume = resolved["run"]["resume"]
     finished = outputs.finished_summary(run_dir) if resume == "auto" else None
     if finished is not None:
         print(outputs.already_complete(finished), flush=True)
-        return finished
+        return _log_finished_run(resolved, run_dir, name, finished)
 
     request = cluster.resource_request(resolved["scaling"])
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
@@ -78,7 +80,7 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Seque
     check_storage(storage, nodes, resolved["storage"]["shared_filesystem"])
     if resume == "never":
         _discard_previous_state(run_dir, storage, name)
-    _write_config(run_dir, cfg)
+    _write_config(run_dir, cfg, resolved, rewrite=bool(replaced))
     quiet_ray_train(resolved["ray"]["logging_level"])
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
         return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started, extra_callbacks=extra_callbacks, show_summary=show_summary)
@@ -104,12 +106,15 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         history = outputs.read_history(run_dir)
         summary = outputs.make_summary(status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error)
         summary["stopped_early"] = status == "completed" and len(history) < resolved["trainer"]["max_epochs"]
+        summary["loggers"] = sorted(resolved["logger"])  # what logged the run: a logger added later replays it
+        summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
         keep_process_logs(run_dir)
         if show_summary:
             Console().print(report.summary_table(summary))
+            print(report.storage_line(summary), flush=True)
         return summary
 
     try:
@@ -125,6 +130,24 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         file.write(result.return_value["weights"])
     summary = finish("completed")
     print(f"Run dir: {run_dir}", flush=True)
+    return summary
+
+
+def _log_finished_run(resolved: Dict[str, Any], run_dir: str, name: str, summary: Dict[str, Any]) -> Dict[str, Any]:
+    """Loggers are not part of a run's identity: a logger added to a finished run's command gets the run's
+    epochs from metrics.jsonl (on the driver, no training), and summary.json remembers it."""
+    from hydra_raytrain.loggers.base import replay
+
+    missing = {key: node for key, node in resolved["logger"].items() if key not in summary.get("loggers", [])}
+    if not missing:
+        return summary
+    _tracker_env({"logger": missing})
+    history = outputs.read_history(run_dir)
+    logged = replay(missing, {"cfg": resolved, "run_name": name}, run_dir, history)
+    if logged:
+        summary["loggers"] = sorted({*summary.get("loggers", []), *logged})
+        outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
+        print(f"Logged the finished run's {len(history)} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
     return summary
 
 
@@ -151,12 +174,15 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
 
 
-def _write_config(run_dir: str, cfg: DictConfig) -> None:
-    """The CLI's run dir already has Hydra's ``.hydra/``; the Python API writes the composed config there too."""
+def _write_config(run_dir: str, cfg: DictConfig, resolved: Dict[str, Any], rewrite: bool) -> None:
+    """The composed config in ``.hydra/config.yaml`` (the CLI's run dir has Hydra's already, written before a
+    replaced ``_target_`` dropped arguments: ``rewrite``), and the resolved one in ``config.json``, as in every
+    checkpoint: absolute paths and inferred values, so ``evaluate`` works from any folder."""
     config_path = os.path.join(run_dir, ".hydra", "config.yaml")
-    if not os.path.exists(config_path):
+    if rewrite or not os.path.exists(config_path):
         os.makedirs(os.path.dirname(config_path), exist_ok=True)
         OmegaConf.save(cfg, config_path)
+    outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE), resolved)
 
 
 def _first_cause(error: TrainingFailedError) -> str:

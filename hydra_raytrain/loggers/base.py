@@ -59,6 +59,18 @@ def finish_all(loggers: Mapping[str, Logger], status: str) -> List[str]:
     return errors
 
 
+def replay(nodes: Mapping[str, Any], config: Dict[str, Any], run_dir: str, history: List[Dict[str, Any]]) -> List[str]:
+    """Log a finished run's epochs (``metrics.jsonl``) to loggers that did not log it when it trained: a logger
+    added to a finished run's command. Returns the names that logged every epoch."""
+    loggers = build_loggers(nodes)
+    start_all(loggers, config, run_dir, {})
+    for metrics in history:
+        log_all(loggers, metrics, step=metrics["epoch"])
+    for error in finish_all(loggers, "completed"):
+        log.warning(f"a logger failed to finish: {error}")
+    return sorted(loggers)
+
+
 def _drop(loggers: MutableMapping[str, Logger], name: str, what: str, error: Exception) -> None:
     reason = " ".join(str(error).split())[:500]
     log.warning(f"logger.{name} {what} ({type(error).__name__}: {reason}); training goes on without it "

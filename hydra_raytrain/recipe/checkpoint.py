@@ -29,10 +29,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from hydra_raytrain.driver.outputs import MODEL_FILE
+from hydra_raytrain.driver.outputs import CONFIG_FILE, MODEL_FILE
 
 STATE_FILE = "train_state.pt"
-CONFIG_FILE = "config.json"
 
 
 def rng_file(rank: int) -> str:

@@ -1,4 +1,9 @@
-"""A tracker that fails on purpose, imported inside Ray workers (the repo root is on their path)."""
+"""Trackers in tests: one that fails on purpose (imported inside Ray workers: the repo root is on their path),
+and a reader of TensorBoard's event files."""
+
+import struct
+
+from tensorboardX.proto import event_pb2
 
 
 class Broken:
@@ -17,3 +22,18 @@ class Broken:
 
     def finish(self, status):
         pass
+
+
+def read_scalars(folder):
+    """TensorBoard's record format: length, crc, an Event protobuf, crc."""
+    scalars = {}
+    for path in folder.glob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars

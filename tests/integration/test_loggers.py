@@ -1,33 +1,17 @@
 """Experiment trackers from rank 0: W&B offline (no account, no network) and TensorBoard event files."""
 
-import struct
 import time
 
 import pytest
-from tensorboardX.proto import event_pb2
 
 from hydra_raytrain import train
 from hydra_raytrain.config import run_name, validate
 from tests.conftest import WANDB_TEST_KEY, compose_config
 from hydra_raytrain.driver.cluster import free_port
+from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import run_record, wandb_runs
 
 pytestmark = pytest.mark.integration
-
-
-def read_scalars(folder):
-    """TensorBoard's record format: length, crc, an Event protobuf, crc."""
-    scalars = {}
-    for path in folder.glob("events.out.tfevents.*"):
-        data = path.read_bytes()
-        offset = 0
-        while offset < len(data):
-            (length,) = struct.unpack("<Q", data[offset : offset + 8])
-            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
-            offset += 12 + length + 4
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
 
 
 def test_wandb_and_tensorboard_log_from_rank_zero_and_keep_no_secret(ray_address, tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from hydra_raytrain import load_model, train
 from tests.conftest import ROOT, compose_config, run_cli
+from tests.helpers.loggers import read_scalars
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +82,16 @@ def test_a_killed_driver_resumes_when_the_same_command_runs_again(ray_address, t
     again = run_cli(args, cwd=str(tmp_path))  # a finished run: reported, not retrained
     assert again.returncode == 0 and "Run already complete: 4 epochs" in again.stdout
     assert "epoch 1/4" not in again.stdout and epochs(run_dir) == [1, 2, 3, 4]
+
+    # A logger added to a finished run (loggers are not part of its identity) gets its epochs from metrics.jsonl.
+    logged = run_cli([*args, "logger=tensorboard"], cwd=str(tmp_path))
+    assert logged.returncode == 0 and "Run already complete: 4 epochs" in logged.stdout, logged.stderr[-3000:]
+    assert "Logged the finished run's 4 epochs (metrics.jsonl) to: tensorboard" in logged.stdout
+    history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert read_scalars(run_dir / "tensorboard")["val_accuracy"] == [(m["epoch"], pytest.approx(m["val_accuracy"], rel=1e-6)) for m in history]
+    assert json.loads((run_dir / "summary.json").read_text())["loggers"] == ["tensorboard"]
+    once_more = run_cli([*args, "logger=tensorboard"], cwd=str(tmp_path))
+    assert "Logged the finished run" not in once_more.stdout and len(list((run_dir / "tensorboard").iterdir())) == 1
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ray_address, tmp_path):
