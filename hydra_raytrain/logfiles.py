@@ -53,10 +53,17 @@ def tee_output(path: str) -> Iterator[None]:
     with open(path, "a", buffering=1) as copy:
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(stdout, copy), _Tee(stderr, copy)
+        # Logging handlers hold the stream they were configured with (Hydra's console handler): they write
+        # through the copy too while it lasts.
+        handlers = [(h, h.stream) for h in logging.getLogger().handlers if type(h) is logging.StreamHandler and h.stream in (stdout, stderr)]
+        for handler, stream in handlers:
+            handler.setStream(sys.stdout if stream is stdout else sys.stderr)
         try:
             yield
         finally:
             sys.stdout, sys.stderr = stdout, stderr
+            for handler, stream in handlers:
+                handler.setStream(stream)
 
 
 def link_process_logs(run_dir: str, who: str) -> None:
@@ -98,6 +105,20 @@ def quiet_ray_train(level: str) -> None:
         from ray.train.v2._internal.execution import context
 
         logging.getLogger(context.__file__).setLevel(level)
+    user_errors = logging.getLogger(USER_ERROR_LOGGER)
+    user_errors.removeFilter(_no_worker_traceback)
+    if logging.getLevelName(level) > logging.INFO:
+        user_errors.addFilter(_no_worker_traceback)
+
+
+# Ray 2.60's worker logs "Error in training function:" and the traceback (ray/train/v2/_internal/util.py), which
+# reaches the driver's terminal once per rank. The driver prints the first rank's cause in one line instead, and
+# summary.json keeps every rank's traceback (Ray's error snippets). ray.logging_level=INFO brings them back.
+USER_ERROR_LOGGER = "ray.train.v2._internal.util"
+
+
+def _no_worker_traceback(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Error in training function")
 
 
 def quiet_placement_group_cleaner() -> None:

@@ -9,10 +9,19 @@ CURVES_FILE = "curves.png"
 
 def plot_curves(history: List[Dict[str, Any]], path: str) -> None:
     """Loss, then each other metric the task reports, against epoch; train and validation on the same axes."""
+    import matplotlib.pyplot as plt
+
+    figure = curves_figure(history)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def curves_figure(history: List[Dict[str, Any]]):
     import matplotlib
 
     matplotlib.use("Agg")  # no display on training machines
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     names = sorted({key.split("_", 1)[1] for m in history for key in m if key.startswith(("train_", "val_"))})
     names.sort(key=lambda name: name != "loss")  # loss first
@@ -25,16 +34,21 @@ def plot_curves(history: List[Dict[str, Any]], path: str) -> None:
                 axis.plot(epochs, values, style, markersize=3, label=split)
         axis.set_title(name)
         axis.set_xlabel("epoch")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
         axis.grid(alpha=0.3)
         axis.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    return figure
+
+
+def storage_line(summary: Dict[str, Any]) -> str:
+    return f"Storage: {summary['storage']}"
 
 
 def summary_table(summary: Dict[str, Any]):
-    """A rich Table: status, epochs, best and final metrics, wall time, throughput; the storage under it
-    (the run dir follows on its own line, ``Run dir: ...``)."""
+    """A rich Table: status, epochs, best and final metrics, wall time, throughput. The storage and run dir
+    paths follow as plain lines (``storage_line``): rich folds anything wider than the console (80 columns
+    when piped, as in CI logs), and a path folded mid-name cannot be copied."""
     from rich.table import Table
 
     final, best, monitor = summary["final"], summary["best"], summary["monitor"]
@@ -49,6 +63,4 @@ def summary_table(summary: Dict[str, Any]):
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s", "")
     if "samples_per_second" in final:
         table.add_row("throughput", f"{final['samples_per_second']:.0f} samples/s", "")
-    table.caption = f"storage: {summary['storage']}"  # paths stay whole: rich wraps a caption, not a cell
-    table.caption_justify = "left"
     return table

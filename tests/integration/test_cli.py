@@ -87,6 +87,21 @@ def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
     assert metrics["val_top2"] >= metrics["val_accuracy"]
 
 
+def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
+    """Both workers raise: the terminal gets the first rank's cause in one line, not a traceback per rank;
+    summary.json keeps the tracebacks."""
+    done = run_cli([f"ray.address={ray_address}", "task._target_=tests.helpers.tasks.FailsInTraining", "debug=smoke", "hydra.run.dir=run"],
+                   cwd=str(tmp_path))
+    assert done.returncode == 1, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert output.count("RuntimeError: the loss diverged at the first step") == 1, output
+    assert "Training failed: worker 0: RuntimeError: the loss diverged at the first step" in done.stderr
+    assert "Traceback" not in output and "Error in training function" not in output, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["epochs_completed"] == 0
+    assert "Traceback" in summary["error"] and "the loss diverged" in summary["error"]
+
+
 BAD_INPUTS = [
     # (overrides, what the message must name)
     (["model=resnet19"], ["model/resnet19", "resnet18"]),

@@ -18,6 +18,21 @@ def test_tee_copies_the_terminal_and_appends_across_runs(tmp_path, capsys):
     assert capsys.readouterr().out == "attempt 1\nattempt 2\n"  # the terminal still gets everything
 
 
+def test_tee_copies_what_the_drivers_logging_handlers_write(tmp_path):
+    """Hydra's console handler holds the stream it was configured with; the copy gets its lines too."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stdout)
+    logging.getLogger().addHandler(handler)
+    try:
+        with tee_output(str(tmp_path / "driver.log")):
+            logging.getLogger("some.module").warning("a warning from the driver")
+        assert handler.stream is sys.stdout  # restored
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert "a warning from the driver" in (tmp_path / "driver.log").read_text()
+
+
 def test_links_become_copies_and_dangling_links_stay(tmp_path):
     (tmp_path / "ray_session").mkdir()
     (tmp_path / "ray_session" / "worker-1.out").write_text("worker output\n")

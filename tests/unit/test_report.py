@@ -26,4 +26,22 @@ def test_summary_table_shows_best_final_throughput_and_run_dir(tmp_path):
     console.print(report.summary_table(summary))
     text = console.file.getvalue()
     assert "hydra_raytrain: completed" in text and "val_accuracy" in text and "0.8500" in text
-    assert "best (val_accuracy, epoch 4)" in text and "1004 samples/s" in text and "storage: /storage/x" in text and "12.5 s" in text
+    assert "best (val_accuracy, epoch 4)" in text and "1004 samples/s" in text and "12.5 s" in text
+
+
+def test_the_storage_path_is_a_plain_line_that_a_narrow_console_does_not_fold(tmp_path):
+    storage = "/a/long/storage/folder/" + "x" * 90 + "/simplecnn-digits-0123456789"
+    summary = outputs.make_summary("completed", history(), "val_accuracy", "max", str(tmp_path), storage, 12.5)
+    console = Console(file=io.StringIO(), width=80)
+    console.print(report.summary_table(summary))
+    print(report.storage_line(summary), file=console.file)
+    assert f"Storage: {storage}\n" in console.file.getvalue()
+
+
+def test_curves_have_whole_epoch_ticks():
+    import matplotlib.pyplot as plt
+
+    figure = report.curves_figure(history(3))
+    ticks = [tick for axis in figure.axes for tick in axis.get_xticks()]
+    plt.close(figure)
+    assert ticks and all(float(tick).is_integer() for tick in ticks)
