@@ -72,7 +72,10 @@ def load_model(path: str) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
     A task with several models (a GAN) gives ``{name: model}``."""
     cfg = load_config(path)
     check_config(cfg, path)
-    spec = cfg["model"]
+    return _load_model(path, cfg["model"])
+
+
+def _load_model(path: str, spec: Dict[str, Any]) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
     state = torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu")
     if "_target_" not in spec:
         return {name: _build(node, state[name]) for name, node in spec.items()}
@@ -90,7 +93,7 @@ def evaluate(path: str) -> Dict[str, float]:
     check_config(cfg, path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     task = instantiate(cfg["task"])
-    model = load_model(path)
+    model = _load_model(path, cfg["model"])
     model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]

@@ -48,19 +48,19 @@ def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> List[s
         node = OmegaConf.select(cfg, key, throw_on_missing=False)
         if not isinstance(node, DictConfig) or "_target_" not in node:
             continue
-        accepted = _accepted_arguments(node._get_node("_target_")._value())
+        written = OmegaConf.to_container(node, resolve=False)  # interpolations as written: ${dataset.num_outputs}
+        accepted = _accepted_arguments(written["_target_"])
         dropped = {}
-        for name in list(node.keys()):
-            name = str(name)
+        for name, value in written.items():
             if name in KEPT_KEYS or name in kept:
                 continue
             if OmegaConf.is_interpolation(node, name) and (accepted is None or name in accepted):
                 continue
-            dropped[name] = node._get_node(name)._value()
+            dropped[name] = value
             with open_dict(node):
                 del node[name]
         if dropped:
-            notes.append(dropped_note(key, str(node["_target_"]), dropped))
+            notes.append(dropped_note(key, str(written["_target_"]), dropped))
     return notes
 
 
