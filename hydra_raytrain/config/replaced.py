@@ -87,11 +87,12 @@ def dropped_note(key: str, target: str, dropped: Dict[str, object]) -> str:
 def _accepted_arguments(target: object):
     """The keyword names the target takes; None when any is accepted or it cannot be told (not importable: the
     validation reports that)."""
-    from hydra.utils import get_object
+    from hydra_raytrain.config.errors import ConfigError
+    from hydra_raytrain.config.validate import locate  # quiet: Hydra's own get_object logs an ERROR story
 
     try:
-        parameters = inspect.signature(get_object(str(target))).parameters
-    except Exception:
+        parameters = inspect.signature(locate("", str(target))).parameters
+    except (ConfigError, TypeError, ValueError):
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return None

@@ -43,14 +43,14 @@ def class_folders(root: str) -> List[str]:
 
 
 def class_count(root: str) -> int:
-    return len(class_folders(os.path.abspath(root)))
+    return len(class_folders(os.path.abspath(os.path.expanduser(root))))
 
 
 def image_shape(root: str) -> List[int]:
     """``[channels, height, width]`` of the first image of the first class (1 channel for grayscale modes)."""
     from PIL import Image
 
-    root = os.path.abspath(root)
+    root = os.path.abspath(os.path.expanduser(root))
     folder = train_folder(root)
     for name in class_folders(root):
         images = sorted(f for f in os.listdir(os.path.join(folder, name)) if f.lower().endswith(IMAGE_EXTENSIONS))

@@ -63,6 +63,8 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Seque
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     replaced = apply_command_line_targets(cfg)
     resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
+    if replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
+        _save_composed(run_dir, cfg)
     storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
     name = builders.run_name(resolved)  # the run dir's ${run_name:} too (config.identity.run_identity)
     if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise
@@ -80,7 +82,7 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Seque
     check_storage(storage, nodes, resolved["storage"]["shared_filesystem"])
     if resume == "never":
         _discard_previous_state(run_dir, storage, name)
-    _write_config(run_dir, cfg, resolved, rewrite=bool(replaced))
+    _write_config(run_dir, cfg, resolved)
     quiet_ray_train(resolved["ray"]["logging_level"])
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
         return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started, extra_callbacks=extra_callbacks, show_summary=show_summary)
@@ -138,14 +140,16 @@ def _log_finished_run(resolved: Dict[str, Any], run_dir: str, name: str, summary
     epochs from metrics.jsonl (on the driver, no training), and summary.json remembers it."""
     from hydra_raytrain.loggers.base import replay
 
-    missing = {key: node for key, node in resolved["logger"].items() if key not in summary.get("loggers", [])}
+    if "loggers" not in summary:  # written before summaries said which loggers logged the run: replay nothing
+        return summary
+    missing = {key: node for key, node in resolved["logger"].items() if key not in summary["loggers"]}
     if not missing:
         return summary
     _tracker_env({"logger": missing})
     history = outputs.read_history(run_dir)
     logged = replay(missing, {"cfg": resolved, "run_name": name}, run_dir, history)
     if logged:
-        summary["loggers"] = sorted({*summary.get("loggers", []), *logged})
+        summary["loggers"] = sorted({*summary["loggers"], *logged})
         outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
         print(f"Logged the finished run's {len(history)} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
     return summary
@@ -174,15 +178,19 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
 
 
-def _write_config(run_dir: str, cfg: DictConfig, resolved: Dict[str, Any], rewrite: bool) -> None:
-    """The composed config in ``.hydra/config.yaml`` (the CLI's run dir has Hydra's already, written before a
-    replaced ``_target_`` dropped arguments: ``rewrite``), and the resolved one in ``config.json``, as in every
-    checkpoint: absolute paths and inferred values, so ``evaluate`` works from any folder."""
-    config_path = os.path.join(run_dir, ".hydra", "config.yaml")
-    if rewrite or not os.path.exists(config_path):
-        os.makedirs(os.path.dirname(config_path), exist_ok=True)
-        OmegaConf.save(cfg, config_path)
+def _write_config(run_dir: str, cfg: DictConfig, resolved: Dict[str, Any]) -> None:
+    """The composed config in ``.hydra/config.yaml`` (the CLI's run dir has Hydra's already), and the resolved one
+    in ``config.json``, as in every checkpoint: absolute paths and inferred values, so ``evaluate`` works from any
+    folder."""
+    if not os.path.exists(os.path.join(run_dir, ".hydra", "config.yaml")):
+        _save_composed(run_dir, cfg)
     outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE), resolved)
+
+
+def _save_composed(run_dir: str, cfg: DictConfig) -> None:
+    config_path = os.path.join(run_dir, ".hydra", "config.yaml")
+    os.makedirs(os.path.dirname(config_path), exist_ok=True)
+    OmegaConf.save(cfg, config_path)
 
 
 def _first_cause(error: TrainingFailedError) -> str:

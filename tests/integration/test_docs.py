@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, run_cli
 from tests.helpers.data import write_images
@@ -75,6 +76,8 @@ def test_own_model_page(ray_address, tmp_path):
     wiring = {"_target_": "my_models.MyNet", "input_shape": [1, 8, 8], "num_outputs": 10}
     assert wiring in models and {**wiring, "hidden": 64} in models
     assert {**wiring, "hidden": 48} in models  # the --config-dir option
+    for path in runs:  # Hydra's .hydra/config.yaml says what ran too, without the dropped arguments
+        assert "channels" not in yaml.safe_load((Path(path).parent / ".hydra" / "config.yaml").read_text())["model"]
     for path in glob.glob(str(tmp_path / "outputs/runs/*/summary.json")):  # one identity, with a replaced _target_ too
         summary = json.loads(Path(path).read_text())
         assert Path(summary["storage"]).name == Path(summary["run_dir"]).name, summary

@@ -57,3 +57,9 @@ def test_one_identity_for_the_run_dir_and_the_driver_with_a_relative_root(tmp_pa
     (tmp_path / "other").mkdir()
     write_images(tmp_path / "other" / "pets", ["cat", "dog"], 2)
     assert run_identity(cfg, str(tmp_path / "other")) != run_identity(cfg, str(tmp_path))
+
+
+def test_a_root_under_home_is_read_as_validation_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_images(tmp_path / "pets", ["cat", "dog"], 2, size=(6, 7))
+    assert class_count("~/pets") == 2 and image_shape("~/pets") == [3, 6, 7]

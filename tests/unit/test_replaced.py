@@ -45,6 +45,17 @@ def test_hydras_own_keys_stay_and_a_group_choice_changes_nothing():
     assert notes == [] and "hidden_sizes" in cfg.model
 
 
-def test_a_target_that_does_not_import_loses_its_literal_arguments_and_keeps_its_wiring():
+def test_a_target_that_does_not_import_loses_its_literal_arguments_and_keeps_its_wiring(caplog):
     cfg, _ = dropped("model._target_=no_such_module.Net")
     assert sorted(cfg.model) == ["_target_", "input_shape", "num_outputs"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # validation reports it, once, as a ConfigError
+
+
+def test_a_finished_run_from_before_summaries_named_their_loggers_is_not_logged_again(tmp_path):
+    from hydra_raytrain.driver.run import _log_finished_run
+
+    summary = {"status": "completed", "epochs_completed": 1}
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "val_loss": 0.5}\n')
+    resolved = {"logger": {"tensorboard": {"_target_": "hydra_raytrain.loggers.tensorboard.TensorBoardLogger"}}}
+    assert _log_finished_run(resolved, str(tmp_path), "run", summary) == summary
+    assert not (tmp_path / "tensorboard").exists()
