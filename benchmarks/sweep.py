@@ -34,7 +34,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ["scaling.num_workers=1", "trainer.progress_bar=false"]
 EPOCHS = 120  # ~1 s each on one core: two-minute trials, beside the ~20 s every Ray Train run takes to start
-CONCURRENCY = [*COMMON, "model=simple_cnn", "model.channels=[64,128]", "model.hidden=256", "optimizer.lr=3e-4,1e-3,3e-3,1e-2"]
+CONCURRENCY = [
+    *COMMON,
+    "model=simple_cnn",
+    "model.channels=[64,128]",
+    "model.hidden=256",
+    "optimizer.lr=3e-4,1e-3,3e-3,1e-2",
+]
 ASHA = [*COMMON, "model=mlp", "trainer.max_epochs=16", "trainer.limit_train_batches=10"]
 # The same 8 learning rates in two orders. Asynchronous halving can only stop a trial that is worse than the
 # trials already seen at its rung, so started in ascending order (each trial better than the last) it would
@@ -47,8 +53,14 @@ REPLAYS = 500
 def run(args, folder):
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "hydra_raytrain", "-m", *args, "hydra.sweep.dir=sweep"], cwd=folder, env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "hydra_raytrain", "-m", *args, "hydra.sweep.dir=sweep"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     wall = time.perf_counter() - started
     if done.returncode:
         sys.exit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
@@ -74,18 +86,28 @@ def concurrency(epochs: int = EPOCHS) -> None:
     with tempfile.TemporaryDirectory() as sequential, tempfile.TemporaryDirectory() as concurrent:
         basic = run(args, sequential)
         sweep_root = os.path.join(sequential, "sweep")
-        basic_training = training_seconds(os.path.join(sweep_root, d) for d in os.listdir(sweep_root) if os.path.isdir(os.path.join(sweep_root, d, ".hydra")))
+        basic_training = training_seconds(
+            os.path.join(sweep_root, d)
+            for d in os.listdir(sweep_root)
+            if os.path.isdir(os.path.join(sweep_root, d, ".hydra"))
+        )
         tune = run(["hydra/sweeper=ray_tune", *args], concurrent)
         summary = sweep_summary(concurrent)
         tune_training = training_seconds(row["run_dir"] for row in summary["trials"])
-    print(f"4 trials x 1 worker, {epochs} epochs each: basic sweeper {basic:.1f} s ({basic_training:.0f} s of it in epochs), "
-          f"ray_tune {tune:.1f} s ({tune_training:.0f} s in epochs, summed over trials) -> {basic / tune:.2f}x faster (target >= 1.6x)")
+    print(
+        f"4 trials x 1 worker, {epochs} epochs each: basic sweeper {basic:.1f} s ({basic_training:.0f} s of it in epochs), "
+        f"ray_tune {tune:.1f} s ({tune_training:.0f} s in epochs, summed over trials) -> {basic / tune:.2f}x faster (target >= 1.6x)"
+    )
 
 
 def curves(summary):
     """Each trial's per-epoch metrics from its run dir, by learning rate."""
-    return {row["overrides"].split("=")[1]: [json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))]
-            for row in summary["trials"]}
+    return {
+        row["overrides"].split("=")[1]: [
+            json.loads(line) for line in open(os.path.join(row["run_dir"], "metrics.jsonl"))
+        ]
+        for row in summary["trials"]
+    }
 
 
 def replay_asha(history, order, metric, max_epochs, concurrent=2):
@@ -107,7 +129,10 @@ def replay_asha(history, order, metric, max_epochs, concurrent=2):
             epochs[trial.trial_id] = 0
         for trial in list(running):  # each running trial ends one epoch, in the order they started
             epochs[trial.trial_id] += 1
-            result = {"training_iteration": epochs[trial.trial_id], metric: history[trial.trial_id][epochs[trial.trial_id] - 1][metric]}
+            result = {
+                "training_iteration": epochs[trial.trial_id],
+                metric: history[trial.trial_id][epochs[trial.trial_id] - 1][metric],
+            }
             if epochs[trial.trial_id] == max_epochs:
                 scheduler.on_trial_complete(None, trial, result)
                 running.remove(trial)
@@ -126,7 +151,9 @@ def asha() -> None:
         history = curves(grid)
     grid_epochs = sum(row["epochs"] for row in grid["trials"])
     best = grid["best"]["overrides"]
-    print(f"8-trial grid run to the end: {grid_epochs} epochs in {grid_wall:.1f} s; best {best} ({grid['best']['best']:.4f})")
+    print(
+        f"8-trial grid run to the end: {grid_epochs} epochs in {grid_wall:.1f} s; best {best} ({grid['best']['best']:.4f})"
+    )
     for label, values in (("scrambled", SCRAMBLED), ("ascending", ASCENDING)):
         with tempfile.TemporaryDirectory() as asha_dir:
             asha_wall = run(["hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", *ASHA, values], asha_dir)
@@ -134,32 +161,46 @@ def asha() -> None:
         asha_epochs = sum(row["epochs"] for row in asha["trials"])
         per_trial = {row["overrides"].split("=")[1]: row["epochs"] for row in asha["trials"]}
         listed = values.split("=")[1].split(",")
-        started = [lr for value in (listed[i] for i in start_order(range(len(listed)), shuffle=True, seed=0))
-                   for lr in history if float(lr) == float(value)]
-        print(f"ASHA, lr in {label} order: {asha_epochs} epochs in {asha_wall:.1f} s -> {asha_epochs / grid_epochs:.0%} of the grid's "
-              f"epochs (target <= 50%); best {asha['best']['overrides']} ({asha['best']['best']:.4f}), same as the grid's: "
-              f"{asha['best']['overrides'] == best}; epochs per trial {per_trial}, the same in the replay below: "
-              f"{replay_asha(history, started, grid['metric'], len(history[started[0]])) == per_trial}")
+        started = [
+            lr
+            for value in (listed[i] for i in start_order(range(len(listed)), shuffle=True, seed=0))
+            for lr in history
+            if float(lr) == float(value)
+        ]
+        print(
+            f"ASHA, lr in {label} order: {asha_epochs} epochs in {asha_wall:.1f} s -> {asha_epochs / grid_epochs:.0%} of the grid's "
+            f"epochs (target <= 50%); best {asha['best']['overrides']} ({asha['best']['best']:.4f}), same as the grid's: "
+            f"{asha['best']['overrides'] == best}; epochs per trial {per_trial}, the same in the replay below: "
+            f"{replay_asha(history, started, grid['metric'], len(history[started[0]])) == per_trial}"
+        )
     # Which trials ASHA stops depends on the order they reach each rung: the same scheduler replayed on the
     # grid's own metrics over many start orders gives the spread a single run cannot.
     lrs, metric, max_epochs = list(history), grid["metric"], len(next(iter(history.values())))
     fractions, same = [], 0
     for seed in range(REPLAYS):
-        epochs = replay_asha(history, [lrs[i] for i in start_order(range(len(lrs)), shuffle=True, seed=seed)], metric, max_epochs)
+        epochs = replay_asha(
+            history, [lrs[i] for i in start_order(range(len(lrs)), shuffle=True, seed=seed)], metric, max_epochs
+        )
         fractions.append(sum(epochs.values()) / grid_epochs)
-        found = max(lrs, key=lambda lr: max(m[metric] for m in history[lr][:epochs[lr]]))  # first in the list on ties, as the summary
+        found = max(
+            lrs, key=lambda lr: max(m[metric] for m in history[lr][: epochs[lr]])
+        )  # first in the list on ties, as the summary
         same += f"optimizer.lr={found}" == best
     fractions.sort()
-    print(f"ASHA replayed on the grid's per-epoch metrics over {REPLAYS} seeded start orders: median {fractions[REPLAYS // 2]:.0%} of the "
-          f"grid's epochs (mean {sum(fractions) / REPLAYS:.0%}, <= 50% in {sum(f <= 0.5 for f in fractions) / REPLAYS:.0%} of orders), "
-          f"the grid's best found in {same / REPLAYS:.0%}; without the shuffle, ascending order: "
-          f"{sum(replay_asha(history, lrs, metric, max_epochs).values()) / grid_epochs:.0%}")
+    print(
+        f"ASHA replayed on the grid's per-epoch metrics over {REPLAYS} seeded start orders: median {fractions[REPLAYS // 2]:.0%} of the "
+        f"grid's epochs (mean {sum(fractions) / REPLAYS:.0%}, <= 50% in {sum(f <= 0.5 for f in fractions) / REPLAYS:.0%} of orders), "
+        f"the grid's best found in {same / REPLAYS:.0%}; without the shuffle, ascending order: "
+        f"{sum(replay_asha(history, lrs, metric, max_epochs).values()) / grid_epochs:.0%}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("parts", nargs="*", help="concurrency and/or asha (default: both)")
-    parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs per trial in the concurrency part (default {EPOCHS})")
+    parser.add_argument(
+        "--epochs", type=int, default=EPOCHS, help=f"epochs per trial in the concurrency part (default {EPOCHS})"
+    )
     args = parser.parse_args()
     parts = {"concurrency": lambda: concurrency(args.epochs), "asha": asha}
     unknown = [part for part in args.parts if part not in parts]

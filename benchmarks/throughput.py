@@ -28,12 +28,26 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH, TRAIN, VAL, SHAPE = 6, 64, 2048, 256, (3, 32, 32)
 GPU_EPOCHS = 8
-GPU = ["scaling.num_workers=1", "scaling.use_gpu=true", "trainer.precision=bf16-mixed", "trainer.channels_last=true",
-       f"trainer.max_epochs={GPU_EPOCHS}", f"checkpoint.every_n_epochs={GPU_EPOCHS}"]
+GPU = [
+    "scaling.num_workers=1",
+    "scaling.use_gpu=true",
+    "trainer.precision=bf16-mixed",
+    "trainer.channels_last=true",
+    f"trainer.max_epochs={GPU_EPOCHS}",
+    f"checkpoint.every_n_epochs={GPU_EPOCHS}",
+]
 GPU_WORKLOADS = {
     "default experiment": [],  # SimpleCNN on the bundled digits, batch 64: the embedded default
-    "resnet18": ["model=resnet18", "dataset=fake", "dataset.train_size=25600", "dataset.val_size=1024", "trainer.batch_size=256",
-                 "trainer.dataloader.num_workers=8", "trainer.dataloader.pin_memory=true", "trainer.dataloader.persistent_workers=true"],
+    "resnet18": [
+        "model=resnet18",
+        "dataset=fake",
+        "dataset.train_size=25600",
+        "dataset.val_size=1024",
+        "trainer.batch_size=256",
+        "trainer.dataloader.num_workers=8",
+        "trainer.dataloader.pin_memory=true",
+        "trainer.dataloader.persistent_workers=true",
+    ],
 }
 
 
@@ -111,11 +125,28 @@ def _gpu_loop(record_to: str, overrides, report) -> None:
     model = instantiate(cfg.model, _convert_="all").to(device, memory_format=memory_format)
     optimizer = instantiate(cfg.optimizer)(model.parameters())
     options = cfg.trainer.dataloader
-    loader = DataLoader(splits.train, batch_size=cfg.trainer.batch_size, shuffle=True, num_workers=options.num_workers,
-                        pin_memory=options.pin_memory, persistent_workers=options.persistent_workers and options.num_workers > 0)
+    loader = DataLoader(
+        splits.train,
+        batch_size=cfg.trainer.batch_size,
+        shuffle=True,
+        num_workers=options.num_workers,
+        pin_memory=options.pin_memory,
+        persistent_workers=options.persistent_workers and options.num_workers > 0,
+    )
     state: dict = {}
     for _ in range(cfg.trainer.max_epochs):
-        report(_epoch(model, optimizer, loader, record_to, state, device, AUTOCAST_DTYPES[cfg.trainer.precision], memory_format))
+        report(
+            _epoch(
+                model,
+                optimizer,
+                loader,
+                record_to,
+                state,
+                device,
+                AUTOCAST_DTYPES[cfg.trainer.precision],
+                memory_format,
+            )
+        )
 
 
 def raw_gpu(record_to: str, out: str, *overrides: str) -> None:
@@ -138,7 +169,9 @@ def handwritten(record_to: str, out: str, *overrides: str) -> None:
         from torch.utils.data import DataLoader
 
         if config["overrides"]:
-            _gpu_loop(config["record_to"], config["overrides"], lambda rate: ray.train.report({"samples_per_second": rate}))
+            _gpu_loop(
+                config["record_to"], config["overrides"], lambda rate: ray.train.report({"samples_per_second": rate})
+            )
             return None
 
         splits, model = _setup()
@@ -174,14 +207,23 @@ def handwritten(record_to: str, out: str, *overrides: str) -> None:
 def ours(record_to: str, out: str, *overrides: str) -> None:
     """hydra_raytrain's CLI, in this process: the given overrides (a GPU workload) or the CPU one."""
     overrides = list(overrides) or [
-        "model=simple_cnn", "dataset=fake", f"dataset.input_shape=[{','.join(map(str, SHAPE))}]",
-        f"dataset.train_size={TRAIN}", f"dataset.val_size={VAL}", "scaling.num_workers=1",
-        f"trainer.max_epochs={EPOCHS}", f"trainer.batch_size={BATCH}",
+        "model=simple_cnn",
+        "dataset=fake",
+        f"dataset.input_shape=[{','.join(map(str, SHAPE))}]",
+        f"dataset.train_size={TRAIN}",
+        f"dataset.val_size={VAL}",
+        "scaling.num_workers=1",
+        f"trainer.max_epochs={EPOCHS}",
+        f"trainer.batch_size={BATCH}",
         # Checkpoint at the end only: the baselines write no checkpoints (per-epoch ones, our default, cost
         # about 5% on this workload on 2 cores: the controller handles each one during the next epoch).
         f"checkpoint.every_n_epochs={EPOCHS}",
     ]
-    timed = ["task._target_=benchmarks.timing.TimedClassification", f"+task.record_to={record_to}", f"hydra.run.dir={out}.run"]
+    timed = [
+        "task._target_=benchmarks.timing.TimedClassification",
+        f"+task.record_to={record_to}",
+        f"hydra.run.dir={out}.run",
+    ]
     sys.argv = ["hydra_raytrain", *overrides, *timed]
     from hydra_raytrain.cli import main
 
@@ -199,9 +241,15 @@ def ours(record_to: str, out: str, *overrides: str) -> None:
 def measure(name: str, overrides: tuple = ()) -> dict:
     folder = tempfile.mkdtemp()
     record_to, out = os.path.join(folder, "first_step.json"), os.path.join(folder, "rates.json")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+    }
     launched = time.time()
-    done = subprocess.run([sys.executable, __file__, name, record_to, out, *overrides], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, name, record_to, out, *overrides], cwd=ROOT, env=env, capture_output=True, text=True
+    )
     if done.returncode:
         sys.exit(f"{name} {' '.join(overrides)} failed:\n{done.stderr[-3000:]}")
     with open(record_to) as file:
@@ -218,8 +266,11 @@ def alternate(names, rounds: int, overrides: tuple = (), label=str) -> dict:
     for round_ in range(rounds):
         for name in list(names) if round_ % 2 == 0 else reversed(list(names)):
             runs[name].append(measure(name, overrides))
-            print(f"round {round_ + 1} {label(name):22} {runs[name][-1]['samples_per_second']:8.0f} samples/s "
-                  f"{runs[name][-1]['first_step_seconds']:6.1f} s to first step", flush=True)
+            print(
+                f"round {round_ + 1} {label(name):22} {runs[name][-1]['samples_per_second']:8.0f} samples/s "
+                f"{runs[name][-1]['first_step_seconds']:6.1f} s to first step",
+                flush=True,
+            )
     return runs
 
 
@@ -228,26 +279,43 @@ def main(rounds: int = 3) -> None:
     labels = {"raw": "raw PyTorch loop", "handwritten": "hand-written Ray Train", "ours": "hydra_raytrain"}
     runs = alternate(labels, rounds, label=labels.get)
     results = {
-        name: {"samples_per_second": max(r["samples_per_second"] for r in rs), "first_step_seconds": min(r["first_step_seconds"] for r in rs)}
+        name: {
+            "samples_per_second": max(r["samples_per_second"] for r in rs),
+            "first_step_seconds": min(r["first_step_seconds"] for r in rs),
+        }
         for name, rs in runs.items()
     }
     print(f"\nbest of {rounds} rounds       {'samples/s':>12}{'first step (s)':>16}")
     for name, result in results.items():
         print(f"{labels[name]:22}{result['samples_per_second']:12.0f}{result['first_step_seconds']:16.1f}")
     ours_, raw_, hand = results["ours"], results["raw"], results["handwritten"]
-    print(f"throughput vs raw PyTorch:          {ours_['samples_per_second'] / raw_['samples_per_second']:.3f}x  (target >= 0.97)")
-    print(f"throughput vs hand-written Ray:     {ours_['samples_per_second'] / hand['samples_per_second']:.3f}x  (target >= 1.0)")
-    print(f"first step vs hand-written Ray:     {ours_['first_step_seconds'] / hand['first_step_seconds']:.3f}x time  (target <= 1.0)")
+    print(
+        f"throughput vs raw PyTorch:          {ours_['samples_per_second'] / raw_['samples_per_second']:.3f}x  (target >= 0.97)"
+    )
+    print(
+        f"throughput vs hand-written Ray:     {ours_['samples_per_second'] / hand['samples_per_second']:.3f}x  (target >= 1.0)"
+    )
+    print(
+        f"first step vs hand-written Ray:     {ours_['first_step_seconds'] / hand['first_step_seconds']:.3f}x time  (target <= 1.0)"
+    )
 
 
 def main_gpu(rounds: int, extra: list) -> None:
     """One GPU worker against the raw loop on the same GPU, per workload."""
     for workload, overrides in GPU_WORKLOADS.items():
-        runs = alternate(("raw_gpu", "handwritten", "ours"), rounds, (*GPU, *overrides, *extra), label=lambda name: f"{workload}: {name}")
+        runs = alternate(
+            ("raw_gpu", "handwritten", "ours"),
+            rounds,
+            (*GPU, *overrides, *extra),
+            label=lambda name: f"{workload}: {name}",
+        )
         raw_, hand, ours_ = (max(r["samples_per_second"] for r in rs) for rs in runs.values())
-        print(f"{workload} (bf16-mixed, channels_last, best of {rounds}): raw PyTorch {raw_:.0f} samples/s, the same loop in a "
-              f"hand-written Ray Train script {hand:.0f}, hydra_raytrain {ours_:.0f} -> {ours_ / raw_:.3f}x raw, "
-              f"{ours_ / hand:.3f}x hand-written Ray Train", flush=True)
+        print(
+            f"{workload} (bf16-mixed, channels_last, best of {rounds}): raw PyTorch {raw_:.0f} samples/s, the same loop in a "
+            f"hand-written Ray Train script {hand:.0f}, hydra_raytrain {ours_:.0f} -> {ours_ / raw_:.3f}x raw, "
+            f"{ours_ / hand:.3f}x hand-written Ray Train",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
@@ -257,9 +325,18 @@ if __name__ == "__main__":
         import argparse
 
         parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-        parser.add_argument("--gpu", action="store_true", help="one GPU worker against a raw loop on the same GPU (bf16-mixed, channels_last)")
+        parser.add_argument(
+            "--gpu",
+            action="store_true",
+            help="one GPU worker against a raw loop on the same GPU (bf16-mixed, channels_last)",
+        )
         parser.add_argument("--rounds", type=int, default=3)
-        parser.add_argument("--override", action="append", default=[], help="a config override added to every GPU run, e.g. ray.include_dashboard=false")
+        parser.add_argument(
+            "--override",
+            action="append",
+            default=[],
+            help="a config override added to every GPU run, e.g. ray.include_dashboard=false",
+        )
         args = parser.parse_args()
         if args.override and not args.gpu:
             parser.error("--override applies to --gpu runs")

@@ -10,5 +10,13 @@ The exports load on first use: Ray Train's controller and Tune's trial processes
 from hydra_raytrain.lazy import lazy_exports
 
 __all__ = ["ConfigError", "TrainingFailed", "evaluate", "load_model", "train"]
-__getattr__, __dir__ = lazy_exports(__name__, {"ConfigError": "config", "TrainingFailed": "driver.run", "train": "driver.run",
-                                               "evaluate": "evaluate", "load_model": "evaluate"})
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ConfigError": "config",
+        "TrainingFailed": "driver.run",
+        "train": "driver.run",
+        "evaluate": "evaluate",
+        "load_model": "evaluate",
+    },
+)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Any, Dict, List
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,10 +27,10 @@ from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.overrides import check_override_keys
 from hydra_raytrain.config.replaced import apply_command_line_targets
 
-FAILED: List[str] = []
+FAILED: list[str] = []
 
 
-def check(cfg: DictConfig, cwd: str | None = None) -> Dict[str, Any]:
+def check(cfg: DictConfig, cwd: str | None = None) -> dict[str, Any]:
     """Every check ``train(cfg)`` makes before Ray starts; returns the resolved config. Raises ``ConfigError``."""
     from hydra_raytrain.driver.preflight import preflight
 
@@ -52,9 +52,16 @@ def _hydra_check(cfg: DictConfig) -> None:
 
 
 # Hydra writes nothing a check would leave behind: its run and sweep dirs go to a temporary folder.
-def _quiet_hydra(folder: str) -> List[str]:
-    return [f"hydra.run.dir={folder}", f"hydra.sweep.dir={folder}", "hydra.sweep.subdir=${hydra.job.num}",
-            "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled", "hydra/sweeper=basic"]
+def _quiet_hydra(folder: str) -> list[str]:
+    return [
+        f"hydra.run.dir={folder}",
+        f"hydra.sweep.dir={folder}",
+        "hydra.sweep.subdir=${hydra.job.num}",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=disabled",
+        "hydra/hydra_logging=disabled",
+        "hydra/sweeper=basic",
+    ]
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, Optional, Union
+from typing import Any
 
 import torch
 from hydra.utils import instantiate
@@ -29,7 +29,7 @@ from hydra_raytrain.recipe.metrics import validation_totals
 EVALUATION_FILE = "evaluation.json"
 
 
-def load_config(path: str) -> Dict[str, Any]:
+def load_config(path: str) -> dict[str, Any]:
     """The resolved config of a run dir (``.hydra/config.yaml``) or of a checkpoint folder (``config.json``)."""
     if os.path.exists(os.path.join(path, CONFIG_FILE)):
         with open(os.path.join(path, CONFIG_FILE)) as file:
@@ -40,22 +40,29 @@ def load_config(path: str) -> Dict[str, Any]:
     raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
 
 
-def check_config(cfg: Dict[str, Any], path: str) -> None:
+def check_config(cfg: dict[str, Any], path: str) -> None:
     """The run's model, dataset and task import here and take their arguments, or one ``ConfigError`` that says
     how to make a module of the user's own importable (evaluating from another folder than the training's)."""
     problems = Problems()
     for section in ("model", "dataset", "task"):
         check_targets(section, cfg[section], os.getcwd(), problems)
     launched_from = _launched_from(path)
-    hint = (f"run this from {launched_from}, where the run was trained, or put that folder on the path: "
-            f"PYTHONPATH={launched_from} python -m hydra_raytrain.evaluate {path}") if launched_from else \
-        "the module on the path (run this from the folder the run was trained in, or set PYTHONPATH to it)"
-    problems.errors = [ConfigError(e.key, e.value, f"{e.problem} (in {os.getcwd()})", hint)
-                       if "cannot be imported" in e.problem else e for e in problems.errors]
+    hint = (
+        (
+            f"run this from {launched_from}, where the run was trained, or put that folder on the path: "
+            f"PYTHONPATH={launched_from} python -m hydra_raytrain.evaluate {path}"
+        )
+        if launched_from
+        else "the module on the path (run this from the folder the run was trained in, or set PYTHONPATH to it)"
+    )
+    problems.errors = [
+        ConfigError(e.key, e.value, f"{e.problem} (in {os.getcwd()})", hint) if "cannot be imported" in e.problem else e
+        for e in problems.errors
+    ]
     problems.raise_any()
 
 
-def _launched_from(path: str) -> Optional[str]:
+def _launched_from(path: str) -> str | None:
     """The folder the run was started from (summary.json's ``launched_from``), for a run dir or a checkpoint in it."""
     folder = os.path.abspath(path)
     for _ in range(4):  # <run dir>/ray_storage/<name>/<checkpoint>
@@ -67,7 +74,7 @@ def _launched_from(path: str) -> Optional[str]:
     return None
 
 
-def load_model(path: str) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
+def load_model(path: str) -> torch.nn.Module | dict[str, torch.nn.Module]:
     """The model of a run dir or checkpoint, built from its saved config, with its weights, in eval mode.
     A task with several models (a GAN) gives ``{name: model}``."""
     cfg = load_config(path)
@@ -75,20 +82,20 @@ def load_model(path: str) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
     return _load_model(path, cfg["model"])
 
 
-def _load_model(path: str, spec: Dict[str, Any]) -> Union[torch.nn.Module, Dict[str, torch.nn.Module]]:
+def _load_model(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
     state = torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu")
     if "_target_" not in spec:
         return {name: _build(node, state[name]) for name, node in spec.items()}
     return _build(spec, state)
 
 
-def _build(spec: Dict[str, Any], state: Dict[str, Any]) -> torch.nn.Module:
+def _build(spec: dict[str, Any], state: dict[str, Any]) -> torch.nn.Module:
     model = instantiate(spec, _convert_="all")
     model.load_state_dict(state)
     return model.eval()
 
 
-def evaluate(path: str) -> Dict[str, float]:
+def evaluate(path: str) -> dict[str, float]:
     cfg = load_config(path)
     check_config(cfg, path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -98,8 +105,13 @@ def evaluate(path: str) -> Dict[str, float]:
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
-    loader = build_loader(splits.val, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=trainer["dataloader"])
-    metrics = {f"val_{name}": value for name, value in task.compute(validation_totals(task, model, loader, lambda b: move_to(b, device))).items()}
+    loader = build_loader(
+        splits.val, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=trainer["dataloader"]
+    )
+    metrics = {
+        f"val_{name}": value
+        for name, value in task.compute(validation_totals(task, model, loader, lambda b: move_to(b, device))).items()
+    }
     write_json(os.path.join(path, EVALUATION_FILE), metrics)
     return metrics
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Callable, Dict, Tuple
+from collections.abc import Callable
 
 
-def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Callable, Callable]:
+def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable, Callable]:
     """``__getattr__`` and ``__dir__`` for ``package``; ``exports`` maps a name to the submodule defining it."""
 
     def __getattr__(name: str):

@@ -1,9 +1,9 @@
 """Logs a failed run can be debugged from after the terminal is gone, and less of Ray's noise on the terminal.
 
-    <run dir>/driver.log          everything the driver's terminal showed (our lines, Ray's forwarded worker output)
-    <run dir>/logs/<who>.out|err  each worker's and the controller's stdout / stderr: links to Ray's files while the
-                                  run lasts, copies once it ends (``<who>`` = ``rank<R>-pid<P>`` or
-                                  ``controller-pid<P>``; a restarted worker gets a new pair)
+<run dir>/driver.log          everything the driver's terminal showed (our lines, Ray's forwarded worker output)
+<run dir>/logs/<who>.out|err  each worker's and the controller's stdout / stderr: links to Ray's files while the
+                              run lasts, copies once it ends (``<who>`` = ``rank<R>-pid<P>`` or
+                              ``controller-pid<P>``; a restarted worker gets a new pair)
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import logging
 import os
 import shutil
 import sys
-from typing import Iterator, TextIO
+from collections.abc import Iterator
+from typing import TextIO
 
 LOGS_DIR = "logs"
 DRIVER_LOG = "driver.log"
@@ -55,7 +56,11 @@ def tee_output(path: str) -> Iterator[None]:
         sys.stdout, sys.stderr = _Tee(stdout, copy), _Tee(stderr, copy)
         # Logging handlers hold the stream they were configured with (Hydra's console handler): they write
         # through the copy too while it lasts.
-        handlers = [(h, h.stream) for h in logging.getLogger().handlers if type(h) is logging.StreamHandler and h.stream in (stdout, stderr)]
+        handlers = [
+            (h, h.stream)
+            for h in logging.getLogger().handlers
+            if type(h) is logging.StreamHandler and h.stream in (stdout, stderr)
+        ]
         for handler, stream in handlers:
             handler.setStream(sys.stdout if stream is stdout else sys.stderr)
         try:

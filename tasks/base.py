@@ -15,7 +15,7 @@ checkpoints and resume of every model and optimizer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch import nn
 if TYPE_CHECKING:
     from hydra_raytrain.recipe.step import TrainStep
 
-Sums = Dict[str, torch.Tensor]
+Sums = dict[str, torch.Tensor]
 
 
 @dataclass
@@ -42,12 +42,12 @@ class Task:
     def validation_step(self, model: nn.Module, batch: Any) -> Sums:
         return self.training_step(model, batch).sums
 
-    def compute(self, sums: Dict[str, float]) -> Dict[str, float]:
+    def compute(self, sums: dict[str, float]) -> dict[str, float]:
         """Metrics from sums added over every batch and worker. Default: each sum divided by ``count``."""
         count = sums["count"]
         return {name: value / count for name, value in sums.items() if name != "count"}
 
-    def train_batch(self, step: "TrainStep", batch: Any) -> Sums:
+    def train_batch(self, step: TrainStep, batch: Any) -> Sums:
         """One micro-batch: forward under autocast, then backward and (at the end of an accumulation window)
         an optimizer step. Override for several models or optimizers."""
         with step.forward():

@@ -19,4 +19,7 @@ class Classification(Task):
         logits = model(inputs)
         losses = F.cross_entropy(logits, labels, reduction="none", label_smoothing=self.label_smoothing)
         correct = (logits.argmax(dim=1) == labels).sum()
-        return StepOutput(losses.mean(), {"loss": losses.detach().sum(), "accuracy": correct, "count": labels.new_full((), len(labels))})
+        return StepOutput(
+            losses.mean(),
+            {"loss": losses.detach().sum(), "accuracy": correct, "count": labels.new_full((), len(labels))},
+        )

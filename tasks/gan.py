@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Dict, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +54,10 @@ class GAN(Task):
     def _sums(self, loss_d: torch.Tensor, loss_g: torch.Tensor, logits: torch.Tensor, count: int) -> Sums:
         real_logits, fake_logits = logits.chunk(2)
         return {
-            "loss_d": loss_d.detach() * count, "loss_g": loss_g.detach() * count,
-            "d_real": torch.sigmoid(real_logits).sum(), "d_fake": torch.sigmoid(fake_logits).sum(),
+            "loss_d": loss_d.detach() * count,
+            "loss_g": loss_g.detach() * count,
+            "d_real": torch.sigmoid(real_logits).sum(),
+            "d_fake": torch.sigmoid(fake_logits).sum(),
             "count": logits.new_full((), count),
         }
 
@@ -73,7 +75,7 @@ class GAN(Task):
         step.optimize(loss_g, "generator")
         return self._sums(loss_d, loss_g, logits, len(real))
 
-    def validation_step(self, models: Dict[str, nn.Module], batch) -> Sums:
+    def validation_step(self, models: dict[str, nn.Module], batch) -> Sums:
         real = batch[0]
         fake, loss_d, logits = self._losses(models["generator"], models["discriminator"], real)
         outputs = models["discriminator"](fake).float()
@@ -81,12 +83,14 @@ class GAN(Task):
         return self._sums(loss_d, loss_g, logits, len(real))
 
     @torch.no_grad()
-    def on_epoch_end(self, models: Dict[str, nn.Module], epoch: int, run_dir: str) -> None:
+    def on_epoch_end(self, models: dict[str, nn.Module], epoch: int, run_dir: str) -> None:
         from torchvision.utils import save_image
 
         generator = models["generator"]
         device = next(generator.parameters()).device
-        noise = torch.randn(self.num_samples, self.latent_dim, generator=torch.Generator().manual_seed(self.sample_seed)).to(device)
+        noise = torch.randn(
+            self.num_samples, self.latent_dim, generator=torch.Generator().manual_seed(self.sample_seed)
+        ).to(device)
         was_training = generator.training
         generator.eval()
         images = generator(noise).float().cpu()
@@ -94,4 +98,9 @@ class GAN(Task):
         if images.shape[-1] < 32:  # tiny images (8x8 digits) upscaled, so the grid is readable
             images = F.interpolate(images, scale_factor=32 // images.shape[-1], mode="nearest")
         os.makedirs(os.path.join(run_dir, SAMPLES_DIR), exist_ok=True)
-        save_image(images, os.path.join(run_dir, SAMPLES_DIR, f"epoch_{epoch:04d}.png"), nrow=int(self.num_samples**0.5), padding=1)
+        save_image(
+            images,
+            os.path.join(run_dir, SAMPLES_DIR, f"epoch_{epoch:04d}.png"),
+            nrow=int(self.num_samples**0.5),
+            padding=1,
+        )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Dict
-
 from hydra_raytrain.tasks.base import StepOutput, Task
 
 
@@ -25,7 +23,7 @@ class Regression(Task):
         }
         return StepOutput(squared.mean(), sums)
 
-    def compute(self, sums: Dict[str, float]) -> Dict[str, float]:
+    def compute(self, sums: dict[str, float]) -> dict[str, float]:
         n = sums["count"]
         total_variance = sums["target_sq_sum"] - sums["target_sum"] ** 2 / n
         r2 = 1.0 - sums["loss"] / total_variance if total_variance > 0 else float("nan")

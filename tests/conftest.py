@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -33,7 +33,12 @@ def run_cli(args: Sequence[str], cwd: str, timeout: float = 180) -> subprocess.C
     # The repository root on the path, as for pytest itself: tests.helpers holds tasks that tests run.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
     return subprocess.run(
-        [sys.executable, "-m", "hydra_raytrain", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "hydra_raytrain", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -42,13 +47,24 @@ def s3_endpoint():
     """A real S3-compatible server (moto) on loopback. Its endpoint and dummy credentials go into the
     environment before Ray starts, so the driver, Ray's controller and the workers all reach it."""
     port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
-                       # A dummy W&B key in every worker's environment: the logger tests prove it is never written.
-                       "WANDB_API_KEY": WANDB_TEST_KEY, "WANDB_SILENT": "true"})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            # A dummy W&B key in every worker's environment: the logger tests prove it is never written.
+            "WANDB_API_KEY": WANDB_TEST_KEY,
+            "WANDB_SILENT": "true",
+        }
+    )
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()

@@ -10,10 +10,9 @@ The work is in hydra_raytrain/sweep (this is Hydra's entry point only). No ``fro
 annotations`` here: Hydra loads plugin modules without registering them, and dataclasses then fail.
 """
 
-
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
@@ -26,29 +25,34 @@ from hydra_raytrain.sweep.settings import SweepSettings
 @dataclass
 class RayTuneSweeperConf(SweepSettings):
     _target_: str = "hydra_plugins.hydra_raytrain_sweeper.ray_tune_sweeper.RayTuneSweeper"
-    params: Optional[Dict[str, str]] = None  # a search space in config, as for Hydra's basic sweeper
+    params: dict[str, str] | None = None  # a search space in config, as for Hydra's basic sweeper
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="ray_tune", node=RayTuneSweeperConf, provider="hydra_raytrain")
 
 
 class RayTuneSweeper(Sweeper):
-    def __init__(self, params: Optional[Dict[str, str]] = None, **settings: Any) -> None:
+    def __init__(self, params: dict[str, str] | None = None, **settings: Any) -> None:
         self.params = params or {}
         self.settings = SweepSettings(**settings)
-        self.config: Optional[DictConfig] = None
-        self.hydra_context: Optional[HydraContext] = None
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.hydra_context, self.config = hydra_context, config
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         from hydra_raytrain.config import ConfigError
         from hydra_raytrain.sweep.tuner import run_sweep
 
         assert self.config is not None and self.hydra_context is not None
         try:
-            summary = run_sweep(self.config, self.hydra_context.config_loader, [f"{k}={v}" for k, v in self.params.items()] + list(arguments), self.settings)
+            summary = run_sweep(
+                self.config,
+                self.hydra_context.config_loader,
+                [f"{k}={v}" for k, v in self.params.items()] + list(arguments),
+                self.settings,
+            )
         except ConfigError as error:
             print(error, file=sys.stderr)
             sys.exit(2)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from typing import Any, Iterable, Iterator, List
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -23,10 +24,10 @@ class ConfigError(ValueError):
         return f"{self.key}={self.value!r}: {self.problem}" + (f" Valid: {self.valid}" if self.valid else "")
 
     @property
-    def errors(self) -> List["ConfigError"]:
+    def errors(self) -> list[ConfigError]:
         return [self]
 
-    def within(self, context: str) -> "ConfigError":
+    def within(self, context: str) -> ConfigError:
         """The same error with ``context`` (e.g. which sweep trial) added to its problem."""
         return ConfigError(self.key, self.value, f"{self.problem} ({context})", self.valid)
 
@@ -45,10 +46,10 @@ class ConfigErrors(ConfigError):
         ValueError.__init__(self, f"Invalid config: {len(self._errors)} problems\n{lines}")
 
     @property
-    def errors(self) -> List[ConfigError]:
+    def errors(self) -> list[ConfigError]:
         return list(self._errors)
 
-    def within(self, context: str) -> "ConfigError":
+    def within(self, context: str) -> ConfigError:
         return ConfigErrors(error.within(context) for error in self._errors)
 
     def __reduce__(self):
@@ -59,7 +60,7 @@ class Problems:
     """Collects config errors from independent checks, so that one run reports every problem it finds."""
 
     def __init__(self) -> None:
-        self.errors: List[ConfigError] = []
+        self.errors: list[ConfigError] = []
 
     @contextlib.contextmanager
     def collect(self) -> Iterator[None]:

@@ -8,7 +8,8 @@ import copy
 import hashlib
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -25,7 +26,9 @@ def run_name(cfg: Mapping[str, Any]) -> str:
     identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
     identity["trainer"] = {k: v for k, v in identity["trainer"].items() if k not in NON_RESULT_TRAINER_KEYS}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    model = _label(cfg["model"]) if "_target_" in cfg["model"] else _label(cfg["task"])  # several models: the task (gan)
+    model = (
+        _label(cfg["model"]) if "_target_" in cfg["model"] else _label(cfg["task"])
+    )  # several models: the task (gan)
 
     dataset = str(cfg["dataset"].get("name") or cfg["dataset"]["_target_"].rsplit(".", 1)[-1]).lower()
     return f"{model}-{dataset}-{digest}"
@@ -73,8 +76,12 @@ def sweep_name(*argument_lists: Any) -> str:
 def register_resolver() -> None:
     from hydra_raytrain.data import folders
 
-    resolvers = {"run_name": run_name_resolver, "sweep_name": sweep_name,
-                 "class_count": folders.class_count, "image_shape": folders.image_shape}
+    resolvers = {
+        "run_name": run_name_resolver,
+        "sweep_name": sweep_name,
+        "class_count": folders.class_count,
+        "image_shape": folders.image_shape,
+    }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

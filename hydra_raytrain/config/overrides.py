@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -35,13 +35,23 @@ def check_override_keys(args: Sequence[str]) -> None:
             _check_path(parts, value)
         elif len(parts) == 2 and parts[0] == "sweep":  # not a section of ours: the sweeper's settings
             raise ConfigError(
-                override.key_or_group, value, "sweep settings are the sweeper's: they live under hydra.sweeper.",
+                override.key_or_group,
+                value,
+                "sweep settings are the sweeper's: they live under hydra.sweeper.",
                 f"hydra/sweeper=ray_tune hydra.sweeper.{parts[1]}={value}"
-                if parts[1] in SWEEPER_KEYS else f"hydra/sweeper=ray_tune and one of {VALID_SWEEPER_KEYS}",
+                if parts[1] in SWEEPER_KEYS
+                else f"hydra/sweeper=ray_tune and one of {VALID_SWEEPER_KEYS}",
             )
-        elif len(parts) == 3 and parts[:2] == ["hydra", "sweeper"] and "hydra/sweeper=ray_tune" in args and parts[2] not in SWEEPER_KEYS:
+        elif (
+            len(parts) == 3
+            and parts[:2] == ["hydra", "sweeper"]
+            and "hydra/sweeper=ray_tune" in args
+            and parts[2] not in SWEEPER_KEYS
+        ):
             raise ConfigError(
-                override.key_or_group, value, f"hydra/sweeper=ray_tune has no setting {parts[2]!r}{did_you_mean(parts[2], SWEEPER_KEYS)}.",
+                override.key_or_group,
+                value,
+                f"hydra/sweeper=ray_tune has no setting {parts[2]!r}{did_you_mean(parts[2], SWEEPER_KEYS)}.",
                 VALID_SWEEPER_KEYS,
             )
 
@@ -56,7 +66,8 @@ def _check_path(parts: list[str], value: str) -> None:
             section = ".".join(parts[:depth])
             valid = [f"{section}.{name}" for name in hints]
             raise ConfigError(
-                ".".join(parts), value,
+                ".".join(parts),
+                value,
                 f"{section} has no setting {part!r}{did_you_mean(part, list(hints))}.",
                 ", ".join(valid),
             )

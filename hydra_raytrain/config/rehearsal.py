@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 
@@ -34,7 +35,7 @@ REHEARSED_SAMPLES = 16
 WEIGHT_ARGUMENTS = ("weights", "pretrained")
 
 
-def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Optional[Set[str]]:
+def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> set[str] | None:
     """Build and run what a worker would; return the metric names a run reports (None when the step could not be
     rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
     optimizer's or the schedule's arguments were refused)."""
@@ -50,24 +51,30 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> Optional[Set[str]
         train_sums, val_sums = step_sums(task, model, batch)
     except Exception as error:
         if on_gpu:
-            warn(f"the model's first step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
-                 "the metrics that settings name are checked when the run starts.")
+            warn(
+                f"the model's first step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
+                "the metrics that settings name are checked when the run starts."
+            )
             return None
         raise _does_not_fit(cfg, batch, error) from None
     if schedule:
         check_lr_scheduler(cfg, next(iter(models.values())))
     try:
-        names = {f"val_{name}" for name in task.compute(val_sums)} | {f"train_{name}" for name in task.compute(train_sums)}
+        names = {f"val_{name}" for name in task.compute(val_sums)} | {
+            f"train_{name}" for name in task.compute(train_sums)
+        }
     except Exception as error:  # a metric that needs more than a few samples (recall of an absent class)
-        warn(f"{cfg['task']['_target_']}.compute failed on {len(_first(batch))} samples ({type(error).__name__}: {error}); "
-             "the metrics that settings name are checked when the run starts.")
+        warn(
+            f"{cfg['task']['_target_']}.compute failed on {len(_first(batch))} samples ({type(error).__name__}: {error}); "
+            "the metrics that settings name are checked when the run starts."
+        )
         return None
     names |= set(RUNNER_METRICS) | (set(PROFILE_METRICS) if cfg["trainer"]["profile"] else set())
     check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch)
     return names
 
 
-def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> Tuple[Any, Optional[Dict[str, Any]], Any]:
+def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> tuple[Any, dict[str, Any] | None, Any]:
     """The dataset's splits (None when its files are not on the driver and the workers download them), the models
     by name (None when not built here, with a warning) and the task."""
     problems = Problems()
@@ -88,7 +95,7 @@ def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> Tuple[Any, Optional[Di
     return splits, models, task
 
 
-_DATASETS: Dict[str, Any] = {}  # the last dataset built, by its node: a sweep's trials share it
+_DATASETS: dict[str, Any] = {}  # the last dataset built, by its node: a sweep's trials share it
 
 
 def build_dataset(node: Mapping[str, Any]) -> Any:
@@ -101,32 +108,43 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
             splits = _build("dataset", local)
         except ConfigError as error:
             if node.get("download") and error.key == "dataset.root":
-                warn(f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
-                     "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked when they do.")
+                warn(
+                    f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
+                    "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked when they do."
+                )
                 return None
             raise
         for split in ("train", "val"):
             if len(getattr(splits, split)) == 0:
-                raise ConfigError("dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits")
+                raise ConfigError(
+                    "dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits"
+                )
         _DATASETS.clear()
         _DATASETS[key] = splits
     return _DATASETS[key]
 
 
-def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> Optional[Dict[str, Any]]:
+def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> dict[str, Any] | None:
     several = "_target_" not in cfg["model"]  # a task with several models (a GAN) names them
     specs = dict(cfg["model"]) if several else {"model": cfg["model"]}
     keys = {name: f"model.{name}" if several else "model" for name in specs}
     downloads = [keys[name] for name, spec in specs.items() if any(spec.get(arg) for arg in WEIGHT_ARGUMENTS)]
     if downloads:
-        warn(f"{', '.join(downloads)}: pretrained weights are loaded by the workers, not on the driver; the model's fit "
-             "to the data and the metrics that settings name are checked when the run starts.")
+        warn(
+            f"{', '.join(downloads)}: pretrained weights are loaded by the workers, not on the driver; the model's fit "
+            "to the data and the metrics that settings name are checked when the run starts."
+        )
         return None
-    large = {keys[name]: count for name, count in ((name, _parameter_count(spec)) for name, spec in specs.items())
-             if count > MAX_REHEARSED_PARAMETERS}
+    large = {
+        keys[name]: count
+        for name, count in ((name, _parameter_count(spec)) for name, spec in specs.items())
+        if count > MAX_REHEARSED_PARAMETERS
+    }
     if large:
-        warn(f"{', '.join(f'{key} has {count:,} parameters' for key, count in large.items())}: not built on the "
-             "driver; its fit to the data and the metrics that settings name are checked when the run starts.")
+        warn(
+            f"{', '.join(f'{key} has {count:,} parameters' for key, count in large.items())}: not built on the "
+            "driver; its fit to the data and the metrics that settings name are checked when the run starts."
+        )
         return None
     fits = _fits_dataset(cfg["dataset"])
     try:
@@ -138,7 +156,7 @@ def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> Optional[Dict[str, An
         raise
 
 
-def step_sums(task: Any, model: Any, batch: Any) -> Tuple[Dict[str, float], Dict[str, float]]:
+def step_sums(task: Any, model: Any, batch: Any) -> tuple[dict[str, float], dict[str, float]]:
     """The sums of one training step (train mode, gradients on: a loss may differentiate) and one validation
     step (eval mode, no gradients) on ``batch``; nothing is optimised."""
     import torch
@@ -196,7 +214,7 @@ def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
         raise _failed("scheduler.lr_scheduler", node["_target_"], error) from None
 
 
-def check_monitors(cfg: Mapping[str, Any], names: Set[str], task: Any, allow_any_train: bool) -> None:
+def check_monitors(cfg: Mapping[str, Any], names: set[str], task: Any, allow_any_train: bool) -> None:
     """Every setting that names a metric names one the run reports. A task with its own ``train_batch`` may report
     train metrics its validation step does not: any ``train_*`` name is accepted there."""
     trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
@@ -208,14 +226,18 @@ def check_monitors(cfg: Mapping[str, Any], names: Set[str], task: Any, allow_any
     problems = Problems()
     for key, metric in settings.items():
         if metric and metric not in names and not (allow_any_train and metric.startswith("train_")):
-            problems.add(ConfigError(
-                key, metric, f"{cfg['task']['_target_']} does not report this metric{did_you_mean(metric, names)}.",
-                ", ".join(sorted(names)),
-            ))
+            problems.add(
+                ConfigError(
+                    key,
+                    metric,
+                    f"{cfg['task']['_target_']} does not report this metric{did_you_mean(metric, names)}.",
+                    ", ".join(sorted(names)),
+                )
+            )
     problems.raise_any()
 
 
-def _build(key: str, node: Mapping[str, Any], valid: Optional[str] = None) -> Any:
+def _build(key: str, node: Mapping[str, Any], valid: str | None = None) -> Any:
     """``instantiate(node)`` as a worker calls it; the builder's own ConfigError passes through, anything else it
     raises becomes one naming ``key`` and the target."""
     from hydra.errors import InstantiationException
@@ -234,14 +256,20 @@ def _build(key: str, node: Mapping[str, Any], valid: Optional[str] = None) -> An
         raise _failed(key, node["_target_"], error, valid) from None
 
 
-def _failed(key: str, target: str, error: BaseException, valid: Optional[str] = None) -> ConfigError:
-    return ConfigError(key, target, f"building it on the driver failed: {type(error).__name__}: {one_line(error)}",
-                       valid or f"arguments that {target} accepts")
+def _failed(key: str, target: str, error: BaseException, valid: str | None = None) -> ConfigError:
+    return ConfigError(
+        key,
+        target,
+        f"building it on the driver failed: {type(error).__name__}: {one_line(error)}",
+        valid or f"arguments that {target} accepts",
+    )
 
 
 def _fits_dataset(dataset: Mapping[str, Any]) -> str:
-    return (f"model settings that fit dataset.input_shape={dataset.get('input_shape')} and "
-            f"dataset.num_outputs={dataset.get('num_outputs')}")
+    return (
+        f"model settings that fit dataset.input_shape={dataset.get('input_shape')} and "
+        f"dataset.num_outputs={dataset.get('num_outputs')}"
+    )
 
 
 def _spread_samples(dataset: Any) -> Any:
@@ -253,27 +281,32 @@ def _spread_samples(dataset: Any) -> Any:
     try:
         return default_collate([dataset[index] for index in indices])
     except Exception as error:
-        raise ConfigError("dataset", "", f"its samples could not be loaded and collated: {type(error).__name__}: {error}",
-                          "a dataset whose items torch's default_collate batches (tensors, numbers, or tuples / dicts of them)") from None
+        raise ConfigError(
+            "dataset",
+            "",
+            f"its samples could not be loaded and collated: {type(error).__name__}: {error}",
+            "a dataset whose items torch's default_collate batches (tensors, numbers, or tuples / dicts of them)",
+        ) from None
 
 
 def _first(batch: Any) -> Any:
     return batch[0] if isinstance(batch, (list, tuple)) else batch
 
 
-def _floats(sums: Mapping[str, Any]) -> Dict[str, float]:
+def _floats(sums: Mapping[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in sums.items()}
 
 
 def _does_not_fit(cfg: Mapping[str, Any], batch: Any, error: BaseException) -> ConfigError:
     return ConfigError(
-        "model", cfg["model"].get("_target_", "the models"),
+        "model",
+        cfg["model"].get("_target_", "the models"),
         f"does not fit the data or the task: one step on {len(_first(batch))} samples of {cfg['dataset']['_target_']} "
         f"(batch shapes {_shapes(batch)}) failed: {type(error).__name__}: {one_line(error)}",
         _fits_dataset(cfg["dataset"]),
     )
 
 
-def _shapes(batch: Any) -> List[Any]:
+def _shapes(batch: Any) -> list[Any]:
     items = batch if isinstance(batch, (list, tuple)) else [batch]
     return [list(item.shape) if hasattr(item, "shape") else type(item).__name__ for item in items]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 KEPT_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_")
 
 
-def replaced_targets(overrides: Sequence[str]) -> Dict[str, List[str]]:
+def replaced_targets(overrides: Sequence[str]) -> dict[str, list[str]]:
     """``{node key: [argument names the command line sets in it]}`` for each node whose ``_target_`` it sets."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -37,10 +37,13 @@ def replaced_targets(overrides: Sequence[str]) -> Dict[str, List[str]]:
             continue  # not an override Hydra accepts: Hydra reports it
     keys = [o.key_or_group for o in parsed if not o.is_delete() and not o.package]
     nodes = {key[: -len("._target_")] for key in keys if key.endswith("._target_")}
-    return {node: sorted({key[len(node) + 1:].split(".")[0] for key in keys if key.startswith(node + ".")}) for node in sorted(nodes)}
+    return {
+        node: sorted({key[len(node) + 1 :].split(".")[0] for key in keys if key.startswith(node + ".")})
+        for node in sorted(nodes)
+    }
 
 
-def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> List[str]:
+def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
     """Drop, in place, the arguments of each node whose ``_target_`` the overrides replace (see the module's
     rule); returns one note per node that lost arguments."""
     notes = []
@@ -64,7 +67,7 @@ def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> List[s
     return notes
 
 
-def apply_command_line_targets(cfg: DictConfig) -> List[str]:
+def apply_command_line_targets(cfg: DictConfig) -> list[str]:
     """A ``_target_`` set on the command line starts its node afresh (``config/replaced.py``); each dropped
     argument is said once. Under the CLI the overrides are Hydra's; a composed config passed to ``train()``
     from Python keeps what it holds."""
@@ -78,10 +81,12 @@ def apply_command_line_targets(cfg: DictConfig) -> List[str]:
     return notes
 
 
-def dropped_note(key: str, target: str, dropped: Dict[str, object]) -> str:
+def dropped_note(key: str, target: str, dropped: dict[str, object]) -> str:
     shown = ", ".join(f"{name}={value}" for name, value in dropped.items())
-    return (f"Note: {key}._target_={target} starts {key} afresh: the replaced option's arguments {shown} were dropped "
-            f"and {target} uses its own defaults; set one on the command line to pass it (e.g. {key}.{next(iter(dropped))}=...).")
+    return (
+        f"Note: {key}._target_={target} starts {key} afresh: the replaced option's arguments {shown} were dropped "
+        f"and {target} uses its own defaults; set one on the command line to pass it (e.g. {key}.{next(iter(dropped))}=...)."
+    )
 
 
 def _accepted_arguments(target: object):

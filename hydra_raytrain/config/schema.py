@@ -11,7 +11,7 @@ against their callables' signatures instead. Names follow Ray's and PyTorch's ow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -24,7 +24,7 @@ def _mapping(key: str, value: Any, example: str) -> None:
         raise ConfigError(key, value, "must be a mapping.", f"e.g. '{example}', or null")
 
 
-def _at_least(key: str, value: Optional[float], low: float) -> None:
+def _at_least(key: str, value: float | None, low: float) -> None:
     if value is not None and value < low:
         raise ConfigError(key, value, f"must be >= {low}.")
 
@@ -36,7 +36,7 @@ class ScalingConfig:
     and resizes the group after failures; the global batch size stays what ``trainer.batch_size`` says."""
 
     num_workers: int = 2
-    max_workers: Optional[int] = None  # set: elastic, Ray's num_workers=(num_workers, max_workers)
+    max_workers: int | None = None  # set: elastic, Ray's num_workers=(num_workers, max_workers)
     use_gpu: bool = False
     # None: Ray's default, {"CPU": 1} or {"GPU": 1} with use_gpu. Typed Any because OmegaConf 2.3 cannot merge a
     # command-line dict into an Optional[Dict] that is None; __post_init__ checks the shape instead.
@@ -51,17 +51,25 @@ class ScalingConfig:
         _at_least("scaling.num_workers", self.num_workers, 0)
         if self.max_workers is not None and (self.num_workers < 1 or self.max_workers < self.num_workers):
             raise ConfigError(
-                "scaling.max_workers", self.max_workers,
+                "scaling.max_workers",
+                self.max_workers,
                 f"elastic training needs 1 <= scaling.num_workers (now {self.num_workers}) <= scaling.max_workers.",
                 f"scaling.max_workers >= {max(1, self.num_workers)}, or null for a fixed size.",
             )
         strategies = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
         if self.placement_strategy not in strategies:
-            raise ConfigError("scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies))
+            raise ConfigError(
+                "scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies)
+            )
         _mapping("scaling.worker_env", self.worker_env, "{OMP_NUM_THREADS: 1}")
         resources = self.resources_per_worker
         if resources is not None and not isinstance(resources, dict):
-            raise ConfigError("scaling.resources_per_worker", resources, "must be a mapping of resource name to amount.", "e.g. '{CPU: 2}' or '{GPU: 1, CPU: 4}'")
+            raise ConfigError(
+                "scaling.resources_per_worker",
+                resources,
+                "must be a mapping of resource name to amount.",
+                "e.g. '{CPU: 2}' or '{GPU: 1, CPU: 4}'",
+            )
         for name, amount in (resources or {}).items():
             if isinstance(amount, bool) or not isinstance(amount, (int, float)):
                 raise ConfigError(f"scaling.resources_per_worker.{name}", amount, "must be a number.")
@@ -72,9 +80,11 @@ class ScalingConfig:
 class StorageConfig:
     """Where Ray keeps the run's results and checkpoints (``RunConfig(storage_path, name)``)."""
 
-    path: Optional[str] = None  # None: <run dir>/ray_storage. A shared path or URI (s3://...) on multi-node clusters.
-    name: Optional[str] = None  # None: derived from the config, so identical configs share it and others never do.
-    shared_filesystem: bool = False  # a local-looking path that every node mounts (NFS, ...): allowed on multi-node clusters
+    path: str | None = None  # None: <run dir>/ray_storage. A shared path or URI (s3://...) on multi-node clusters.
+    name: str | None = None  # None: derived from the config, so identical configs share it and others never do.
+    shared_filesystem: bool = (
+        False  # a local-looking path that every node mounts (NFS, ...): allowed on multi-node clusters
+    )
 
 
 @dataclass
@@ -95,15 +105,17 @@ class CheckpointConfig:
     ``ray.train.CheckpointConfig`` (which of them Ray keeps)."""
 
     every_n_epochs: int = 1
-    num_to_keep: Optional[int] = None
-    checkpoint_score_attribute: Optional[str] = None  # a reported metric, e.g. val_accuracy
+    num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None  # a reported metric, e.g. val_accuracy
     checkpoint_score_order: str = "max"
 
     def __post_init__(self) -> None:
         _at_least("checkpoint.every_n_epochs", self.every_n_epochs, 1)
         _at_least("checkpoint.num_to_keep", self.num_to_keep, 1)
         if self.checkpoint_score_order not in ("max", "min"):
-            raise ConfigError("checkpoint.checkpoint_score_order", self.checkpoint_score_order, "unknown order.", "max, min")
+            raise ConfigError(
+                "checkpoint.checkpoint_score_order", self.checkpoint_score_order, "unknown order.", "max, min"
+            )
 
 
 @dataclass
@@ -113,14 +125,15 @@ class DataLoaderConfig:
     num_workers: int = 0
     pin_memory: bool = False
     persistent_workers: bool = False
-    prefetch_factor: Optional[int] = None
+    prefetch_factor: int | None = None
 
     def __post_init__(self) -> None:
         _at_least("trainer.dataloader.num_workers", self.num_workers, 0)
         _at_least("trainer.dataloader.prefetch_factor", self.prefetch_factor, 1)
         if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
             raise ConfigError(
-                "trainer.dataloader.num_workers", 0,
+                "trainer.dataloader.num_workers",
+                0,
                 "persistent_workers and prefetch_factor need loader worker processes.",
                 "set trainer.dataloader.num_workers >= 1, or leave persistent_workers=false and prefetch_factor=null.",
             )
@@ -131,9 +144,9 @@ class EarlyStoppingConfig:
     """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs. Decided from
     the all-reduced epoch history, so every rank agrees, and a resumed run continues the same count."""
 
-    patience: Optional[int] = None  # None: off
-    monitor: Optional[str] = None  # None: trainer.monitor, else the task's default
-    mode: Optional[str] = None  # "max" or "min"; None: as for monitor
+    patience: int | None = None  # None: off
+    monitor: str | None = None  # None: trainer.monitor, else the task's default
+    mode: str | None = None  # "max" or "min"; None: as for monitor
     min_delta: float = 0.0
 
     def __post_init__(self) -> None:
@@ -154,18 +167,20 @@ class TrainerConfig:
 
     max_epochs: int = 10
     seed: int = 0
-    batch_size: Optional[int] = 64
-    batch_size_per_worker: Optional[int] = None
-    val_batch_size_per_worker: Optional[int] = None  # None: the training batch size per worker
-    limit_train_batches: Optional[int] = None  # per worker and epoch; for smoke tests
-    limit_val_batches: Optional[int] = None
-    monitor: Optional[str] = None  # metric that picks the best epoch; None: the task's default
-    monitor_mode: Optional[str] = None  # "max" or "min"; None: the task's default
+    batch_size: int | None = 64
+    batch_size_per_worker: int | None = None
+    val_batch_size_per_worker: int | None = None  # None: the training batch size per worker
+    limit_train_batches: int | None = None  # per worker and epoch; for smoke tests
+    limit_val_batches: int | None = None
+    monitor: str | None = None  # metric that picks the best epoch; None: the task's default
+    monitor_mode: str | None = None  # "max" or "min"; None: the task's default
     dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
     # Optimisation
-    precision: str = "32"  # 32, 64 (float64 weights and inputs), bf16-mixed (autocast), 16-mixed (autocast + GradScaler)
+    precision: str = (
+        "32"  # 32, 64 (float64 weights and inputs), bf16-mixed (autocast), 16-mixed (autocast + GradScaler)
+    )
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step; DDP syncs on the last one only
-    gradient_clip_val: Optional[float] = None  # clip the gradients' total norm (after unscaling)
+    gradient_clip_val: float | None = None  # clip the gradients' total norm (after unscaling)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     # Speed
     compile: bool = False  # nn.Module.compile() before DDP wraps the model (state_dict keys stay the same)
@@ -177,7 +192,9 @@ class TrainerConfig:
     parallel_strategy: str = "ddp"  # ddp or fsdp (fsdp needs GPU workers)
     parallel_strategy_kwargs: Any = None  # e.g. {find_unused_parameters: true, bucket_cap_mb: 50}
     # Profiling
-    progress_bar: Optional[bool] = None  # rank 0's per-epoch bar (ray.experimental.tqdm_ray), drawn by the driver; None: when it has a terminal
+    progress_bar: bool | None = (
+        None  # rank 0's per-epoch bar (ray.experimental.tqdm_ray), drawn by the driver; None: when it has a terminal
+    )
     profile: bool = False  # per-epoch time breakdown in the metrics: data, forward, backward, optimizer (rank 0)
     profiler_steps: int = 0  # > 0: a torch.profiler trace of that many steps of rank 0 into <run dir>/profiler
 
@@ -186,13 +203,20 @@ class TrainerConfig:
         _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
         _at_least("trainer.profiler_steps", self.profiler_steps, 0)
         if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
-            raise ConfigError("trainer.gradient_clip_val", self.gradient_clip_val, "must be > 0.", "a positive norm, or null for no clipping")
+            raise ConfigError(
+                "trainer.gradient_clip_val",
+                self.gradient_clip_val,
+                "must be > 0.",
+                "a positive norm, or null for no clipping",
+            )
         _mapping("trainer.compile_kwargs", self.compile_kwargs, "{backend: aot_eager}")
         _mapping("trainer.parallel_strategy_kwargs", self.parallel_strategy_kwargs, "{find_unused_parameters: true}")
         if self.precision not in PRECISIONS:
             raise ConfigError("trainer.precision", self.precision, "unknown precision.", ", ".join(PRECISIONS))
         if self.parallel_strategy not in PARALLEL_STRATEGIES:
-            raise ConfigError("trainer.parallel_strategy", self.parallel_strategy, "unknown strategy.", ", ".join(PARALLEL_STRATEGIES))
+            raise ConfigError(
+                "trainer.parallel_strategy", self.parallel_strategy, "unknown strategy.", ", ".join(PARALLEL_STRATEGIES)
+            )
         _at_least("trainer.batch_size", self.batch_size, 1)
         _at_least("trainer.batch_size_per_worker", self.batch_size_per_worker, 1)
         _at_least("trainer.val_batch_size_per_worker", self.val_batch_size_per_worker, 1)
@@ -200,7 +224,8 @@ class TrainerConfig:
         _at_least("trainer.limit_val_batches", self.limit_val_batches, 1)
         if (self.batch_size is None) == (self.batch_size_per_worker is None):
             raise ConfigError(
-                "trainer.batch_size", self.batch_size,
+                "trainer.batch_size",
+                self.batch_size,
                 f"set exactly one of trainer.batch_size (global) and trainer.batch_size_per_worker "
                 f"(now {self.batch_size_per_worker!r}).",
                 "e.g. trainer.batch_size=64 trainer.batch_size_per_worker=null",
@@ -230,11 +255,11 @@ class SchedulerConfig:
 class RayConfig:
     """How the driver reaches Ray. Without ``address`` a local cluster starts, sized for the run (see README)."""
 
-    address: Optional[str] = None  # "auto" or "host:port" of an existing cluster
-    num_cpus: Optional[int] = None  # logical CPUs of a local cluster; None: max(cores, what the run asks)
+    address: str | None = None  # "auto" or "host:port" of an existing cluster
+    num_cpus: int | None = None  # logical CPUs of a local cluster; None: max(cores, what the run asks)
     max_cpu_oversubscription: float = 4.0  # a local cluster may promise at most this many CPUs per core
-    include_dashboard: Optional[bool] = None  # None: Ray decides (on with ray[default]; the state API needs it)
-    runtime_env: Dict[str, Any] = field(default_factory=dict)  # passed to ray.init (py_modules, env_vars, ...)
+    include_dashboard: bool | None = None  # None: Ray decides (on with ray[default]; the state API needs it)
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # passed to ray.init (py_modules, env_vars, ...)
     logging_level: str = "WARNING"
 
     def __post_init__(self) -> None:
@@ -267,7 +292,7 @@ class TrainConfig:
     failure: FailureConfig = field(default_factory=FailureConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    logger: Dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
+    logger: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
     ray: RayConfig = field(default_factory=RayConfig)
     run: RunSettings = field(default_factory=RunSettings)
 

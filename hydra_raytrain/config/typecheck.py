@@ -11,14 +11,14 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Optional
+from typing import Any
 
 NUMBER = "a number"
 _PLAIN = {bool: "true or false", int: "an integer", float: NUMBER, str: "a string", type(None): "null"}
 _PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 
 
-def wrong_type(value: Any, hint: Any, default: Any = inspect.Parameter.empty) -> Optional[str]:
+def wrong_type(value: Any, hint: Any, default: Any = inspect.Parameter.empty) -> str | None:
     """What the parameter takes, in words, when ``value`` plainly does not fit it; None when it fits or we cannot tell."""
     if isinstance(value, dict) and "_target_" in value:
         return None  # Hydra instantiates it first
@@ -30,7 +30,7 @@ def wrong_type(value: Any, hint: Any, default: Any = inspect.Parameter.empty) ->
     return _wrong_for_default(value, default)
 
 
-def _fits(value: Any, hint: Any) -> Optional[bool]:
+def _fits(value: Any, hint: Any) -> bool | None:
     """True, False, or None (cannot tell)."""
     if hint is Any or isinstance(hint, typing.TypeVar):
         return True
@@ -38,7 +38,9 @@ def _fits(value: Any, hint: Any) -> Optional[bool]:
         if hint is float:
             return isinstance(value, (int, float)) and not isinstance(value, bool)
         if hint is int:  # 1e4 is an int written as a float
-            return (isinstance(value, int) or (isinstance(value, float) and value.is_integer())) and not isinstance(value, bool)
+            return (isinstance(value, int) or (isinstance(value, float) and value.is_integer())) and not isinstance(
+                value, bool
+            )
         return isinstance(value, hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union or origin is types.UnionType:
@@ -50,7 +52,7 @@ def _fits(value: Any, hint: Any) -> Optional[bool]:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 return False
-            verdicts = [_fits(item, arg) for item, arg in zip(value, args)]
+            verdicts = [_fits(item, arg) for item, arg in zip(value, args, strict=False)]
         else:
             verdicts = [_fits(item, args[0]) for item in value] if args else []
         return False if False in verdicts else (None if None in verdicts else True)
@@ -59,7 +61,7 @@ def _fits(value: Any, hint: Any) -> Optional[bool]:
     return None
 
 
-def _wrong_for_default(value: Any, default: Any) -> Optional[str]:
+def _wrong_for_default(value: Any, default: Any) -> str | None:
     """No usable hint: a string or a mapping where the default is a number or a bool (a list may be a per-group
     value, as CyclicLR's base_momentum; a number may stand for a bool)."""
     if default is inspect.Parameter.empty or default is None or not isinstance(value, (str, dict)):

@@ -11,7 +11,8 @@ import inspect
 import logging
 import os
 import typing
-from typing import Any, Callable, Dict
+from collections.abc import Callable
+from typing import Any
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
@@ -30,7 +31,7 @@ RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", "checkpoint")
 
 
-def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]:
+def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> dict[str, Any]:
     """Every check that can run on the driver, each independent one run even when another failed: the error
     (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
     that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``)."""
@@ -55,12 +56,16 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]
     trainer, scaling = resolved["trainer"], resolved["scaling"]
     if not problems.failed("model", "task"):
         with problems.collect():
-            check_models_and_optimizers(resolved["model"], resolved["optimizer"], resolved["task"], values=not problems.failed("optimizer"))
+            check_models_and_optimizers(
+                resolved["model"], resolved["optimizer"], resolved["task"], values=not problems.failed("optimizer")
+            )
     if not problems.failed("trainer", "scaling"):
         with problems.collect():
             check_trainer_switches(trainer, scaling)
         with problems.collect():
-            for world_size in range(max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1):
+            for world_size in range(
+                max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1
+            ):
                 per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
     if rehearse and not problems.failed("model", "dataset", "task", "trainer", "checkpoint", "logger"):
         from hydra_raytrain.config.rehearsal import rehearse
@@ -71,7 +76,9 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]
     return resolved
 
 
-def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any], task: Dict[str, Any], values: bool = True) -> None:
+def check_models_and_optimizers(
+    model: dict[str, Any], optimizer: dict[str, Any], task: dict[str, Any], values: bool = True
+) -> None:
     """``model`` is one ``_target_`` node, or several named ones (a GAN) for a task that owns its step;
     ``optimizer`` is one node for every model, or one per model name. ``values``: also build each optimizer
     (not when its arguments were already refused)."""
@@ -81,7 +88,9 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
     task_cls = get_object(task["_target_"])
     if len(names) > 1 and getattr(task_cls, "train_batch", None) is Task.train_batch:
         raise ConfigError(
-            "model", names, f"names several models, but {task['_target_']} trains one (it keeps Task.train_batch).",
+            "model",
+            names,
+            f"names several models, but {task['_target_']} trains one (it keeps Task.train_batch).",
             "a task that overrides train_batch and steps each model, e.g. task=gan; or one model",
         )
     if "_target_" in optimizer:
@@ -90,7 +99,8 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
         return
     if sorted(optimizer) != names:
         raise ConfigError(
-            "optimizer", sorted(optimizer),
+            "optimizer",
+            sorted(optimizer),
             "names optimizers that do not match the models (one optimizer node for all models, or one per model).",
             f"optimizer.<name> for each of: {', '.join(names)}",
         )
@@ -102,7 +112,7 @@ def check_models_and_optimizers(model: Dict[str, Any], optimizer: Dict[str, Any]
 _OPTIMIZER_WORDS = {"lr": "learning rate", "eps": "epsilon", "betas": "beta"}
 
 
-def check_optimizer_values(key: str, node: Dict[str, Any]) -> None:
+def check_optimizer_values(key: str, node: dict[str, Any]) -> None:
     """torch's own checks of an optimizer's values (lr < 0, a beta outside [0, 1), eps < 0...), run here on one
     dummy parameter as the training loop builds it (``instantiate(node)(parameters)``): a bad value is a config
     error naming its key before any worker starts, not a failure in every worker."""
@@ -116,9 +126,15 @@ def check_optimizer_values(key: str, node: Dict[str, Any]) -> None:
         instantiate(node)([torch.nn.Parameter(torch.zeros(2, 2))])
     except Exception as error:  # torch.optim raises ValueError for a value out of range, RuntimeError for a combination
         reason = str(error).strip()
-        named = [name for name in node if name not in HYDRA_KEYS and (name in reason or _OPTIMIZER_WORDS.get(name, name) in reason)]
+        named = [
+            name
+            for name in node
+            if name not in HYDRA_KEYS and (name in reason or _OPTIMIZER_WORDS.get(name, name) in reason)
+        ]
         if named:
-            raise ConfigError(f"{key}.{named[0]}", node[named[0]], f"{node['_target_']} rejects it: {reason}.") from None
+            raise ConfigError(
+                f"{key}.{named[0]}", node[named[0]], f"{node['_target_']} rejects it: {reason}."
+            ) from None
         raise ConfigError(key, node["_target_"], f"rejects its arguments: {reason}.") from None
 
 
@@ -126,13 +142,15 @@ def _keyword_names(function: Callable) -> list[str]:
     return [name for name in inspect.signature(function).parameters if name not in ("self", "model", "module")]
 
 
-def check_trainer_switches(trainer: Dict[str, Any], scaling: Dict[str, Any]) -> None:
+def check_trainer_switches(trainer: dict[str, Any], scaling: dict[str, Any]) -> None:
     import torch
 
     on_gpu = scaling["use_gpu"]
     if trainer["parallel_strategy"] == "fsdp" and not on_gpu:
         raise ConfigError(
-            "trainer.parallel_strategy", "fsdp", "FSDP shards a model over GPUs; these workers have none (scaling.use_gpu=false).",
+            "trainer.parallel_strategy",
+            "fsdp",
+            "FSDP shards a model over GPUs; these workers have none (scaling.use_gpu=false).",
             "scaling.use_gpu=true, or trainer.parallel_strategy=ddp",
         )
     strategy = torch.nn.parallel.DistributedDataParallel
@@ -142,16 +160,25 @@ def check_trainer_switches(trainer: Dict[str, Any], scaling: Dict[str, Any]) -> 
     for name, value in (trainer["parallel_strategy_kwargs"] or {}).items():
         if name not in accepted:
             raise ConfigError(
-                f"trainer.parallel_strategy_kwargs.{name}", value,
-                f"{strategy.__name__} has no argument {name!r}{did_you_mean(name, accepted)}.", ", ".join(accepted),
+                f"trainer.parallel_strategy_kwargs.{name}",
+                value,
+                f"{strategy.__name__} has no argument {name!r}{did_you_mean(name, accepted)}.",
+                ", ".join(accepted),
             )
     accepted = _keyword_names(torch.compile)
     for name, value in (trainer["compile_kwargs"] or {}).items():
         if name not in accepted:
-            raise ConfigError(f"trainer.compile_kwargs.{name}", value, f"torch.compile has no argument {name!r}{did_you_mean(name, accepted)}.", ", ".join(accepted))
+            raise ConfigError(
+                f"trainer.compile_kwargs.{name}",
+                value,
+                f"torch.compile has no argument {name!r}{did_you_mean(name, accepted)}.",
+                ", ".join(accepted),
+            )
     if trainer["precision"] == "16-mixed" and not on_gpu and not _cpu_supports_fp16_autocast():
         raise ConfigError(
-            "trainer.precision", "16-mixed", f"this torch ({torch.__version__}) has no float16 autocast on CPU.",
+            "trainer.precision",
+            "16-mixed",
+            f"this torch ({torch.__version__}) has no float16 autocast on CPU.",
             "trainer.precision=bf16-mixed on CPU workers, or scaling.use_gpu=true",
         )
 
@@ -170,7 +197,7 @@ def _cpu_supports_fp16_autocast() -> bool:
             return False
 
 
-def resolve(cfg: DictConfig, problems: Problems) -> Dict[str, Any]:
+def resolve(cfg: DictConfig, problems: Problems) -> dict[str, Any]:
     """The config as plain containers, section by section: a missing value (``???``) or an interpolation that
     cannot be resolved is a problem of its own section; the sections that resolve are returned."""
     missing = _missing_keys(cfg)
@@ -237,14 +264,16 @@ def locate(key: str, path: str) -> Callable:
         except Exception:
             pass
         raise ConfigError(
-            f"{key}._target_", path, f"cannot be imported{hint}: {one_line(error)}",
+            f"{key}._target_",
+            path,
+            f"cannot be imported{hint}: {one_line(error)}",
             "the dotted path of an importable class or function, e.g. torch.optim.SGD.",
         ) from None
     finally:
         hydra_log.disabled = False
 
 
-def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
+def check_call(key: str, node: dict[str, Any], cwd: str) -> None:
     """The node's arguments against its target's signature: names, values of a plainly wrong type, required
     ones, then paths. Every argument's problem is reported, not the first one only."""
     target = locate(key, node["_target_"])
@@ -260,17 +289,31 @@ def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
     hints = _type_hints(target)
     for name, value in kwargs.items():
         if name not in params and not takes_any:
-            problems.add(ConfigError(
-                f"{key}.{name}", value, f"{node['_target_']} has no argument {name!r}{did_you_mean(name, accepted)}.",
-                ", ".join(accepted) or "(no arguments)",
-            ))
+            problems.add(
+                ConfigError(
+                    f"{key}.{name}",
+                    value,
+                    f"{node['_target_']} has no argument {name!r}{did_you_mean(name, accepted)}.",
+                    ", ".join(accepted) or "(no arguments)",
+                )
+            )
         elif name in params and value != "???":  # a missing value is reported as such
             expected = wrong_type(value, hints.get(name), params[name].default)
             if expected:
                 default = params[name].default
-                example = f", e.g. {key}.{name}={default}" if default is not inspect.Parameter.empty and default is not None else ""
-                problems.add(ConfigError(f"{key}.{name}", value, f"{node['_target_']} takes {expected} for {name!r}, not {type(value).__name__}.",
-                                         f"{expected}{example}"))
+                example = (
+                    f", e.g. {key}.{name}={default}"
+                    if default is not inspect.Parameter.empty and default is not None
+                    else ""
+                )
+                problems.add(
+                    ConfigError(
+                        f"{key}.{name}",
+                        value,
+                        f"{node['_target_']} takes {expected} for {name!r}, not {type(value).__name__}.",
+                        f"{expected}{example}",
+                    )
+                )
     problems.raise_any()
     bind = signature.bind_partial if node.get("_partial_") else signature.bind
     try:
@@ -278,26 +321,35 @@ def check_call(key: str, node: Dict[str, Any], cwd: str) -> None:
     except TypeError as error:
         passed = RUNTIME_ARGUMENTS.get(key.split(".")[0])
         if passed and not node.get("_partial_") and f"'{passed}'" in str(error):
-            raise ConfigError(f"{key}._partial_", None, f"{node['_target_']} needs {passed!r}, which the runner passes at run time.",
-                              f"add `_partial_: true` to {key} (on the command line: +{key}._partial_=true)") from None
-        raise ConfigError(key, node["_target_"], f"its arguments do not fit: {error}.", f"arguments of {node['_target_']}: {', '.join(accepted)}") from None
+            raise ConfigError(
+                f"{key}._partial_",
+                None,
+                f"{node['_target_']} needs {passed!r}, which the runner passes at run time.",
+                f"add `_partial_: true` to {key} (on the command line: +{key}._partial_=true)",
+            ) from None
+        raise ConfigError(
+            key,
+            node["_target_"],
+            f"its arguments do not fit: {error}.",
+            f"arguments of {node['_target_']}: {', '.join(accepted)}",
+        ) from None
     _check_paths(key, target, node, cwd)
 
 
-def _type_hints(target: Callable) -> Dict[str, Any]:
+def _type_hints(target: Callable) -> dict[str, Any]:
     try:
         return typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
     except Exception:  # a hint that does not evaluate: nothing to check by
         return {}
 
 
-def _check_paths(key: str, target: Callable, node: Dict[str, Any], cwd: str) -> None:
+def _check_paths(key: str, target: Callable, node: dict[str, Any], cwd: str) -> None:
     for name, must_exist in absolute_paths(target, node, cwd):
         if must_exist and not os.path.isdir(node[name]):
             raise ConfigError(f"{key}.{name}", node[name], "no such folder.", "the path of an existing folder.")
 
 
-def absolute_paths(target: Callable, node: Dict[str, Any], cwd: str) -> list[tuple[str, bool]]:
+def absolute_paths(target: Callable, node: dict[str, Any], cwd: str) -> list[tuple[str, bool]]:
     """Make the node's path arguments (``LocalPath`` / ``ExistingDir``) absolute against ``cwd``, in place;
     returns each one's name and whether it must exist."""
     paths = []

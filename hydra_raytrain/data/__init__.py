@@ -4,8 +4,12 @@ Exports resolve lazily: validating ``hydra_raytrain.data.digits`` on the driver 
 from hydra_raytrain.lazy import lazy_exports
 
 _EXPORTS = {
-    "Splits": "splits", "digits": "bundled", "diabetes": "bundled",
-    "fake": "vision", "imagefolder": "vision", "torchvision_builtin": "vision",
+    "Splits": "splits",
+    "digits": "bundled",
+    "diabetes": "bundled",
+    "fake": "vision",
+    "imagefolder": "vision",
+    "torchvision_builtin": "vision",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -13,7 +13,9 @@ from torch.utils.data import TensorDataset
 from hydra_raytrain.data.splits import Splits, check_shape, random_split_indices
 
 
-def digits(input_shape: Sequence[int] = (1, 8, 8), num_outputs: int = 10, val_fraction: float = 0.2, split_seed: int = 0) -> Splits:
+def digits(
+    input_shape: Sequence[int] = (1, 8, 8), num_outputs: int = 10, val_fraction: float = 0.2, split_seed: int = 0
+) -> Splits:
     """1,797 8x8 grayscale digits (pixels 0..16, scaled to 0..1), 10 classes."""
     check_shape("digits", input_shape, (1, 8, 8), num_outputs, 10)
     pixels, target = digits_arrays()
@@ -23,12 +25,14 @@ def digits(input_shape: Sequence[int] = (1, 8, 8), num_outputs: int = 10, val_fr
     return Splits(TensorDataset(images[train], labels[train]), TensorDataset(images[val], labels[val]))
 
 
-def digits_arrays(package_dir: str = "") -> Tuple[np.ndarray, np.ndarray]:
+def digits_arrays(package_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
     """``load_digits()``'s images and target, read with numpy from the file scikit-learn ships
     (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row), as load_digits reads it. Importing
     sklearn.datasets (scipy and more) took 1.5-2.7 s of every worker's start, for a 30 ms read. Where the file is
     not there (another layout), load_digits itself."""
-    package_dir = package_dir or importlib.util.find_spec("sklearn").submodule_search_locations[0]  # sklearn not imported
+    package_dir = (
+        package_dir or importlib.util.find_spec("sklearn").submodule_search_locations[0]
+    )  # sklearn not imported
     path = os.path.join(package_dir, "datasets", "data", "digits.csv.gz")
     if not os.path.isfile(path):
         from sklearn.datasets import load_digits
@@ -39,7 +43,9 @@ def digits_arrays(package_dir: str = "") -> Tuple[np.ndarray, np.ndarray]:
     return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(int)
 
 
-def diabetes(input_shape: Sequence[int] = (10,), num_outputs: int = 1, val_fraction: float = 0.2, split_seed: int = 0) -> Splits:
+def diabetes(
+    input_shape: Sequence[int] = (10,), num_outputs: int = 1, val_fraction: float = 0.2, split_seed: int = 0
+) -> Splits:
     """442 patients, 10 features, disease progression after one year. Features and target are standardised
     with the training split's mean and std, so losses are in units of the target's standard deviation."""
     from sklearn.datasets import load_diabetes

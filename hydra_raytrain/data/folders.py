@@ -13,7 +13,6 @@ resolved values). No torch here: the config layer imports this module.
 from __future__ import annotations
 
 import os
-from typing import List
 
 from hydra_raytrain.config.errors import ConfigError
 
@@ -30,7 +29,7 @@ def train_folder(root: str) -> str:
     return train if os.path.isdir(train) else root
 
 
-def class_folders(root: str) -> List[str]:
+def class_folders(root: str) -> list[str]:
     """The class folders of the training split, sorted (ImageFolder's class order); a clear error when ``root``
     is not an image folder."""
     if not os.path.isdir(root):
@@ -46,7 +45,7 @@ def class_count(root: str) -> int:
     return len(class_folders(os.path.abspath(os.path.expanduser(root))))
 
 
-def image_shape(root: str) -> List[int]:
+def image_shape(root: str) -> list[int]:
     """``[channels, height, width]`` of the first image of the first class (1 channel for grayscale modes)."""
     from PIL import Image
 
@@ -61,7 +60,13 @@ def image_shape(root: str) -> List[int]:
                     width, height = image.size
                     channels = 1 if image.mode in GRAYSCALE_MODES else 3
             except OSError as error:
-                raise ConfigError("dataset.input_shape", None, f"cannot read {path} to infer it ({error}).",
-                                  "dataset.input_shape=[C,H,W], e.g. [3,64,64]") from None
+                raise ConfigError(
+                    "dataset.input_shape",
+                    None,
+                    f"cannot read {path} to infer it ({error}).",
+                    "dataset.input_shape=[C,H,W], e.g. [3,64,64]",
+                ) from None
             return [channels, height, width]
-    raise ConfigError("dataset.root", root, f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder}.", LAYOUT)
+    raise ConfigError(
+        "dataset.root", root, f"no images ({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder}.", LAYOUT
+    )

@@ -5,7 +5,8 @@ torchvision is imported inside the builders: the driver validates these signatur
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torch.utils.data import Subset
 
@@ -15,7 +16,9 @@ from hydra_raytrain.data.folders import LAYOUT, train_folder
 from hydra_raytrain.data.splits import Splits, check_image_shape, random_split_indices
 
 
-def image_transform(input_shape: Sequence[int], mean: Optional[Sequence[float]] = None, std: Optional[Sequence[float]] = None):
+def image_transform(
+    input_shape: Sequence[int], mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+):
     """PIL image -> float tensor of exactly ``input_shape`` (channels converted, resized), optionally normalised."""
     from torchvision import transforms as T
 
@@ -37,8 +40,8 @@ def torchvision_builtin(
     input_shape: Sequence[int],
     num_outputs: int,
     download: bool = False,
-    mean: Optional[Sequence[float]] = None,
-    std: Optional[Sequence[float]] = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
 ) -> Splits:
     """``torchvision.datasets.<name>(root, train=True/False)``, e.g. MNIST, FashionMNIST, CIFAR10."""
     import torchvision
@@ -46,7 +49,12 @@ def torchvision_builtin(
     dataset_cls = getattr(torchvision.datasets, name, None)
     if dataset_cls is None:
         known = [n for n in torchvision.datasets.__all__ if n[0].isupper()]
-        raise ConfigError("dataset.name", name, f"torchvision.datasets has no {name!r}{did_you_mean(name, known)}.", "e.g. MNIST, FashionMNIST, CIFAR10")
+        raise ConfigError(
+            "dataset.name",
+            name,
+            f"torchvision.datasets has no {name!r}{did_you_mean(name, known)}.",
+            "e.g. MNIST, FashionMNIST, CIFAR10",
+        )
     transform = image_transform(input_shape, mean, std)
     try:
         splits = Splits(
@@ -55,7 +63,9 @@ def torchvision_builtin(
         )
     except (RuntimeError, OSError) as error:  # torchvision: "Dataset not found...", or the download failed
         raise ConfigError(
-            "dataset.root", root, f"no usable {name} data there ({type(error).__name__}: {error}).",
+            "dataset.root",
+            root,
+            f"no usable {name} data there ({type(error).__name__}: {error}).",
             f"dataset.download=true on a machine with internet access, or torchvision's {name} files copied there",
         ) from error
     classes = getattr(splits.train, "classes", None)
@@ -67,11 +77,17 @@ def torchvision_builtin(
 def check_class_count(num_outputs: int, classes: Sequence[str], where: str) -> None:
     if len(classes) != num_outputs:
         shown = ", ".join(classes[:10]) + (", ..." if len(classes) > 10 else "")
-        raise ConfigError("dataset.num_outputs", num_outputs, f"{where} has {len(classes)} classes ({shown}).",
-                          f"dataset.num_outputs={len(classes)}")
+        raise ConfigError(
+            "dataset.num_outputs",
+            num_outputs,
+            f"{where} has {len(classes)} classes ({shown}).",
+            f"dataset.num_outputs={len(classes)}",
+        )
 
 
-def fake(input_shape: Sequence[int] = (3, 32, 32), num_outputs: int = 10, train_size: int = 1024, val_size: int = 256) -> Splits:
+def fake(
+    input_shape: Sequence[int] = (3, 32, 32), num_outputs: int = 10, train_size: int = 1024, val_size: int = 256
+) -> Splits:
     """Random images (torchvision.datasets.FakeData) for throughput tests; deterministic per index."""
     import torchvision
     from torchvision import transforms as T
@@ -93,8 +109,8 @@ def imagefolder(
     num_outputs: int,
     val_fraction: float = 0.2,
     split_seed: int = 0,
-    mean: Optional[Sequence[float]] = None,
-    std: Optional[Sequence[float]] = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
 ) -> Splits:
     """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
     Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way."""
@@ -106,8 +122,12 @@ def imagefolder(
     if train_dir != root and os.path.isdir(val_dir):
         val = _image_folder(val_dir, transform, root)
         if val.classes != train.classes:
-            raise ConfigError("dataset.root", root, f"{val_dir} has classes {val.classes}, {train_dir} has {train.classes}.",
-                              "the same class folders under train/ and val/")
+            raise ConfigError(
+                "dataset.root",
+                root,
+                f"{val_dir} has classes {val.classes}, {train_dir} has {train.classes}.",
+                "the same class folders under train/ and val/",
+            )
         return Splits(train, val)
     train_idx, val_idx = random_split_indices(len(train), val_fraction, split_seed)
     return Splits(Subset(train, train_idx), Subset(train, val_idx))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
@@ -19,7 +20,7 @@ def scaling_config(scaling: Mapping[str, Any]) -> ScalingConfig:
     )
 
 
-def worker_env(cfg: Mapping[str, Any], base: Mapping[str, str], pythonpath: Optional[str]) -> dict:
+def worker_env(cfg: Mapping[str, Any], base: Mapping[str, str], pythonpath: str | None) -> dict:
     """Every worker's environment: the runner's own variables, the driver's import path, what
     ``trainer.deterministic`` needs, then the user's ``scaling.worker_env`` (which wins)."""
     env = {**base}
@@ -49,8 +50,8 @@ def checkpoint_config(checkpoint: Mapping[str, Any]) -> CheckpointConfig:
 def run_config(
     cfg: Mapping[str, Any],
     storage_path: str,
-    callbacks: Optional[Sequence[Any]] = None,
-    worker_env: Optional[Mapping[str, str]] = None,
+    callbacks: Sequence[Any] | None = None,
+    worker_env: Mapping[str, str] | None = None,
 ) -> RunConfig:
     return RunConfig(
         name=run_name(cfg),

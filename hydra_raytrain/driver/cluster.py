@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any
 
 import ray
 
@@ -27,15 +28,15 @@ WORKER_MEMORY_BYTES = 700 * 2**20
 @dataclass(frozen=True)
 class ResourceRequest:
     num_workers: int  # what must fit (the minimum, when elastic)
-    per_worker: Dict[str, float]
-    max_workers: Optional[int] = None  # elastic: what a new local cluster is sized for
+    per_worker: dict[str, float]
+    max_workers: int | None = None  # elastic: what a new local cluster is sized for
 
     @property
-    def total(self) -> Dict[str, float]:
+    def total(self) -> dict[str, float]:
         return {name: amount * self.num_workers for name, amount in self.per_worker.items() if amount}
 
     @property
-    def largest(self) -> "ResourceRequest":
+    def largest(self) -> ResourceRequest:
         return ResourceRequest(max(self.num_workers, self.max_workers or 0), self.per_worker)
 
     def describe(self) -> str:
@@ -46,7 +47,9 @@ class ResourceRequest:
 def resource_request(scaling: Mapping[str, Any]) -> ResourceRequest:
     """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
     per_worker = scaling_config(scaling)._resources_per_worker_not_none
-    return ResourceRequest(scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()}, scaling["max_workers"])
+    return ResourceRequest(
+        scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()}, scaling["max_workers"]
+    )
 
 
 def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_cfg: Mapping[str, Any]) -> int:
@@ -56,7 +59,8 @@ def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_
     limit = int(cores * ray_cfg["max_cpu_oversubscription"])
     if wanted > limit:
         raise ConfigError(
-            "scaling.num_workers", request.num_workers,
+            "scaling.num_workers",
+            request.num_workers,
             f"{request.describe()} needs {wanted:g} CPUs; this machine has {cores} cores and a local cluster "
             f"promises at most {limit} (ray.max_cpu_oversubscription={ray_cfg['max_cpu_oversubscription']:g} per core).",
             f"scaling.num_workers <= {limit // max(1, int(request.per_worker.get('CPU', 1)))}, fewer CPUs in "
@@ -66,14 +70,17 @@ def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_
     if memory > free_memory:
         most = max(0, free_memory // WORKER_MEMORY_BYTES)
         raise ConfigError(
-            "scaling.num_workers", request.num_workers,
+            "scaling.num_workers",
+            request.num_workers,
             f"{request.num_workers} worker processes need about {memory / 2**30:.1f} GiB; this machine has "
             f"{free_memory / 2**30:.1f} GiB free.",
             f"scaling.num_workers <= {most}, or a bigger cluster via ray.address=HOST:PORT.",
         )
     planned = ray_cfg["num_cpus"] or max(cores, int(-(-wanted // 1)))
     if planned < wanted:
-        raise ConfigError("ray.num_cpus", ray_cfg["num_cpus"], f"{request.describe()} needs {wanted:g} CPUs.", f">= {wanted:g}")
+        raise ConfigError(
+            "ray.num_cpus", ray_cfg["num_cpus"], f"{request.describe()} needs {wanted:g} CPUs.", f">= {wanted:g}"
+        )
     return planned
 
 
@@ -85,15 +92,19 @@ def check_fits(request: ResourceRequest, available: Mapping[str, float], where: 
             key = "scaling.use_gpu" if name == "GPU" else "scaling.num_workers"
             value = True if name == "GPU" else request.num_workers
             raise ConfigError(
-                key, value,
+                key,
+                value,
                 f"{request.describe()} needs {amount:g} {name}; {where} has {have:g}.",
                 "a request within those resources (scaling.num_workers, scaling.resources_per_worker"
-                + (", scaling.use_gpu=false" if name == "GPU" else "") + "), or another cluster via ray.address.",
+                + (", scaling.use_gpu=false" if name == "GPU" else "")
+                + "), or another cluster via ray.address.",
             )
 
 
-RAY_ADDRESS_VALID = ("the HOST:PORT of a running cluster's head (what `ray start --head` prints), auto for the cluster "
-                     "started on this machine, or null to start a local cluster")
+RAY_ADDRESS_VALID = (
+    "the HOST:PORT of a running cluster's head (what `ray start --head` prints), auto for the cluster "
+    "started on this machine, or null to start a local cluster"
+)
 
 
 def check_reachable(address: str, timeout_s: float = 3.0) -> None:
@@ -106,7 +117,9 @@ def check_reachable(address: str, timeout_s: float = 3.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as error:
-        raise ConfigError("ray.address", address, f"no Ray cluster answers there ({error.strerror or error}).", RAY_ADDRESS_VALID) from None
+        raise ConfigError(
+            "ray.address", address, f"no Ray cluster answers there ({error.strerror or error}).", RAY_ADDRESS_VALID
+        ) from None
 
 
 def local_gpu_count() -> int:
@@ -127,13 +140,19 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
     if ray.is_initialized():
         check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
         return
-    common = dict(runtime_env=dict(ray_cfg["runtime_env"]) or None, logging_level=ray_cfg["logging_level"], include_dashboard=ray_cfg["include_dashboard"])
+    common = dict(
+        runtime_env=dict(ray_cfg["runtime_env"]) or None,
+        logging_level=ray_cfg["logging_level"],
+        include_dashboard=ray_cfg["include_dashboard"],
+    )
     num_cpus = check_request(ray_cfg, request)
     if ray_cfg["address"]:
         try:
             ray.init(address=ray_cfg["address"], **common)
         except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
-            raise ConfigError("ray.address", ray_cfg["address"], f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID) from None
+            raise ConfigError(
+                "ray.address", ray_cfg["address"], f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID
+            ) from None
         check_fits(request, ray.cluster_resources(), f"the cluster at ray.address={ray_cfg['address']}")
         return
     gpus = local_gpu_count()
@@ -149,18 +168,22 @@ def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
         ray.init(**local, **local_cluster_environment(ray_cfg["include_dashboard"], port=free_port()))
 
 
-def check_request(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> Optional[int]:
+def check_request(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> int | None:
     """What can be checked before starting or joining Ray: a joined cluster's address answers; this machine can
     serve a local cluster for the request (its GPUs, CPUs and memory). Returns the local cluster's CPUs."""
     if ray_cfg["address"]:
         check_reachable(ray_cfg["address"])
         return None
     if request.total.get("GPU"):
-        check_fits(ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}), {"GPU": local_gpu_count()}, "this machine")
+        check_fits(
+            ResourceRequest(request.num_workers, {"GPU": request.per_worker["GPU"]}),
+            {"GPU": local_gpu_count()},
+            "this machine",
+        )
     return plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
 
 
-def local_cluster_environment(include_dashboard: Optional[bool], port: Optional[int] = None) -> Dict[str, Any]:
+def local_cluster_environment(include_dashboard: bool | None, port: int | None = None) -> dict[str, Any]:
     """What a new local cluster's processes inherit from this one's environment, and its dashboard port.
 
     - Ray's state API (Ray Train's placement-group cleaner calls it in every run) finds "the" cluster by looking
@@ -180,7 +203,7 @@ def local_cluster_environment(include_dashboard: Optional[bool], port: Optional[
     return {"dashboard_port": port}
 
 
-def local_runtime_env(runtime_env: Optional[Dict[str, Any]], include_dashboard: Optional[bool]) -> Optional[Dict[str, Any]]:
+def local_runtime_env(runtime_env: dict[str, Any] | None, include_dashboard: bool | None) -> dict[str, Any] | None:
     """A new local cluster's job runtime_env: the user's ``ray.runtime_env``, and without the dashboard (so without
     Ray's state API, which Ray Train's placement-group cleaner asks every few seconds, warning each time) a
     ``worker_process_setup_hook`` that keeps that cleaner to errors: it has nothing to clean on a cluster that
@@ -209,13 +232,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def state_api_problem(timeout_s: float = 60) -> Optional[str]:
+def state_api_problem(timeout_s: float = 60) -> str | None:
     """Why a process in the cluster cannot reach Ray's state API (None when it can), asked from such a process on
     this node, as Ray Train's placement-group cleaner asks it: the dashboard serves the API."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(num_cpus=0)
-    def reach() -> Optional[str]:
+    def reach() -> str | None:
         from ray.util.state import list_nodes
 
         try:

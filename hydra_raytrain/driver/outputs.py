@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from ray.train import UserCallback
 
@@ -29,13 +29,13 @@ class EpochLog(UserCallback):
         self.max_epochs = max_epochs
         self.linked = False
 
-    def after_report(self, run_context, metrics: List[Dict[str, Any]], checkpoint) -> None:
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if not self.linked:  # the controller's own stdout / stderr, linked into <run dir>/logs
             link_process_logs(os.path.dirname(self.path), "controller")
             self.linked = True
         self.write(metrics[0])
 
-    def write(self, metrics: Dict[str, Any]) -> None:
+    def write(self, metrics: dict[str, Any]) -> None:
         """Append; an epoch a resumed run trains again (it failed after the last checkpoint) replaces the
         entries from that epoch on, so the file is always the run's one history."""
         history = read_history(os.path.dirname(self.path))
@@ -48,7 +48,7 @@ class EpochLog(UserCallback):
         print(format_epoch(metrics, self.max_epochs), flush=True)
 
 
-def format_epoch(metrics: Dict[str, Any], max_epochs: int) -> str:
+def format_epoch(metrics: dict[str, Any], max_epochs: int) -> str:
     shown = [f"epoch {metrics['epoch']}/{max_epochs}"]
     for name, value in metrics.items():
         if name.startswith(("train_", "val_")):
@@ -57,7 +57,7 @@ def format_epoch(metrics: Dict[str, Any], max_epochs: int) -> str:
     return "  ".join(shown)
 
 
-def read_history(run_dir: str) -> List[Dict[str, Any]]:
+def read_history(run_dir: str) -> list[dict[str, Any]]:
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.exists(path):
         return []
@@ -65,7 +65,7 @@ def read_history(run_dir: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in file if line.strip()]
 
 
-def best_epoch(history: List[Dict[str, Any]], monitor: str, mode: str) -> Optional[Dict[str, Any]]:
+def best_epoch(history: list[dict[str, Any]], monitor: str, mode: str) -> dict[str, Any] | None:
     """The epoch whose ``monitor`` is best (first one on ties); NaNs never win."""
     scored = [m for m in history if isinstance(m.get(monitor), (int, float)) and not math.isnan(m[monitor])]
     if not scored:
@@ -75,9 +75,16 @@ def best_epoch(history: List[Dict[str, Any]], monitor: str, mode: str) -> Option
 
 
 def make_summary(
-    status: str, history: List[Dict[str, Any]], monitor: str, mode: str, run_dir: str, storage: str, wall_seconds: float, error: Optional[str] = None
-) -> Dict[str, Any]:
-    summary: Dict[str, Any] = {
+    status: str,
+    history: list[dict[str, Any]],
+    monitor: str,
+    mode: str,
+    run_dir: str,
+    storage: str,
+    wall_seconds: float,
+    error: str | None = None,
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {
         "status": status,
         "epochs_completed": len(history),
         "final": history[-1] if history else {},
@@ -93,7 +100,7 @@ def make_summary(
     return summary
 
 
-def finished_summary(run_dir: str) -> Optional[Dict[str, Any]]:
+def finished_summary(run_dir: str) -> dict[str, Any] | None:
     path = os.path.join(run_dir, SUMMARY_FILE)
     if not os.path.exists(path):
         return None
@@ -102,7 +109,7 @@ def finished_summary(run_dir: str) -> Optional[Dict[str, Any]]:
     return summary if summary.get("status") == "completed" else None
 
 
-def already_complete(summary: Dict[str, Any]) -> str:
+def already_complete(summary: dict[str, Any]) -> str:
     monitor, best = summary["monitor"], summary["best"]
     return (
         f"Run already complete: {summary['epochs_completed']} epochs, best {monitor} {best.get(monitor, float('nan')):.4f} "
@@ -110,7 +117,7 @@ def already_complete(summary: Dict[str, Any]) -> str:
     )
 
 
-def write_json(path: str, payload: Dict[str, Any]) -> None:
+def write_json(path: str, payload: dict[str, Any]) -> None:
     """Whole or not at all: write a sibling file, then rename over the target."""
     partial = path + ".partial"
     with open(partial, "w") as file:

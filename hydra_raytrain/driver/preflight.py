@@ -4,7 +4,7 @@ resources (a local cluster this machine can start for the request, or a ``ray.ad
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import ray
 from omegaconf import DictConfig, OmegaConf
@@ -14,7 +14,7 @@ from hydra_raytrain.config.errors import Problems
 from hydra_raytrain.driver import cluster
 
 
-def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any]:
+def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> dict[str, Any]:
     """The resolved config, or a ``ConfigError`` naming every problem found. ``rehearse=False``: a config that
     was rehearsed already (a sweep trial's, on the sweep's driver). A Ray already initialised in this process
     (a notebook, a sweep trial) is checked against when the run connects, not this machine."""
@@ -24,7 +24,9 @@ def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Dict[str, Any
         resolved = validate(cfg, cwd, rehearse=rehearse)
     if not ray.is_initialized() and not problems.failed("scaling", "ray"):
         try:
-            sections = resolved or {name: OmegaConf.to_container(cfg[name], resolve=True) for name in ("scaling", "ray")}
+            sections = resolved or {
+                name: OmegaConf.to_container(cfg[name], resolve=True) for name in ("scaling", "ray")
+            }
         except Exception:  # an interpolation of these sections that does not resolve is reported by validate
             sections = None
         with problems.collect():

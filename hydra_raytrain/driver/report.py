@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any
 
 CURVES_FILE = "curves.png"
 
 
-def plot_curves(history: List[Dict[str, Any]], path: str) -> None:
+def plot_curves(history: list[dict[str, Any]], path: str) -> None:
     """Loss, then each other metric the task reports, against epoch; train and validation on the same axes."""
     import matplotlib.pyplot as plt
 
@@ -16,7 +16,7 @@ def plot_curves(history: List[Dict[str, Any]], path: str) -> None:
     plt.close(figure)
 
 
-def curves_figure(history: List[Dict[str, Any]]):
+def curves_figure(history: list[dict[str, Any]]):
     import matplotlib
 
     matplotlib.use("Agg")  # no display on training machines
@@ -41,11 +41,11 @@ def curves_figure(history: List[Dict[str, Any]]):
     return figure
 
 
-def storage_line(summary: Dict[str, Any]) -> str:
+def storage_line(summary: dict[str, Any]) -> str:
     return f"Storage: {summary['storage']}"
 
 
-def summary_table(summary: Dict[str, Any]):
+def summary_table(summary: dict[str, Any]):
     """A rich Table: status, epochs, best and final metrics, wall time, throughput. The storage and run dir
     paths follow as plain lines (``storage_line``): rich folds anything wider than the console (80 columns
     when piped, as in CI logs), and a path folded mid-name cannot be copied."""

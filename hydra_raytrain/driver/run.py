@@ -1,6 +1,6 @@
 """``train(cfg)``: what ``python -m hydra_raytrain`` does, callable from tests and notebooks.
 
-    validate (driver) -> connect to Ray -> TorchTrainer.fit (workers run hydra_raytrain.recipe) -> run dir files
+validate (driver) -> connect to Ray -> TorchTrainer.fit (workers run hydra_raytrain.recipe) -> run dir files
 """
 
 from __future__ import annotations
@@ -8,15 +8,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 import ray
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
 from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
+from rich.console import Console
 
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.replaced import apply_command_line_targets
@@ -44,12 +45,17 @@ def import_path() -> str:
     return os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
 
 
-def hydra_run_dir() -> Optional[str]:
+def hydra_run_dir() -> str | None:
     return HydraConfig.get().runtime.output_dir if HydraConfig.initialized() else None
 
 
-def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Sequence[Any] = (), show_summary: bool = True,
-          rehearse: bool = True) -> Dict[str, Any]:
+def train(
+    cfg: DictConfig,
+    run_dir: str | None = None,
+    extra_callbacks: Sequence[Any] = (),
+    show_summary: bool = True,
+    rehearse: bool = True,
+) -> dict[str, Any]:
     """Train the configured model; return the summary (also written to ``<run_dir>/summary.json``).
 
     ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
@@ -85,10 +91,28 @@ def train(cfg: DictConfig, run_dir: Optional[str] = None, extra_callbacks: Seque
     _write_config(run_dir, cfg, resolved)
     quiet_ray_train(resolved["ray"]["logging_level"])
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
-        return _fit(resolved, run_dir, storage, name, local_mode=request.num_workers == 0, started=started, extra_callbacks=extra_callbacks, show_summary=show_summary)
+        return _fit(
+            resolved,
+            run_dir,
+            storage,
+            name,
+            local_mode=request.num_workers == 0,
+            started=started,
+            extra_callbacks=extra_callbacks,
+            show_summary=show_summary,
+        )
 
 
-def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_mode: bool, started: float, extra_callbacks: Sequence[Any] = (), show_summary: bool = True) -> Dict[str, Any]:
+def _fit(
+    resolved: dict[str, Any],
+    run_dir: str,
+    storage: str,
+    name: str,
+    local_mode: bool,
+    started: float,
+    extra_callbacks: Sequence[Any] = (),
+    show_summary: bool = True,
+) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
     task_cls = get_object(resolved["task"]["_target_"])
     monitor = resolved["trainer"]["monitor"] or task_cls.monitor
@@ -101,12 +125,16 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         train_loop_per_worker,
         train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},
         scaling_config=builders.scaling_config(resolved["scaling"]),
-        run_config=builders.run_config(resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env),
+        run_config=builders.run_config(
+            resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env
+        ),
     )
 
-    def finish(status: str, error: Optional[str] = None) -> Dict[str, Any]:
+    def finish(status: str, error: str | None = None) -> dict[str, Any]:
         history = outputs.read_history(run_dir)
-        summary = outputs.make_summary(status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error)
+        summary = outputs.make_summary(
+            status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error
+        )
         summary["stopped_early"] = status == "completed" and len(history) < resolved["trainer"]["max_epochs"]
         summary["loggers"] = sorted(resolved["logger"])  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
@@ -123,7 +151,9 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
         result = trainer.fit()
     except TrainingFailedError as error:
         finish("failed", error=str(error))
-        raise TrainingFailed(f"Training failed: {_first_cause(error)}\nRun dir: {run_dir} (summary.json has the full error)") from None
+        raise TrainingFailed(
+            f"Training failed: {_first_cause(error)}\nRun dir: {run_dir} (summary.json has the full error)"
+        ) from None
 
     if local_mode:  # local mode runs no callbacks: write the epochs it returned
         for metrics in result.return_value["history"]:
@@ -135,7 +165,7 @@ def _fit(resolved: Dict[str, Any], run_dir: str, storage: str, name: str, local_
     return summary
 
 
-def _log_finished_run(resolved: Dict[str, Any], run_dir: str, name: str, summary: Dict[str, Any]) -> Dict[str, Any]:
+def _log_finished_run(resolved: dict[str, Any], run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Loggers are not part of a run's identity: a logger added to a finished run's command gets the run's
     epochs from metrics.jsonl (on the driver, no training), and summary.json remembers it."""
     from hydra_raytrain.loggers.base import replay
@@ -155,7 +185,7 @@ def _log_finished_run(resolved: Dict[str, Any], run_dir: str, name: str, summary
     return summary
 
 
-def _tracker_env(resolved: Dict[str, Any]) -> Dict[str, str]:
+def _tracker_env(resolved: dict[str, Any]) -> dict[str, str]:
     """W&B's mode decided here (offline, with a warning, when its server cannot be reached) and W&B's variables
     forwarded to the workers, which on a joined cluster do not inherit the driver's environment."""
     node = resolved["logger"].get("wandb")
@@ -163,13 +193,22 @@ def _tracker_env(resolved: Dict[str, Any]) -> Dict[str, str]:
         return {}
     from hydra_raytrain.loggers import wandb
 
-    wandb.plan_mode(node, os.environ, wandb.server_problem, warn=lambda message: print(f"WARNING: {message}", file=sys.stderr, flush=True))
+    wandb.plan_mode(
+        node,
+        os.environ,
+        wandb.server_problem,
+        warn=lambda message: print(f"WARNING: {message}", file=sys.stderr, flush=True),
+    )
     return wandb.forwarded_env(os.environ)
 
 
 def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
     """``run.resume=never``: this run's earlier files and Ray state go, so nothing resumes from them."""
-    removed = [f for f in (outputs.METRICS_FILE, outputs.SUMMARY_FILE, outputs.MODEL_FILE) if os.path.exists(os.path.join(run_dir, f))]
+    removed = [
+        f
+        for f in (outputs.METRICS_FILE, outputs.SUMMARY_FILE, outputs.MODEL_FILE)
+        if os.path.exists(os.path.join(run_dir, f))
+    ]
     for file in removed:
         os.remove(os.path.join(run_dir, file))
     if delete_storage(f"{storage}/{name}"):
@@ -178,7 +217,7 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
 
 
-def _write_config(run_dir: str, cfg: DictConfig, resolved: Dict[str, Any]) -> None:
+def _write_config(run_dir: str, cfg: DictConfig, resolved: dict[str, Any]) -> None:
     """The composed config in ``.hydra/config.yaml`` (the CLI's run dir has Hydra's already), and the resolved one
     in ``config.json``, as in every checkpoint: absolute paths and inferred values, so ``evaluate`` works from any
     folder."""

@@ -6,8 +6,6 @@ credentials and endpoint from the usual environment, e.g. ``AWS_ACCESS_KEY_ID`` 
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import pyarrow.fs
 
 from hydra_raytrain.config.errors import ConfigError
@@ -17,7 +15,7 @@ def is_uri(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def filesystem(path: str) -> Tuple[pyarrow.fs.FileSystem, str]:
+def filesystem(path: str) -> tuple[pyarrow.fs.FileSystem, str]:
     return pyarrow.fs.FileSystem.from_uri(path if "://" in path else f"file://{path}")
 
 
@@ -26,7 +24,8 @@ def check_storage(path: str, nodes: int, shared_filesystem: bool) -> None:
     worker to reach the checkpoints), or a location that cannot be written (a missing bucket, no credentials)."""
     if nodes > 1 and not is_uri(path) and not shared_filesystem:
         raise ConfigError(
-            "storage.path", path,
+            "storage.path",
+            path,
             f"the cluster has {nodes} nodes, and Ray Train needs storage every node reaches; this is a local path.",
             "a URI such as s3://bucket/prefix, or a path on a filesystem mounted on every node with "
             "storage.shared_filesystem=true.",
@@ -37,7 +36,9 @@ def check_storage(path: str, nodes: int, shared_filesystem: bool) -> None:
     except Exception as error:
         reason = " ".join(str(error).split())
         raise ConfigError(
-            "storage.path", path, f"cannot be written: {reason}",
+            "storage.path",
+            path,
+            f"cannot be written: {reason}",
             "a writable folder, or a URI whose bucket exists, with credentials in the environment.",
         ) from None
 

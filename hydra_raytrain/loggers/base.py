@@ -7,7 +7,8 @@ own files (metrics.jsonl, summary.json, TensorBoard's) are still written.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Mapping, MutableMapping, Optional, Protocol
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Protocol
 
 from hydra.utils import instantiate
 
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 class Logger(Protocol):
-    def start(self, config: Dict[str, Any], run_dir: str, run_id: Optional[str]) -> str:
+    def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
         """Begin (or, given the ``run_id`` a checkpoint stored, continue) the tracker's run; return its id."""
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
@@ -24,12 +25,14 @@ class Logger(Protocol):
         """Always called, on failure too (``status`` "failed"), so a multirun logs every job."""
 
 
-def build_loggers(nodes: Mapping[str, Any]) -> Dict[str, Logger]:
+def build_loggers(nodes: Mapping[str, Any]) -> dict[str, Logger]:
     """``logger`` config (name -> ``_target_`` node) -> started-later logger objects, by name."""
     return {name: instantiate(node) for name, node in (nodes or {}).items()}
 
 
-def start_all(loggers: MutableMapping[str, Logger], config: Dict[str, Any], run_dir: str, run_ids: Mapping[str, str]) -> Dict[str, str]:
+def start_all(
+    loggers: MutableMapping[str, Logger], config: dict[str, Any], run_dir: str, run_ids: Mapping[str, str]
+) -> dict[str, str]:
     """Start each logger; one that fails is dropped from ``loggers`` with a warning."""
     started = {}
     for name, logger in list(loggers.items()):
@@ -48,7 +51,7 @@ def log_all(loggers: MutableMapping[str, Logger], metrics: Mapping[str, float], 
             _drop(loggers, name, "failed to log", error)
 
 
-def finish_all(loggers: Mapping[str, Logger], status: str) -> List[str]:
+def finish_all(loggers: Mapping[str, Logger], status: str) -> list[str]:
     """Finish every logger even if one fails; returns the errors so the caller can report them."""
     errors = []
     for name, logger in loggers.items():
@@ -59,7 +62,7 @@ def finish_all(loggers: Mapping[str, Logger], status: str) -> List[str]:
     return errors
 
 
-def replay(nodes: Mapping[str, Any], config: Dict[str, Any], run_dir: str, history: List[Dict[str, Any]]) -> List[str]:
+def replay(nodes: Mapping[str, Any], config: dict[str, Any], run_dir: str, history: list[dict[str, Any]]) -> list[str]:
     """Log a finished run's epochs (``metrics.jsonl``) to loggers that did not log it when it trained: a logger
     added to a finished run's command. Returns the names that logged every epoch."""
     loggers = build_loggers(nodes)
@@ -73,8 +76,10 @@ def replay(nodes: Mapping[str, Any], config: Dict[str, Any], run_dir: str, histo
 
 def _drop(loggers: MutableMapping[str, Logger], name: str, what: str, error: Exception) -> None:
     reason = " ".join(str(error).split())[:500]
-    log.warning(f"logger.{name} {what} ({type(error).__name__}: {reason}); training goes on without it "
-                f"(metrics.jsonl and summary.json are still written).")
+    log.warning(
+        f"logger.{name} {what} ({type(error).__name__}: {reason}); training goes on without it "
+        f"(metrics.jsonl and summary.json are still written)."
+    )
     try:
         loggers[name].finish("failed")
     except Exception:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 
 class TensorBoardLogger:
@@ -11,7 +12,7 @@ class TensorBoardLogger:
         self.subdir = subdir
         self.writer = None
 
-    def start(self, config: Dict[str, Any], run_dir: str, run_id: Optional[str]) -> str:
+    def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
         from tensorboardX import SummaryWriter
 
         self.writer = SummaryWriter(os.path.join(run_dir, self.subdir))

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import urlparse
 
 MODES = ("online", "offline", "disabled")
@@ -22,24 +23,38 @@ NOT_FORWARDED = ("WANDB_API_KEY", "WANDB_SERVICE")  # the key stays out of Ray; 
 
 
 class WandbLogger:
-    def __init__(self, project: Optional[str] = None, entity: Optional[str] = None, group: Optional[str] = None,
-                 tags: Optional[List[str]] = None, name: Optional[str] = None, mode: Optional[str] = None):
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        name: str | None = None,
+        mode: str | None = None,
+    ):
         if mode is not None and mode not in MODES:
             from hydra_raytrain.config.errors import ConfigError
 
-            raise ConfigError("logger.wandb.mode", mode, "unknown W&B mode.", "online, offline, disabled, or null (W&B's WANDB_MODE, else online)")
+            raise ConfigError(
+                "logger.wandb.mode",
+                mode,
+                "unknown W&B mode.",
+                "online, offline, disabled, or null (W&B's WANDB_MODE, else online)",
+            )
         given = dict(project=project, entity=entity, group=group, tags=tags or None, name=name, mode=mode)
         self.settings = {key: value for key, value in given.items() if value is not None}
         if project is None and not os.environ.get("WANDB_PROJECT"):
             self.settings["project"] = DEFAULT_PROJECT
         self.run = None
 
-    def start(self, config: Dict[str, Any], run_dir: str, run_id: Optional[str]) -> str:
+    def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
         import wandb
 
         # The run id is the run's identity (or what a checkpoint stored), so a resumed run continues the same W&B run.
         run_id = run_id or _wandb_id(config["run_name"])
-        self.run = wandb.init(id=run_id, resume="allow", dir=run_dir, config=config["cfg"], reinit="create_new", **self.settings)
+        self.run = wandb.init(
+            id=run_id, resume="allow", dir=run_dir, config=config["cfg"], reinit="create_new", **self.settings
+        )
         self.run.define_metric("epoch")
         self.run.define_metric("*", step_metric="epoch")
         return run_id
@@ -68,7 +83,12 @@ def effective_mode(node: Mapping[str, Any], environ: Mapping[str, str]) -> str:
     return {"dryrun": "offline", "run": "online"}.get(mode, mode)
 
 
-def plan_mode(node: Dict[str, Any], environ: Mapping[str, str], reachable: Callable[[str], Optional[str]], warn: Callable[[str], None]) -> None:
+def plan_mode(
+    node: dict[str, Any],
+    environ: Mapping[str, str],
+    reachable: Callable[[str], str | None],
+    warn: Callable[[str], None],
+) -> None:
     """On the driver, before the workers start: an online run whose W&B server does not answer logs offline
     instead (``node["mode"] = "offline"``), with one warning that says how to upload it later."""
     if effective_mode(node, environ) != "online":
@@ -78,11 +98,13 @@ def plan_mode(node: Dict[str, Any], environ: Mapping[str, str], reachable: Calla
     if problem is None:
         return
     node["mode"] = "offline"
-    warn(f"logger.wandb: W&B at {url} cannot be reached ({problem}); this run logs to W&B offline instead, "
-         f"into <run dir>/wandb. Upload it later with `wandb sync <run dir>/wandb/offline-run-*`.")
+    warn(
+        f"logger.wandb: W&B at {url} cannot be reached ({problem}); this run logs to W&B offline instead, "
+        f"into <run dir>/wandb. Upload it later with `wandb sync <run dir>/wandb/offline-run-*`."
+    )
 
 
-def server_problem(url: str, timeout_s: float = 3.0) -> Optional[str]:
+def server_problem(url: str, timeout_s: float = 3.0) -> str | None:
     """Why a TCP connection to the W&B server at ``url`` (or to the proxy that ``HTTPS_PROXY`` / ``HTTP_PROXY``
     name for it, unless ``NO_PROXY`` exempts it) fails, in a few seconds at most; None when it connects."""
     import urllib.request
@@ -99,6 +121,6 @@ def server_problem(url: str, timeout_s: float = 3.0) -> Optional[str]:
     return None
 
 
-def forwarded_env(environ: Mapping[str, str]) -> Dict[str, str]:
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """W&B's variables from the driver's environment, for the workers (on a joined cluster they do not inherit it)."""
     return {name: value for name, value in environ.items() if name.startswith("WANDB_") and name not in NOT_FORWARDED}

@@ -3,6 +3,12 @@ Exports resolve lazily: a config without a ResNet never imports torchvision."""
 
 from hydra_raytrain.lazy import lazy_exports
 
-_EXPORTS = {"MLP": "mlp", "SimpleCNN": "simple_cnn", "torchvision_resnet": "resnet", "Generator": "dcgan", "Discriminator": "dcgan"}
+_EXPORTS = {
+    "MLP": "mlp",
+    "SimpleCNN": "simple_cnn",
+    "torchvision_resnet": "resnet",
+    "Generator": "dcgan",
+    "Discriminator": "dcgan",
+}
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -19,9 +19,13 @@ class Generator(nn.Module):
         self.latent_dim, self.start = latent_dim, (width, height // 4, width_px // 4)
         self.project = nn.Linear(latent_dim, width * (height // 4) * (width_px // 4))
         self.body = nn.Sequential(
-            nn.BatchNorm2d(width), nn.ReLU(),
-            nn.ConvTranspose2d(width, width // 2, 4, stride=2, padding=1), nn.BatchNorm2d(width // 2), nn.ReLU(),
-            nn.ConvTranspose2d(width // 2, channels, 4, stride=2, padding=1), nn.Sigmoid(),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.ConvTranspose2d(width, width // 2, 4, stride=2, padding=1),
+            nn.BatchNorm2d(width // 2),
+            nn.ReLU(),
+            nn.ConvTranspose2d(width // 2, channels, 4, stride=2, padding=1),
+            nn.Sigmoid(),
         )
 
     def forward(self, noise: torch.Tensor) -> torch.Tensor:
@@ -35,9 +39,12 @@ class Discriminator(nn.Module):
         super().__init__()
         channels, height, width_px = input_shape
         self.body = nn.Sequential(
-            nn.Conv2d(channels, width // 2, 4, stride=2, padding=1), nn.LeakyReLU(0.2),
-            nn.Conv2d(width // 2, width, 4, stride=2, padding=1), nn.LeakyReLU(0.2),
-            nn.Flatten(), nn.Linear(width * (height // 4) * (width_px // 4), 1),
+            nn.Conv2d(channels, width // 2, 4, stride=2, padding=1),
+            nn.LeakyReLU(0.2),
+            nn.Conv2d(width // 2, width, 4, stride=2, padding=1),
+            nn.LeakyReLU(0.2),
+            nn.Flatten(),
+            nn.Linear(width * (height // 4) * (width_px // 4), 1),
         )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

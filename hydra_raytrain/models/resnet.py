@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -10,7 +10,9 @@ from torch import nn
 SMALL_IMAGE = 64
 
 
-def torchvision_resnet(arch: str, input_shape: Sequence[int], num_outputs: int, weights: Optional[str] = None) -> nn.Module:
+def torchvision_resnet(
+    arch: str, input_shape: Sequence[int], num_outputs: int, weights: str | None = None
+) -> nn.Module:
     """``torchvision.models.get_model(arch)`` with its stem and head replaced where the data needs it.
 
     ``weights`` (e.g. ``"IMAGENET1K_V1"``) loads pretrained weights; the head is then re-initialised for

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
 
 class SimpleCNN(nn.Module):
-    def __init__(self, input_shape: Sequence[int], num_outputs: int, channels: Sequence[int] = (32, 64), hidden: int = 128):
+    def __init__(
+        self, input_shape: Sequence[int], num_outputs: int, channels: Sequence[int] = (32, 64), hidden: int = 128
+    ):
         super().__init__()
         in_channels = input_shape[0]
         layers: list[nn.Module] = []
@@ -18,7 +20,9 @@ class SimpleCNN(nn.Module):
         # Pool to at most 4x4 whatever the image size, so one config serves 8x8 digits and 224x224 photos.
         side = min(4, input_shape[1], input_shape[2])
         self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(side), nn.Flatten())
-        self.head = nn.Sequential(nn.Linear(in_channels * side * side, hidden), nn.ReLU(), nn.Linear(hidden, num_outputs))
+        self.head = nn.Sequential(
+            nn.Linear(in_channels * side * side, hidden), nn.ReLU(), nn.Linear(hidden, num_outputs)
+        )
 
     def forward(self, x):
         return self.head(self.features(x))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,11 +38,17 @@ def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.pt"
 
 
-def rng_state() -> Dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     kind, keys, position, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": position, "has_gauss": has_gauss, "cached": cached},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": position,
+            "has_gauss": has_gauss,
+            "cached": cached,
+        },
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
@@ -50,26 +56,38 @@ def rng_state() -> Dict[str, Any]:
     return state
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     numpy = state["numpy"]
-    np.random.set_state((numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["cached"]))
+    np.random.set_state(
+        (numpy["kind"], numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["cached"])
+    )
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def gather(models: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimizer]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def gather(
+    models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (unsharded, unwrapped) model and optimizer states on rank 0's CPU, whatever wraps the models
     (DDP, FSDP, nothing). A collective under FSDP: every rank calls it; ranks other than 0 get empty dicts."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_states = {name: get_model_state_dict(model, options=options) for name, model in models.items()}
-    optimizer_states = {name: get_optimizer_state_dict(models[name], optimizer, options=options) for name, optimizer in optimizers.items()}
+    optimizer_states = {
+        name: get_optimizer_state_dict(models[name], optimizer, options=options)
+        for name, optimizer in optimizers.items()
+    }
     return model_states, optimizer_states
 
 
-def load(models: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimizer], model_states: Dict[str, Any], optimizer_states: Dict[str, Any]) -> None:
+def load(
+    models: dict[str, nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+    model_states: dict[str, Any],
+    optimizer_states: dict[str, Any],
+) -> None:
     """The inverse of :func:`gather`; every rank passes the full states it read from the checkpoint."""
     options = StateDictOptions(full_state_dict=True)
     for name, model in models.items():
@@ -78,16 +96,22 @@ def load(models: Dict[str, nn.Module], optimizers: Dict[str, torch.optim.Optimiz
         set_optimizer_state_dict(models[name], optimizer, optimizer_states[name], options=options)
 
 
-def pack_models(model_states: Dict[str, Any], several: bool) -> Dict[str, Any]:
+def pack_models(model_states: dict[str, Any], several: bool) -> dict[str, Any]:
     """model.pt's layout: the state_dict itself for one model, {name: state_dict} for several."""
     return model_states if several else model_states["model"]
 
 
-def unpack_models(saved: Dict[str, Any], several: bool) -> Dict[str, Any]:
+def unpack_models(saved: dict[str, Any], several: bool) -> dict[str, Any]:
     return saved if several else {"model": saved}
 
 
-def write(folder: str, rank: int, model_state: Optional[Dict[str, Any]] = None, train_state: Optional[Dict[str, Any]] = None, config: Optional[Dict[str, Any]] = None) -> None:
+def write(
+    folder: str,
+    rank: int,
+    model_state: dict[str, Any] | None = None,
+    train_state: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> None:
     """This rank's share of a checkpoint: its RNG states; rank 0 also passes the model, train state and config."""
     torch.save(rng_state(), os.path.join(folder, rng_file(rank)))
     if model_state is not None:
@@ -97,7 +121,7 @@ def write(folder: str, rank: int, model_state: Optional[Dict[str, Any]] = None, 
             json.dump(config, file)
 
 
-def read(folder: str, rank: int) -> Dict[str, Any]:
+def read(folder: str, rank: int) -> dict[str, Any]:
     """Load a whole checkpoint folder, every rank's RNG file included, so that every rank judges the same
     folder complete or broken (they must agree on which checkpoint to resume from)."""
     names = sorted(name for name in os.listdir(folder) if name.startswith("rng_rank"))
@@ -109,7 +133,7 @@ def read(folder: str, rank: int) -> Dict[str, Any]:
     }
 
 
-def read_newest_loadable(checkpoints: List[Any], rank: int, warn) -> Optional[Dict[str, Any]]:
+def read_newest_loadable(checkpoints: list[Any], rank: int, warn) -> dict[str, Any] | None:
     """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads; warns about each
     one skipped (a truncated file, a missing part)."""
     for checkpoint in checkpoints:
@@ -117,5 +141,7 @@ def read_newest_loadable(checkpoints: List[Any], rank: int, warn) -> Optional[Di
             with checkpoint.as_directory() as folder:
                 return read(folder, rank)
         except Exception as error:  # torch raises RuntimeError / EOFError / UnpicklingError on truncated files
-            warn(f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); trying the previous one")
+            warn(
+                f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); trying the previous one"
+            )
     return None

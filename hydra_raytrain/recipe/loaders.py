@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,15 +55,20 @@ def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | N
         return batch_size_per_worker
     if batch_size % world_size:
         raise ConfigError(
-            "trainer.batch_size", batch_size,
+            "trainer.batch_size",
+            batch_size,
             f"a global batch must split evenly over {world_size} workers.",
             f"a multiple of {world_size}, or trainer.batch_size=null trainer.batch_size_per_worker=N.",
         )
     return batch_size // world_size
 
 
-def move_to(batch: Any, device: torch.device, memory_format: Optional[torch.memory_format] = None,
-            float_dtype: Optional[torch.dtype] = None) -> Any:
+def move_to(
+    batch: Any,
+    device: torch.device,
+    memory_format: torch.memory_format | None = None,
+    float_dtype: torch.dtype | None = None,
+) -> Any:
     """Tensors in a batch (a tensor, or lists / tuples / dicts of them) moved to ``device``; 4-D ones (images)
     also into ``memory_format`` when given (``trainer.channels_last``), floating ones into ``float_dtype`` when
     given (``trainer.precision=64``)."""

@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 import ray.train
 import ray.train.torch
@@ -23,8 +23,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
+from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
@@ -36,7 +36,7 @@ PROFILER_DIR = "profiler"
 logger = logging.getLogger(__name__)
 
 
-def train_loop_per_worker(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     """Rank 0 returns the epoch history and the final weights as ``torch.save`` bytes (``Result.return_value``;
     Ray refuses tensors there). Ray's local mode persists no checkpoint, so this is how the driver gets
     ``model.pt`` in every mode."""
@@ -124,7 +124,7 @@ class Recipe:
         self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
         self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
 
-    def _setup_models(self) -> Dict[str, torch.nn.Module]:
+    def _setup_models(self) -> dict[str, torch.nn.Module]:
         """Each model: built, channels-last and compiled if asked, then Ray's prepare_model (device; DDP or FSDP
         with more than one worker)."""
         trainer = self.cfg.trainer
@@ -137,19 +137,27 @@ class Recipe:
             if trainer.channels_last:
                 module = module.to(memory_format=torch.channels_last)
             if trainer.compile:
-                module.compile(**(OmegaConf.to_container(trainer.compile_kwargs) if trainer.compile_kwargs else {}))  # in place: state_dict keys unchanged
+                module.compile(
+                    **(OmegaConf.to_container(trainer.compile_kwargs) if trainer.compile_kwargs else {})
+                )  # in place: state_dict keys unchanged
             models[name] = ray.train.torch.prepare_model(
                 module,
                 parallel_strategy=trainer.parallel_strategy,
-                parallel_strategy_kwargs=OmegaConf.to_container(trainer.parallel_strategy_kwargs) if trainer.parallel_strategy_kwargs else None,
+                parallel_strategy_kwargs=OmegaConf.to_container(trainer.parallel_strategy_kwargs)
+                if trainer.parallel_strategy_kwargs
+                else None,
             )
         return models
 
-    def _setup_step(self, models: Dict[str, torch.nn.Module]) -> TrainStep:
+    def _setup_step(self, models: dict[str, torch.nn.Module]) -> TrainStep:
         """One optimizer per model (config.optimizer is one node for all, or one per model name), each with the
         configured LR schedule and warm-up."""
         trainer, scheduler = self.cfg.trainer, self.cfg.scheduler
-        specs = {name: self.cfg.optimizer for name in models} if "_target_" in self.cfg.optimizer else dict(self.cfg.optimizer)
+        specs = (
+            {name: self.cfg.optimizer for name in models}
+            if "_target_" in self.cfg.optimizer
+            else dict(self.cfg.optimizer)
+        )
         optimizers = {name: instantiate(specs[name])(model.parameters()) for name, model in models.items()}
         steps_per_epoch = math.ceil(self.train_batches / trainer.accumulate_grad_batches)
         lr_schedulers, warmups = {}, {}
@@ -158,9 +166,14 @@ class Recipe:
             if scheduler.lr_scheduler is not None:
                 lr_schedulers[name].append(build_lr_scheduler(scheduler.lr_scheduler, optimizer, steps_per_epoch))
             if scheduler.warmup_steps:  # built after the main schedule: both scale the LR the other one set
-                warmups[name] = torch.optim.lr_scheduler.LinearLR(optimizer, scheduler.warmup_start_factor, total_iters=scheduler.warmup_steps)
+                warmups[name] = torch.optim.lr_scheduler.LinearLR(
+                    optimizer, scheduler.warmup_start_factor, total_iters=scheduler.warmup_steps
+                )
         return TrainStep(
-            models, optimizers, lr_schedulers, Precision.build(trainer.precision, self.device),
+            models,
+            optimizers,
+            lr_schedulers,
+            Precision.build(trainer.precision, self.device),
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             gradient_clip_val=trainer.gradient_clip_val,
             step_scheduler_per_batch=scheduler.interval == "step",
@@ -168,7 +181,7 @@ class Recipe:
             timer=StepTimer(trainer.profile, self.device),
         )
 
-    def _setup_profiler(self) -> Optional[torch.profiler.profile]:
+    def _setup_profiler(self) -> torch.profiler.profile | None:
         """``trainer.profiler_steps``: a torch.profiler trace of that many training steps of rank 0 (after one
         step of warm-up), written as a Chrome trace into ``<run dir>/profiler``."""
         steps = self.cfg.trainer.profiler_steps
@@ -176,7 +189,9 @@ class Recipe:
             return None
         folder = os.path.join(self.run_dir, PROFILER_DIR)
         os.makedirs(folder, exist_ok=True)
-        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if self.device.type == "cuda" else []
+        )
         profiler = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
@@ -185,7 +200,7 @@ class Recipe:
         profiler.start()
         return profiler
 
-    def train(self) -> Optional[bytes]:
+    def train(self) -> bytes | None:
         max_epochs, weights = self.cfg.trainer.max_epochs, None
         for epoch in range(self.start_epoch, max_epochs):
             if self._stop_early():  # a resumed run that had already stopped
@@ -233,7 +248,7 @@ class Recipe:
         mode = settings.mode or self.cfg.trainer.monitor_mode or self.task.mode
         return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
 
-    def _train_epoch(self, epoch: int) -> Dict[str, float]:
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
         for model in self.step.models.values():
             model.train()
         meter, window = SumMeter(), self.cfg.trainer.accumulate_grad_batches
@@ -265,7 +280,7 @@ class Recipe:
 
         return tqdm(total=self.train_batches, desc=f"epoch {epoch + 1}/{self.cfg.trainer.max_epochs}", unit="batch")
 
-    def _validate(self) -> Dict[str, float]:
+    def _validate(self) -> dict[str, float]:
         # The unwrapped models: ranks hold different numbers of validation batches, and DDP's forward could
         # start a collective (buffer broadcast) that the other ranks never join.
         batches = itertools.islice(self.val_loader, self.val_batches)
@@ -276,14 +291,16 @@ class Recipe:
         return dict(self.step.unwrapped) if self.several_models else self.step.unwrapped["model"]
 
     def _to_device(self, batch: Any) -> Any:
-        return move_to(batch, self.device, torch.channels_last if self.cfg.trainer.channels_last else None, self.float_dtype)
+        return move_to(
+            batch, self.device, torch.channels_last if self.cfg.trainer.channels_last else None, self.float_dtype
+        )
 
-    def _weights(self) -> Optional[bytes]:
+    def _weights(self) -> bytes | None:
         """The full model weights as ``torch.save`` bytes on rank 0 (None elsewhere); a collective under FSDP."""
         model_states, _ = checkpoint.gather(self.step.models, {})
         return _to_bytes(checkpoint.pack_models(model_states, self.several_models)) if self.rank == 0 else None
 
-    def _report(self, metrics: Dict[str, float], epochs_done: int, final: bool) -> Optional[bytes]:
+    def _report(self, metrics: dict[str, float], epochs_done: int, final: bool) -> bytes | None:
         """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
         adds its share of a full-state checkpoint; at the end rank 0 also returns the weights' bytes."""
         if not (final or epochs_done % self.cfg.checkpoint.every_n_epochs == 0):
@@ -299,10 +316,14 @@ class Recipe:
                 checkpoint.write(folder, self.rank, packed, train_state, OmegaConf.to_container(self.cfg))
             else:
                 checkpoint.write(folder, self.rank)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder), checkpoint_dir_name=f"epoch_{epochs_done:04d}")
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(folder),
+                checkpoint_dir_name=f"epoch_{epochs_done:04d}",
+            )
         return weights if final else None
 
-    def _train_state(self, epochs_done: int, optimizer_states: Dict[str, Any]) -> Dict[str, Any]:
+    def _train_state(self, epochs_done: int, optimizer_states: dict[str, Any]) -> dict[str, Any]:
         monitor = self.cfg.trainer.monitor or self.task.monitor
         scores = [m[monitor] for m in self.history if monitor in m]
         pick = max if (self.cfg.trainer.monitor_mode or self.task.mode) == "max" else min
@@ -317,7 +338,7 @@ class Recipe:
         }
 
 
-def _to_bytes(state: Dict[str, Any]) -> bytes:
+def _to_bytes(state: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()

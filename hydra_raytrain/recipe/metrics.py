@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -12,14 +13,14 @@ class SumMeter:
     """Adds per-batch sums without a host sync per step (values stay tensors until :meth:`totals`)."""
 
     def __init__(self) -> None:
-        self._sums: Dict[str, torch.Tensor] = {}
+        self._sums: dict[str, torch.Tensor] = {}
 
     def add(self, sums: Mapping[str, torch.Tensor]) -> None:
         for name, value in sums.items():
             value = value.detach().to(torch.float64)
             self._sums[name] = self._sums[name] + value if name in self._sums else value
 
-    def totals(self) -> Dict[str, float]:
+    def totals(self) -> dict[str, float]:
         """The sums over every batch of every worker. A collective: every rank must call it."""
         names = sorted(self._sums)  # the same order on every rank
         if not names:
@@ -32,7 +33,9 @@ class SumMeter:
 
 
 @torch.no_grad()
-def validation_totals(task: Any, model: Any, batches: Iterable[Any], to_device: Callable[[Any], Any]) -> Dict[str, float]:
+def validation_totals(
+    task: Any, model: Any, batches: Iterable[Any], to_device: Callable[[Any], Any]
+) -> dict[str, float]:
     """The task's validation sums over ``batches``, added over workers (a collective when distributed)."""
     for module in model.values() if isinstance(model, dict) else [model]:
         module.eval()
@@ -42,12 +45,14 @@ def validation_totals(task: Any, model: Any, batches: Iterable[Any], to_device: 
     return meter.totals()
 
 
-def should_stop(scores: Sequence[Optional[float]], mode: str, patience: int, min_delta: float = 0.0) -> bool:
+def should_stop(scores: Sequence[float | None], mode: str, patience: int, min_delta: float = 0.0) -> bool:
     """Early stopping: True when the last ``patience`` scores brought no improvement of more than ``min_delta``
     over the best one before them (Lightning's EarlyStopping rule). Missing scores (None) count as no improvement."""
     best, waited = None, 0
     for score in scores:
-        better = score is not None and (best is None or (score > best + min_delta if mode == "max" else score < best - min_delta))
+        better = score is not None and (
+            best is None or (score > best + min_delta if mode == "max" else score < best - min_delta)
+        )
         if better:
             best, waited = score, 0
         else:

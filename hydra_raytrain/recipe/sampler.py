@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler
@@ -21,7 +21,9 @@ class ShardedSampler(Sampler[int]):
     may differ by one sample, and no sample is counted twice.
     """
 
-    def __init__(self, size: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0, pad: bool = True):
+    def __init__(
+        self, size: int, num_replicas: int = 1, rank: int = 0, shuffle: bool = True, seed: int = 0, pad: bool = True
+    ):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         self.size, self.num_replicas, self.rank = size, num_replicas, rank

@@ -12,8 +12,9 @@ import contextlib
 import inspect
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,12 +29,12 @@ class Precision:
     """``torch.autocast`` settings for the workers' device, and a ``torch.amp.GradScaler`` (enabled for fp16 only)."""
 
     device_type: str
-    dtype: Optional[torch.dtype]
+    dtype: torch.dtype | None
     scaler: torch.amp.GradScaler
     param_dtype: torch.dtype = torch.float32  # float64 with trainer.precision=64 (Lightning's "64-true")
 
     @classmethod
-    def build(cls, precision: str, device: torch.device) -> "Precision":
+    def build(cls, precision: str, device: torch.device) -> Precision:
         dtype = AUTOCAST_DTYPES[precision]
         scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
         return cls(device.type, dtype, scaler, PARAM_DTYPES.get(precision, torch.float32))
@@ -60,7 +61,7 @@ class StepTimer:
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled, self.cuda = enabled, device.type == "cuda"
-        self.seconds: Dict[str, float] = defaultdict(float)
+        self.seconds: dict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -75,7 +76,7 @@ class StepTimer:
             torch.cuda.synchronize()
         self.seconds[phase] += time.perf_counter() - started
 
-    def pop(self) -> Dict[str, float]:
+    def pop(self) -> dict[str, float]:
         """This epoch's figures as metrics (``time_data``, ...), and a fresh start for the next."""
         figures = {f"time_{phase}": seconds for phase, seconds in self.seconds.items()}
         self.seconds = defaultdict(float)
@@ -85,16 +86,16 @@ class StepTimer:
 class TrainStep:
     def __init__(
         self,
-        models: Dict[str, nn.Module],
-        optimizers: Dict[str, torch.optim.Optimizer],
-        lr_schedulers: Dict[str, List[Any]],
+        models: dict[str, nn.Module],
+        optimizers: dict[str, torch.optim.Optimizer],
+        lr_schedulers: dict[str, list[Any]],
         precision: Precision,
         *,
         accumulate_grad_batches: int = 1,
-        gradient_clip_val: Optional[float] = None,
+        gradient_clip_val: float | None = None,
         step_scheduler_per_batch: bool = False,
-        warmups: Optional[Dict[str, Any]] = None,
-        timer: Optional[StepTimer] = None,
+        warmups: dict[str, Any] | None = None,
+        timer: StepTimer | None = None,
     ):
         self.models = models  # DDP-wrapped when there is more than one worker
         self.unwrapped = {name: getattr(model, "module", model) for name, model in models.items()}
@@ -113,7 +114,7 @@ class TrainStep:
         return self._single(self.optimizers, "optimizer")
 
     @staticmethod
-    def _single(named: Dict[str, Any], what: str) -> Any:
+    def _single(named: dict[str, Any], what: str) -> Any:
         if len(named) != 1:
             raise AttributeError(f"this task has several of them ({', '.join(named)}): use step.{what}s[name]")
         return next(iter(named.values()))
@@ -134,7 +135,7 @@ class TrainStep:
                     stack.enter_context(model.no_sync())
         return stack
 
-    def optimize(self, loss: torch.Tensor, name: Optional[str] = None) -> None:
+    def optimize(self, loss: torch.Tensor, name: str | None = None) -> None:
         """Backward (scaled for fp16, divided over the accumulation window); on a window's last micro-batch, also
         unscale, clip, step optimizer ``name`` and its per-step schedules, and zero its gradients."""
         name = name or self._single_name()
@@ -158,7 +159,9 @@ class TrainStep:
 
     def _single_name(self) -> str:
         if len(self.optimizers) != 1:
-            raise ValueError(f"this task has several optimizers ({', '.join(self.optimizers)}): pass step.optimize(loss, name)")
+            raise ValueError(
+                f"this task has several optimizers ({', '.join(self.optimizers)}): pass step.optimize(loss, name)"
+            )
         return next(iter(self.optimizers))
 
     def end_iteration(self) -> None:
@@ -172,15 +175,17 @@ class TrainStep:
                 for lr_scheduler in schedulers:
                     lr_scheduler.step()
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The step's own state: LR schedules, warm-ups and the fp16 scaler (models and optimizers are saved apart)."""
         return {
-            "lr_schedulers": {name: [s.state_dict() for s in schedulers] for name, schedulers in self.lr_schedulers.items()},
+            "lr_schedulers": {
+                name: [s.state_dict() for s in schedulers] for name, schedulers in self.lr_schedulers.items()
+            },
             "warmups": {name: w.state_dict() for name, w in self.warmups.items() if w is not None},
             "scaler": self.precision.scaler.state_dict(),
         }
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, states in state["lr_schedulers"].items():
             for lr_scheduler, saved in zip(self.lr_schedulers[name], states, strict=True):
                 lr_scheduler.load_state_dict(saved)

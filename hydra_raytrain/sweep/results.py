@@ -7,7 +7,7 @@ import csv
 import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from hydra_raytrain.driver import outputs
 from hydra_raytrain.sweep.trial import TRIAL_FILE
@@ -19,7 +19,7 @@ PLOT_FILE = "sweep.png"
 COLUMNS = ("index", "overrides", "status", "final", "best", "epochs", "wall_seconds", "run_dir", "error")
 
 
-def read_previous(sweep_dir: str) -> Dict[str, Dict[str, Any]]:
+def read_previous(sweep_dir: str) -> dict[str, dict[str, Any]]:
     """The rows of an earlier run of this sweep, by run name (empty for a new sweep)."""
     path = os.path.join(sweep_dir, SUMMARY_FILE)
     if not os.path.exists(path):
@@ -28,7 +28,7 @@ def read_previous(sweep_dir: str) -> Dict[str, Dict[str, Any]]:
         return {os.path.basename(row["run_dir"]): row for row in json.load(file)["trials"]}
 
 
-def trial_status(summary: Optional[Dict[str, Any]], history: List[Dict[str, Any]], error: Optional[str]) -> str:
+def trial_status(summary: dict[str, Any] | None, history: list[dict[str, Any]], error: str | None) -> str:
     """completed / stopped (by the scheduler, between epochs) / failed / not run."""
     if error is not None:
         return "failed"
@@ -39,8 +39,15 @@ def trial_status(summary: Optional[Dict[str, Any]], history: List[Dict[str, Any]
     return "stopped" if history else "not run"
 
 
-def collect(jobs: List[Dict[str, Any]], errors: Dict[int, Any], previous: Dict[str, Dict[str, Any]], metric: str, mode: str,
-            sweep_dir: str, scheduler: str) -> Dict[str, Any]:
+def collect(
+    jobs: list[dict[str, Any]],
+    errors: dict[int, Any],
+    previous: dict[str, dict[str, Any]],
+    metric: str,
+    mode: str,
+    sweep_dir: str,
+    scheduler: str,
+) -> dict[str, Any]:
     rows, swept = [], _swept_keys(jobs)
     for job in jobs:
         run_dir = job["run_dir"]
@@ -54,28 +61,39 @@ def collect(jobs: List[Dict[str, Any]], errors: Dict[int, Any], previous: Dict[s
         best = outputs.best_epoch(history, metric, mode) or {}
         started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
         finished = os.path.getmtime(os.path.join(run_dir, outputs.METRICS_FILE)) if history else None
-        rows.append({
-            "index": job["index"],
-            "overrides": " ".join(o for o in job["overrides"] if o.split("=", 1)[0] in swept),
-            "status": status,
-            "final": history[-1].get(metric) if history else None,
-            "best": best.get(metric),
-            "epochs": len(history),
-            "wall_seconds": round(summary["wall_seconds"], 3) if summary else (round(finished - started, 3) if started and finished else None),
-            "started": started,
-            "finished": finished,
-            "run_dir": run_dir,
-            "error": _one_line(error) if error is not None else (summary or {}).get("error"),
-        })
+        rows.append(
+            {
+                "index": job["index"],
+                "overrides": " ".join(o for o in job["overrides"] if o.split("=", 1)[0] in swept),
+                "status": status,
+                "final": history[-1].get(metric) if history else None,
+                "best": best.get(metric),
+                "epochs": len(history),
+                "wall_seconds": round(summary["wall_seconds"], 3)
+                if summary
+                else (round(finished - started, 3) if started and finished else None),
+                "started": started,
+                "finished": finished,
+                "run_dir": run_dir,
+                "error": _one_line(error) if error is not None else (summary or {}).get("error"),
+            }
+        )
     scored = [row for row in rows if isinstance(row["best"], (int, float))]
     pick = max if mode == "max" else min
     best_row = pick(scored, key=lambda row: row["best"]) if scored else None
-    return {"metric": metric, "mode": mode, "scheduler": scheduler, "sweep_dir": sweep_dir, "best": best_row, "trials": rows}
+    return {
+        "metric": metric,
+        "mode": mode,
+        "scheduler": scheduler,
+        "sweep_dir": sweep_dir,
+        "best": best_row,
+        "trials": rows,
+    }
 
 
-def _swept_keys(jobs: List[Dict[str, Any]]) -> set:
+def _swept_keys(jobs: list[dict[str, Any]]) -> set:
     """The keys whose value differs between trials (all of them for a one-trial sweep): what a row shows."""
-    values: Dict[str, set] = {}
+    values: dict[str, set] = {}
     for job in jobs:
         for override in job["overrides"]:
             key, _, value = override.partition("=")
@@ -84,7 +102,9 @@ def _swept_keys(jobs: List[Dict[str, Any]]) -> set:
     return varying or set(values)
 
 
-def write_all(summary: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: str, keep_checkpoints: Optional[int]) -> None:
+def write_all(
+    summary: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str, keep_checkpoints: int | None
+) -> None:
     os.makedirs(sweep_dir, exist_ok=True)
     outputs.write_json(os.path.join(sweep_dir, SUMMARY_FILE), summary)
     with open(os.path.join(sweep_dir, CSV_FILE), "w", newline="") as file:
@@ -102,21 +122,25 @@ def write_all(summary: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: st
     Console().print(table(summary))
 
 
-def write_best_config(job: Dict[str, Any], path: str) -> None:
+def write_best_config(job: dict[str, Any], path: str) -> None:
     """A primary config that reproduces the best trial with the plain CLI:
     ``python -m hydra_raytrain --config-dir <sweep dir> --config-name best_config``."""
     import yaml
 
-    config = {"defaults": ["train_schema", "_self_"],
-              "hydra": {"run": {"dir": "outputs/runs/${run_name:}"}, "job": {"name": "train", "chdir": False}},
-              **job["cfg"]}
+    config = {
+        "defaults": ["train_schema", "_self_"],
+        "hydra": {"run": {"dir": "outputs/runs/${run_name:}"}, "job": {"name": "train", "chdir": False}},
+        **job["cfg"],
+    }
     with open(path, "w") as file:
-        file.write(f"# The best trial of this sweep ({' '.join(job['overrides'])}), as a complete config. Reproduce it:\n")
+        file.write(
+            f"# The best trial of this sweep ({' '.join(job['overrides'])}), as a complete config. Reproduce it:\n"
+        )
         file.write(f"#   python -m hydra_raytrain --config-dir {os.path.dirname(path)} --config-name best_config\n")
         yaml.safe_dump(config, file, sort_keys=False)
 
 
-def drop_checkpoints(summary: Dict[str, Any], keep: int) -> None:
+def drop_checkpoints(summary: dict[str, Any], keep: int) -> None:
     """``keep_checkpoints=K``: the Ray storage of every trial but the best K goes (their metrics stay)."""
     scored = [row for row in summary["trials"] if isinstance(row["best"], (int, float))]
     scored.sort(key=lambda row: row["best"], reverse=summary["mode"] == "max")
@@ -126,7 +150,7 @@ def drop_checkpoints(summary: Dict[str, Any], keep: int) -> None:
             shutil.rmtree(os.path.join(row["run_dir"], "ray_storage"), ignore_errors=True)
 
 
-def plot(summary: Dict[str, Any], path: str) -> None:
+def plot(summary: dict[str, Any], path: str) -> None:
     """Left: each trial's metric against epoch. Right: each trial's best value."""
     import matplotlib
 
@@ -138,14 +162,23 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     for row in rows:
         history = outputs.read_history(row["run_dir"])
         if history:
-            curves.plot([m["epoch"] for m in history], [m.get(metric) for m in history], "-o", markersize=3, label=f"{row['index']}: {row['overrides']}"[:60])
+            curves.plot(
+                [m["epoch"] for m in history],
+                [m.get(metric) for m in history],
+                "-o",
+                markersize=3,
+                label=f"{row['index']}: {row['overrides']}"[:60],
+            )
     curves.set_xlabel("epoch")
     curves.set_title(f"{metric} per trial")
     curves.grid(alpha=0.3)
     if rows:
         curves.legend(fontsize=6)
     values = [row["best"] if isinstance(row["best"], (int, float)) else 0.0 for row in rows]
-    colours = ["tab:green" if row is summary["best"] else ("tab:red" if row["status"] == "failed" else "tab:blue") for row in rows]
+    colours = [
+        "tab:green" if row is summary["best"] else ("tab:red" if row["status"] == "failed" else "tab:blue")
+        for row in rows
+    ]
     bars.bar(range(len(rows)), values, color=colours)
     bars.set_xticks(range(len(rows)), [str(row["index"]) for row in rows])
     bars.set_xlabel("trial")
@@ -155,13 +188,15 @@ def plot(summary: Dict[str, Any], path: str) -> None:
     plt.close(figure)
 
 
-def table(summary: Dict[str, Any]):
+def table(summary: dict[str, Any]):
     from rich.table import Table
 
     # The overrides are what tells the trials apart: they fold onto more lines rather than lose their values to
     # an ellipsis on a narrow (or non-terminal, 80-column) console; the metric's name is in the title.
-    result = Table(title=f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}; {summary['metric']} ({summary['mode']})",
-                   title_justify="left")
+    result = Table(
+        title=f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}; {summary['metric']} ({summary['mode']})",
+        title_justify="left",
+    )
     for column in ("#", "overrides", "status", "epochs", "final", "best", "wall s"):
         if column == "overrides":
             result.add_column(column, overflow="fold", ratio=1)
@@ -169,8 +204,15 @@ def table(summary: Dict[str, Any]):
             result.add_column(column, justify="left" if column == "status" else "right", no_wrap=True)
     for row in summary["trials"]:
         mark = " *" if row is summary["best"] else ""
-        result.add_row(str(row["index"]) + mark, row["overrides"], row["status"], str(row["epochs"]), _fmt(row["final"]), _fmt(row["best"]),
-                       _fmt(row["wall_seconds"], ".1f"))
+        result.add_row(
+            str(row["index"]) + mark,
+            row["overrides"],
+            row["status"],
+            str(row["epochs"]),
+            _fmt(row["final"]),
+            _fmt(row["best"]),
+            _fmt(row["wall_seconds"], ".1f"),
+        )
     result.caption = f"* best. Sweep dir: {summary['sweep_dir']}"
     result.caption_justify = "left"
     return result
@@ -180,7 +222,7 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
-def _read_json(path: str) -> Optional[Dict[str, Any]]:
+def _read_json(path: str) -> dict[str, Any] | None:
     if not os.path.exists(path):
         return None
     with open(path) as file:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from ray.tune.search import Searcher
 
@@ -25,33 +26,41 @@ from hydra_raytrain.sweep.space import Parameter
 JOB_FILE = "job.json"
 
 
-def optuna_distributions(space: Dict[str, Parameter]) -> Dict[str, Any]:
+def optuna_distributions(space: dict[str, Parameter]) -> dict[str, Any]:
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-    return {key: CategoricalDistribution(list(p.choices)) if p.choices is not None else FloatDistribution(p.low, p.high, log=p.log)
-            for key, p in space.items()}
+    return {
+        key: CategoricalDistribution(list(p.choices))
+        if p.choices is not None
+        else FloatDistribution(p.low, p.high, log=p.log)
+        for key, p in space.items()
+    }
 
 
-def earlier_jobs(sweep_dir: str) -> List[Dict[str, Any]]:
+def earlier_jobs(sweep_dir: str) -> list[dict[str, Any]]:
     """The jobs an earlier run of this sweep suggested (each ``<run dir>/job.json``), by index."""
     names = os.listdir(sweep_dir) if os.path.isdir(sweep_dir) else []
-    found = [read_job(os.path.join(sweep_dir, name)) for name in names if os.path.exists(os.path.join(sweep_dir, name, JOB_FILE))]
+    found = [
+        read_job(os.path.join(sweep_dir, name))
+        for name in names
+        if os.path.exists(os.path.join(sweep_dir, name, JOB_FILE))
+    ]
     return sorted(found, key=lambda job: job["index"])
 
 
-def write_job(job: Dict[str, Any]) -> None:
+def write_job(job: dict[str, Any]) -> None:
     os.makedirs(job["run_dir"], exist_ok=True)
     outputs.write_json(os.path.join(job["run_dir"], JOB_FILE), job)
 
 
-def final_value(run_dir: str, metric: str) -> Optional[float]:
+def final_value(run_dir: str, metric: str) -> float | None:
     """A trial's last reported ``metric`` (what Tune's searchers are told), None before its first epoch."""
     history = outputs.read_history(run_dir)
     value = history[-1].get(metric) if history else None
     return value if isinstance(value, (int, float)) else None
 
 
-def read_job(run_dir: str) -> Dict[str, Any]:
+def read_job(run_dir: str) -> dict[str, Any]:
     with open(os.path.join(run_dir, JOB_FILE)) as file:
         return json.load(file)
 
@@ -67,18 +76,26 @@ class HydraSearch(Searcher):
 
     ATTEMPTS = 20
 
-    def __init__(self, searcher: Searcher, space: Dict[str, Parameter], fixed: List[str], compose: Callable[..., Dict[str, Any]],
-                 known: List[Dict[str, Any]], replay: List[Dict[str, Any]], budget: int):
+    def __init__(
+        self,
+        searcher: Searcher,
+        space: dict[str, Parameter],
+        fixed: list[str],
+        compose: Callable[..., dict[str, Any]],
+        known: list[dict[str, Any]],
+        replay: list[dict[str, Any]],
+        budget: int,
+    ):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher, self.space, self.fixed, self.compose = searcher, space, fixed, compose
         self.replay, self.budget = list(replay), budget
         self.known = {job["name"]: job for job in known}
         self.next_index = max((job["index"] for job in known), default=-1) + 1
-        self.jobs: List[Dict[str, Any]] = []  # every job this run handed to Tune
-        self.running: Dict[str, Dict[str, Any]] = {}  # Tune trial id -> its job
-        self.asked: Dict[str, str] = {}  # Tune trial id -> the id the wrapped searcher knows the trial by
+        self.jobs: list[dict[str, Any]] = []  # every job this run handed to Tune
+        self.running: dict[str, dict[str, Any]] = {}  # Tune trial id -> its job
+        self.asked: dict[str, str] = {}  # Tune trial id -> the id the wrapped searcher knows the trial by
 
-    def suggest(self, trial_id: str) -> Optional[Dict[str, Any]]:
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if len(self.jobs) >= self.budget:
             return Searcher.FINISHED
         if self.replay:
@@ -99,30 +116,36 @@ class HydraSearch(Searcher):
             params = self.searcher.suggest(ask_id)
             if params is None or params == Searcher.FINISHED:
                 return params
-            job = self.compose(self.fixed + [self.space[key].override(key, value) for key, value in params.items()], self.next_index, params)
+            job = self.compose(
+                self.fixed + [self.space[key].override(key, value) for key, value in params.items()],
+                self.next_index,
+                params,
+            )
             twin = self.known.get(job["name"])
             if twin is None:
                 self.next_index += 1
                 self.asked[trial_id] = ask_id
                 return job
             value = final_value(twin["run_dir"], self.metric)
-            self.searcher.on_trial_complete(ask_id, None if value is None else {self.metric: value}, error=value is None)
+            self.searcher.on_trial_complete(
+                ask_id, None if value is None else {self.metric: value}, error=value is None
+            )
         return None
 
-    def on_trial_result(self, trial_id: str, result: Dict[str, Any]) -> None:
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         if trial_id in self.asked:
             self.searcher.on_trial_result(self.asked[trial_id], result)
 
-    def on_trial_complete(self, trial_id: str, result: Optional[Dict[str, Any]] = None, error: bool = False) -> None:
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         job = self.running.pop(trial_id, None)
         if trial_id in self.asked:
             self.searcher.on_trial_complete(self.asked.pop(trial_id), result, error)
         elif job is not None and result and isinstance(result.get(self.metric), (int, float)):  # a replayed trial
             self.searcher.add_evaluated_point(job["params"], result[self.metric])
 
-    def get_state(self) -> Dict[str, Any]:
+    def get_state(self) -> dict[str, Any]:
         """Nothing of ours for Tune's experiment state: a re-run finds the sweep's trials in their run dirs."""
         return {}
 
-    def set_state(self, state: Dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any]) -> None:
         """See ``get_state``."""

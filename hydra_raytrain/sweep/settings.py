@@ -4,7 +4,6 @@ start-up) and, like the plugin, has no ``from __future__ import annotations`` (O
 """
 
 from dataclasses import dataclass
-from typing import Optional
 
 SCHEDULERS = ("fifo", "asha")
 SEARCH_ALGS = ("basic", "optuna")
@@ -12,16 +11,18 @@ SEARCH_ALGS = ("basic", "optuna")
 
 @dataclass
 class SweepSettings:
-    metric: Optional[str] = None  # None: the task's monitor (val_accuracy for classification, val_loss for regression)
-    mode: Optional[str] = None  # "max" / "min"; None: the task's
+    metric: str | None = None  # None: the task's monitor (val_accuracy for classification, val_loss for regression)
+    mode: str | None = None  # "max" / "min"; None: the task's
     search_alg: str = "basic"  # basic: the grid x num_samples seeded draws (Tune's BasicVariantGenerator); optuna: TPE
     num_samples: int = 1  # basic: repeats of the grid, with new draws of interval() parameters; optuna: trials in all
     seed: int = 0  # of those draws (and of the ASHA start order): the same command gives the same trials
-    max_concurrent_trials: Optional[int] = None  # None: as many as the cluster holds
-    scheduler: str = "fifo"  # fifo, or asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order)
+    max_concurrent_trials: int | None = None  # None: as many as the cluster holds
+    scheduler: str = (
+        "fifo"  # fifo, or asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order)
+    )
     grace_period: int = 1  # ASHA: epochs every trial gets before it can be stopped
     reduction_factor: float = 4.0  # ASHA: keep 1/reduction_factor of the trials at each rung (Tune's default)
-    keep_checkpoints: Optional[int] = None  # keep only the best K trials' checkpoints (None: all)
+    keep_checkpoints: int | None = None  # keep only the best K trials' checkpoints (None: all)
 
     def check(self) -> None:
         from hydra_raytrain.config import ConfigError
@@ -29,13 +30,19 @@ class SweepSettings:
         if self.scheduler not in SCHEDULERS:
             raise ConfigError("hydra.sweeper.scheduler", self.scheduler, "unknown scheduler.", ", ".join(SCHEDULERS))
         if self.search_alg not in SEARCH_ALGS:
-            raise ConfigError("hydra.sweeper.search_alg", self.search_alg, "unknown search algorithm.", ", ".join(SEARCH_ALGS))
+            raise ConfigError(
+                "hydra.sweeper.search_alg", self.search_alg, "unknown search algorithm.", ", ".join(SEARCH_ALGS)
+            )
         if self.search_alg == "optuna":
             try:
                 import optuna  # noqa: F401
             except ImportError:
-                raise ConfigError("hydra.sweeper.search_alg", "optuna", "needs Optuna, which is not installed.",
-                                  "pip install 'hydra_raytrain[optuna]', or search_alg=basic") from None
+                raise ConfigError(
+                    "hydra.sweeper.search_alg",
+                    "optuna",
+                    "needs Optuna, which is not installed.",
+                    "pip install 'hydra_raytrain[optuna]', or search_alg=basic",
+                ) from None
         if self.mode not in (None, "max", "min"):
             raise ConfigError("hydra.sweeper.mode", self.mode, "unknown mode.", "max, min")
         for key in ("num_samples", "grace_period", "max_concurrent_trials", "keep_checkpoints"):

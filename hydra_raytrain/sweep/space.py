@@ -16,14 +16,14 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import IntervalSweep, Override
 
 
-def start_order(indices: Sequence[int], shuffle: bool, seed: int = 0) -> List[int]:
+def start_order(indices: Sequence[int], shuffle: bool, seed: int = 0) -> list[int]:
     """The order trials start in: as given, or (for ASHA) a seeded shuffle. Asynchronous halving can only stop
     a trial that is worse than the trials already seen at its rung, so a list written in order of quality (a
     learning rate grid written ascending: each trial better than the last) would stop none; in a random order
@@ -34,7 +34,7 @@ def start_order(indices: Sequence[int], shuffle: bool, seed: int = 0) -> List[in
     return order
 
 
-def trial_overrides(arguments: Sequence[str], num_samples: int = 1, seed: int = 0) -> List[List[str]]:
+def trial_overrides(arguments: Sequence[str], num_samples: int = 1, seed: int = 0) -> list[list[str]]:
     """Each trial's overrides, in a stable order: samples outermost, then the grid (last key fastest)."""
     overrides = OverridesParser.create().parse_overrides(list(arguments))
     grid, sampled = [], []
@@ -66,16 +66,16 @@ def _draw(override: Override, generator: random.Random) -> str:
 class Parameter:
     """One swept key as a search algorithm sees it: categorical choices (Hydra's value strings) or a float range."""
 
-    choices: Optional[Tuple[str, ...]] = None
-    low: Optional[float] = None
-    high: Optional[float] = None
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
     log: bool = False
 
     def override(self, key: str, value) -> str:
         return f"{key}={value}" if self.choices is not None else f"{key}={float(value)!r}"
 
 
-def parameter_space(arguments: Sequence[str]) -> Tuple[List[str], Dict[str, Parameter]]:
+def parameter_space(arguments: Sequence[str]) -> tuple[list[str], dict[str, Parameter]]:
     """(the overrides every trial shares, the swept keys' parameters)."""
     fixed, space = [], {}
     for override in OverridesParser.create().parse_overrides(list(arguments)):

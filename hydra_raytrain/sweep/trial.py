@@ -11,19 +11,18 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 TRIAL_FILE = "trial.json"
 
 
-def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: str, cwd: str, pythonpath: str) -> None:
+def run_trial(config: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str, cwd: str, pythonpath: str) -> None:
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from hydra_raytrain.driver import outputs
     from hydra_raytrain.driver.run import train
-
     from hydra_raytrain.sweep.search import read_job
 
     # The basic search hands every job over up front; a search algorithm's jobs are written by the driver as
@@ -39,7 +38,13 @@ def run_trial(config: Dict[str, Any], jobs: List[Dict[str, Any]], sweep_dir: str
     with open(os.path.join(run_dir, TRIAL_FILE), "w") as file:
         json.dump({"index": config["index"], "overrides": job["overrides"], "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
-    train(OmegaConf.create(job["cfg"]), run_dir=run_dir, extra_callbacks=[TuneReportCallback()], show_summary=False, rehearse=False)
+    train(
+        OmegaConf.create(job["cfg"]),
+        run_dir=run_dir,
+        extra_callbacks=[TuneReportCallback()],
+        show_summary=False,
+        rehearse=False,
+    )
 
 
 def _as_on_the_driver(cwd: str, pythonpath: str) -> None:
@@ -52,7 +57,7 @@ def _as_on_the_driver(cwd: str, pythonpath: str) -> None:
             sys.path.insert(0, entry)
 
 
-def _write_hydra_files(run_dir: str, job: Dict[str, Any]) -> None:
+def _write_hydra_files(run_dir: str, job: dict[str, Any]) -> None:
     """The job's overrides, where Hydra keeps them (train() adds the composed config.yaml)."""
     import yaml
 

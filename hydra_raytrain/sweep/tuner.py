@@ -12,7 +12,8 @@ import itertools
 import math
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
@@ -31,8 +32,14 @@ TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0"}
 SAID: set = set()  # a note about a replaced _target_ is printed once for the sweep, not once per trial
 
 
-def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, overrides: List[str], index: int,
-                params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def compose_job(
+    sweep_config: DictConfig,
+    config_loader: Any,
+    sweep_dir: str,
+    overrides: list[str],
+    index: int,
+    params: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here: a config
     error stops the sweep before the trial starts, naming the trial."""
     composed = config_loader.load_sweep_config(sweep_config, list(overrides))
@@ -51,33 +58,61 @@ def compose_job(sweep_config: DictConfig, config_loader: Any, sweep_dir: str, ov
     wandb = resolved["logger"].get("wandb")
     if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
         wandb["group"] = os.path.basename(sweep_dir)
-    return {"index": index, "overrides": list(overrides), "params": params or {}, "cfg": resolved, "name": name,
-            "run_dir": os.path.join(sweep_dir, name)}
+    return {
+        "index": index,
+        "overrides": list(overrides),
+        "params": params or {},
+        "cfg": resolved,
+        "name": name,
+        "run_dir": os.path.join(sweep_dir, name),
+    }
 
 
-def compose_jobs(compose: Callable[..., Dict[str, Any]], arguments: Sequence[str], settings: SweepSettings) -> List[Dict[str, Any]]:
+def compose_jobs(
+    compose: Callable[..., dict[str, Any]], arguments: Sequence[str], settings: SweepSettings
+) -> list[dict[str, Any]]:
     """The basic search: every trial of the grid (x num_samples draws), composed up front."""
-    jobs = [compose(overrides, index) for index, overrides in enumerate(trial_overrides(arguments, settings.num_samples, settings.seed))]
+    jobs = [
+        compose(overrides, index)
+        for index, overrides in enumerate(trial_overrides(arguments, settings.num_samples, settings.seed))
+    ]
     names = [job["name"] for job in jobs]
     if len(set(names)) != len(names):
-        raise ConfigError("sweep", " ".join(arguments), "two trials have the same config (and would share a run).", "sweep values that change the config")
+        raise ConfigError(
+            "sweep",
+            " ".join(arguments),
+            "two trials have the same config (and would share a run).",
+            "sweep values that change the config",
+        )
     return jobs
 
 
-def probe_jobs(compose: Callable[..., Dict[str, Any]], fixed: List[str], space: Dict[str, Parameter]) -> List[Dict[str, Any]]:
+def probe_jobs(
+    compose: Callable[..., dict[str, Any]], fixed: list[str], space: dict[str, Parameter]
+) -> list[dict[str, Any]]:
     """For a search algorithm, whose trials are not known up front: configs that check the space and size the
     cluster before anything starts: every combination of swept ``scaling.*`` choices, other categorical keys at
     their first choice, ranges at their middle."""
+
     def middle(p: Parameter) -> float:
         return math.sqrt(p.low * p.high) if p.log else (p.low + p.high) / 2
 
-    varying = [[p.override(key, c) for c in p.choices] for key, p in space.items() if p.choices is not None and key.startswith("scaling.")]
-    pinned = [p.override(key, p.choices[0] if p.choices is not None else middle(p)) for key, p in space.items()
-              if p.choices is None or not key.startswith("scaling.")]
+    varying = [
+        [p.override(key, c) for c in p.choices]
+        for key, p in space.items()
+        if p.choices is not None and key.startswith("scaling.")
+    ]
+    pinned = [
+        p.override(key, p.choices[0] if p.choices is not None else middle(p))
+        for key, p in space.items()
+        if p.choices is None or not key.startswith("scaling.")
+    ]
     return [compose(fixed + pinned + list(combination), -1) for combination in itertools.product(*varying)]
 
 
-def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[str], settings: SweepSettings) -> Dict[str, Any]:
+def run_sweep(
+    sweep_config: DictConfig, config_loader: Any, arguments: Sequence[str], settings: SweepSettings
+) -> dict[str, Any]:
     import ray
     from ray import tune
 
@@ -96,8 +131,12 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     else:
         fixed, space = parameter_space(arguments)
         if not space:
-            raise ConfigError("hydra.sweeper.search_alg", settings.search_alg, "has nothing to search: no swept key.",
-                              "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params")
+            raise ConfigError(
+                "hydra.sweeper.search_alg",
+                settings.search_alg,
+                "has nothing to search: no swept key.",
+                "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
+            )
         jobs = [compose(job["overrides"], job["index"], job["params"]) for job in earlier_jobs(sweep_dir)]
         done = [job for job in jobs if _status(job, previous) in finished]
         todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
@@ -109,7 +148,12 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     requests = [cluster.resource_request(job["cfg"]["scaling"]) for job in probes]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
     if largest.num_workers == 0:
-        raise ConfigError("scaling.num_workers", 0, "local mode runs in the driver's process: it cannot be a concurrent trial.", "scaling.num_workers >= 1")
+        raise ConfigError(
+            "scaling.num_workers",
+            0,
+            "local mode runs in the driver's process: it cannot be a concurrent trial.",
+            "scaling.num_workers >= 1",
+        )
     # A new local cluster gets one CPU per core (or the largest trial's CPUs, oversubscribed as for one run):
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(probes[0]["cfg"]["ray"], largest)
@@ -121,7 +165,9 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
     cpus = ray.cluster_resources().get("CPU", 1)
     fits = max(1, int(cpus // max(1, largest.total.get("CPU", 1))))
     concurrent = min(fits, settings.max_concurrent_trials or fits, max(1, budget))
-    _print_plan(len(jobs) if settings.search_alg == "basic" else settings.num_samples, budget, concurrent, cpus, sweep_dir)
+    _print_plan(
+        len(jobs) if settings.search_alg == "basic" else settings.num_samples, budget, concurrent, cpus, sweep_dir
+    )
 
     errors = {}
     if budget > 0:
@@ -131,14 +177,28 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
         searcher = None
         if settings.search_alg == "optuna":
             # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
-            searcher = HydraSearch(_optuna_search(space, metric, mode, settings.seed + len(jobs), done), space, fixed, compose,
-                                   known=jobs, replay=todo, budget=budget)
+            searcher = HydraSearch(
+                _optuna_search(space, metric, mode, settings.seed + len(jobs), done),
+                space,
+                fixed,
+                compose,
+                known=jobs,
+                replay=todo,
+                budget=budget,
+            )
         # The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
         # nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it).
         node = f"node:{ray.util.get_node_ip_address()}"
-        trainable = tune.with_resources(tune.with_parameters(run_trial, jobs=jobs if searcher is None else [], sweep_dir=sweep_dir,
-                                                             cwd=os.getcwd(), pythonpath=import_path()),
-                                        {"CPU": 0, "memory": 1, node: 0.001})
+        trainable = tune.with_resources(
+            tune.with_parameters(
+                run_trial,
+                jobs=jobs if searcher is None else [],
+                sweep_dir=sweep_dir,
+                cwd=os.getcwd(),
+                pythonpath=import_path(),
+            ),
+            {"CPU": 0, "memory": 1, node: 0.001},
+        )
         # Under ASHA the grid starts in a seeded random order (space.start_order says why).
         order = start_order([job["index"] for job in todo], shuffle=scheduler is not None, seed=settings.seed)
         tuner = tune.Tuner(
@@ -146,10 +206,22 @@ def run_sweep(sweep_config: DictConfig, config_loader: Any, arguments: Sequence[
             param_space={} if searcher else {"index": tune.grid_search(order)},
             # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
             # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
-            tune_config=tune.TuneConfig(metric=metric, mode=mode, scheduler=scheduler, search_alg=searcher, num_samples=budget if searcher else 1,
-                                        max_concurrent_trials=concurrent, reuse_actors=scheduler is None, trial_dirname_creator=_trial_dirname),
-            run_config=tune.RunConfig(name="tune", storage_path=os.path.join(sweep_dir, "tune"), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=0)),
+            tune_config=tune.TuneConfig(
+                metric=metric,
+                mode=mode,
+                scheduler=scheduler,
+                search_alg=searcher,
+                num_samples=budget if searcher else 1,
+                max_concurrent_trials=concurrent,
+                reuse_actors=scheduler is None,
+                trial_dirname_creator=_trial_dirname,
+            ),
+            run_config=tune.RunConfig(
+                name="tune",
+                storage_path=os.path.join(sweep_dir, "tune"),
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
         )
         grid = tuner.fit()
         errors = {result.config["index"]: result.error for result in grid if result.error is not None}
@@ -166,11 +238,15 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
 
     # max_t one past the last epoch: a trial that reaches it ends by itself (and writes its summary) instead of
     # being stopped by ASHA's max_t rule just before.
-    return ASHAScheduler(time_attr="training_iteration", max_t=max_epochs + 1, grace_period=settings.grace_period,
-                         reduction_factor=settings.reduction_factor)
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=max_epochs + 1,
+        grace_period=settings.grace_period,
+        reduction_factor=settings.reduction_factor,
+    )
 
 
-def _check_asha_can_free_stopped_trials(ray_cfg: Dict[str, Any]) -> None:
+def _check_asha_can_free_stopped_trials(ray_cfg: dict[str, Any]) -> None:
     """ASHA stops a trial by ending its process; Ray Train then frees that run's placement group (its workers'
     CPUs) through Ray's state API. Where the cluster's processes cannot reach it (no dashboard), every stopped
     trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
@@ -183,7 +259,8 @@ def _check_asha_can_free_stopped_trials(ray_cfg: Dict[str, Any]) -> None:
     if problem is not None:
         where = f"the cluster at ray.address={ray_cfg['address']}" if ray_cfg["address"] else "the local cluster"
         raise ConfigError(
-            "hydra.sweeper.scheduler", "asha",
+            "hydra.sweeper.scheduler",
+            "asha",
             f"a trial ASHA stops frees its workers' CPUs through Ray's state API, which {where} does not serve ({problem}): "
             "stopped trials would keep their CPUs and the sweep would wait forever.",
             "ray.include_dashboard=null (Ray's default: the dashboard serves the state API), a cluster started with its "
@@ -191,7 +268,7 @@ def _check_asha_can_free_stopped_trials(ray_cfg: Dict[str, Any]) -> None:
         )
 
 
-def _status(job: Dict[str, Any], previous: Dict[str, Dict[str, Any]]) -> str:
+def _status(job: dict[str, Any], previous: dict[str, dict[str, Any]]) -> str:
     """An earlier trial's status: the earlier sweep summary's word (ASHA's "stopped" is only there), else its run's."""
     if job["name"] in previous:
         return previous[job["name"]]["status"]
@@ -199,21 +276,27 @@ def _status(job: Dict[str, Any], previous: Dict[str, Dict[str, Any]]) -> str:
     return summary["status"] if summary else "interrupted"
 
 
-def _optuna_search(space: Dict[str, Parameter], metric: str, mode: str, seed: int, done: List[Dict[str, Any]]):
+def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[dict[str, Any]]):
     """Optuna's TPE over the space; the sweep's finished trials (earlier runs) told to it as evaluated points."""
     from ray.tune.search.optuna import OptunaSearch
 
     told = [(job["params"], final_value(job["run_dir"], metric)) for job in done]
     told = [(params, value) for params, value in told if value is not None]
-    return OptunaSearch(space=optuna_distributions(space), metric=metric, mode=mode, seed=seed,
-                        points_to_evaluate=[params for params, _ in told] or None, evaluated_rewards=[value for _, value in told] or None)
+    return OptunaSearch(
+        space=optuna_distributions(space),
+        metric=metric,
+        mode=mode,
+        seed=seed,
+        points_to_evaluate=[params for params, _ in told] or None,
+        evaluated_rewards=[value for _, value in told] or None,
+    )
 
 
 def _trial_dirname(trial) -> str:
     return f"trial_{trial.config.get('index', 'x')}_{trial.trial_id}"
 
 
-def _task_class(cfg: Dict[str, Any]):
+def _task_class(cfg: dict[str, Any]):
     from hydra.utils import get_object
 
     return get_object(cfg["task"]["_target_"])
@@ -222,4 +305,7 @@ def _task_class(cfg: Dict[str, Any]):
 def _print_plan(total: int, budget: int, concurrent: int, cpus: float, sweep_dir: str) -> None:
     skipped = total - budget
     note = f"; {skipped} already done in an earlier run of this sweep" if skipped else ""
-    print(f"Sweep: {total} trials{note}; up to {concurrent} at a time on {math.floor(cpus)} CPUs. Sweep dir: {sweep_dir}", flush=True)
+    print(
+        f"Sweep: {total} trials{note}; up to {concurrent} at a time on {math.floor(cpus)} CPUs. Sweep dir: {sweep_dir}",
+        flush=True,
+    )

@@ -21,7 +21,11 @@ class _CrashOnce:
 
     def train_batch(self, step, batch):
         self.calls += 1
-        if self.calls == self.at_step and ray.train.get_context().get_world_rank() == self.rank and not os.path.exists(self.marker):
+        if (
+            self.calls == self.at_step
+            and ray.train.get_context().get_world_rank() == self.rank
+            and not os.path.exists(self.marker)
+        ):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return super().train_batch(step, batch)
@@ -59,14 +63,17 @@ class Probe(Classification):
         if not self.done and ray.train.get_context().get_world_rank() == 0:
             model = step.model
             with open(self.path, "w") as file:
-                json.dump({
-                    "env": os.environ.get(self.variable),
-                    "wrapper": type(model).__name__,
-                    "find_unused_parameters": getattr(model, "find_unused_parameters", None),
-                    "bucket_bytes_cap": getattr(model, "bucket_bytes_cap", None),
-                    "channels_last": batch[0].is_contiguous(memory_format=__import__("torch").channels_last),
-                    "compiled": getattr(step.unwrapped["model"], "_compiled_call_impl", None) is not None,
-                }, file)
+                json.dump(
+                    {
+                        "env": os.environ.get(self.variable),
+                        "wrapper": type(model).__name__,
+                        "find_unused_parameters": getattr(model, "find_unused_parameters", None),
+                        "bucket_bytes_cap": getattr(model, "bucket_bytes_cap", None),
+                        "channels_last": batch[0].is_contiguous(memory_format=__import__("torch").channels_last),
+                        "compiled": getattr(step.unwrapped["model"], "_compiled_call_impl", None) is not None,
+                    },
+                    file,
+                )
         self.done = True
         return super().train_batch(step, batch)
 

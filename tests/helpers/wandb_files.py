@@ -6,18 +6,18 @@ blocks of chunks, each with a 7-byte header (crc32, length, type: 1 full, 2 firs
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List
 
 BLOCK = 32768
 HEADER = 7
 
 
-def wandb_runs(run_dir: Path) -> List[Path]:
+def wandb_runs(run_dir: Path) -> list[Path]:
     return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def records(path: Path) -> Iterator["object"]:
+def records(path: Path) -> Iterator[object]:
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()
@@ -43,6 +43,6 @@ def run_group(path: Path) -> str:
     return next(record.run.run_group for record in records(path) if record.HasField("run"))
 
 
-def run_record(path: Path) -> "object":
+def run_record(path: Path) -> object:
     """The run's first run record: project, entity, group, ... as wandb.init received them."""
     return next(record.run for record in records(path) if record.HasField("run"))

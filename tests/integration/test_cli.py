@@ -30,11 +30,15 @@ def test_embedded_default_meets_the_accuracy_bar(ray_address, tmp_path):
     assert (run_dir / ".hydra" / "config.yaml").exists() and (run_dir / "model.pt").exists()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 12
-    assert {"epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_second", "epoch_seconds"} <= json.loads(lines[0]).keys()
+    assert {"epoch", "train_loss", "val_loss", "val_accuracy", "samples_per_second", "epoch_seconds"} <= json.loads(
+        lines[0]
+    ).keys()
     assert {"status", "epochs_completed", "final", "best", "run_dir", "storage"} <= summary.keys()
     assert summary["run_dir"] == str(run_dir) and os.path.isdir(summary["storage"])
     assert f"Run dir: {run_dir}" in done.stdout
-    assert "hydra_raytrain: completed" in done.stdout and "best (val_accuracy, epoch" in done.stdout  # the summary table
+    assert (
+        "hydra_raytrain: completed" in done.stdout and "best (val_accuracy, epoch" in done.stdout
+    )  # the summary table
     assert Image.open(run_dir / "curves.png").format == "PNG"
     # What the user sees: one line per epoch, rank 0's progress bar drawn by the driver, and none of Ray
     # Train's per-report INFO lines.
@@ -42,7 +46,11 @@ def test_embedded_default_meets_the_accuracy_bar(ray_address, tmp_path):
     assert "Reporting training result" not in output and "Moving model to device" not in output
     # Ray Train's placement-group cleaner reached this run's own cluster, not "multiple active Ray instances",
     # and the preemption watcher (nothing to watch on one local node) logged no ERROR line.
-    assert "Traceback" not in output and "multiple active Ray instances" not in output and "PreemptionWatcher" not in output
+    assert (
+        "Traceback" not in output
+        and "multiple active Ray instances" not in output
+        and "PreemptionWatcher" not in output
+    )
     assert all(f"epoch {n}/12  train_accuracy" in done.stdout for n in range(1, 13))
     assert "epoch 12/12: 100%" in done.stderr and "batch/s" in done.stderr
     # Logs kept on disk: the driver's terminal, and every worker's and the controller's stdout/stderr (copies).
@@ -56,7 +64,9 @@ def test_a_local_cluster_without_its_dashboard_keeps_the_placement_group_cleaner
     """ray.include_dashboard=false: no state API, which Ray Train's placement-group cleaner asks every few seconds
     ("Failed to query Ray Train Controller actor state" each time, a whole run long). On a local cluster it has
     nothing to clean (the cluster ends with the command): its warnings stay off the console."""
-    done = run_cli(["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "hydra.run.dir=run"], cwd=str(tmp_path))
+    done = run_cli(
+        ["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "hydra.run.dir=run"], cwd=str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
     assert "Failed to query Ray Train Controller actor state" not in done.stdout + done.stderr
@@ -81,7 +91,10 @@ class TopTwo(Classification):
 
 def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
     (tmp_path / "my_tasks.py").write_text(USER_TASK)
-    done = run_cli([f"ray.address={ray_address}", "task._target_=my_tasks.TopTwo", "debug=smoke", "hydra.run.dir=run"], cwd=str(tmp_path))
+    done = run_cli(
+        [f"ray.address={ray_address}", "task._target_=my_tasks.TopTwo", "debug=smoke", "hydra.run.dir=run"],
+        cwd=str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["val_top2"] >= metrics["val_accuracy"]
@@ -90,8 +103,15 @@ def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
 def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     """Both workers raise: the terminal gets the first rank's cause in one line, not a traceback per rank;
     summary.json keeps the tracebacks."""
-    done = run_cli([f"ray.address={ray_address}", "task._target_=tests.helpers.tasks.FailsInTraining", "debug=smoke", "hydra.run.dir=run"],
-                   cwd=str(tmp_path))
+    done = run_cli(
+        [
+            f"ray.address={ray_address}",
+            "task._target_=tests.helpers.tasks.FailsInTraining",
+            "debug=smoke",
+            "hydra.run.dir=run",
+        ],
+        cwd=str(tmp_path),
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     output = done.stdout + done.stderr
     assert output.count("RuntimeError: the loss diverged at the first step") == 1, output
@@ -111,28 +131,55 @@ BAD_INPUTS = [
     (["trainer.max_epochs=0"], ["trainer.max_epochs=0", "must be >= 1"]),
     (["scaling.num_workers=64"], ["scaling.num_workers=64", "cores", "scaling.num_workers <= "]),
     (["scaling.use_gpu=true"], ["scaling.use_gpu=True", "GPU", "scaling.use_gpu=false"]),
-    (["model._target_=torchvision.models.resnet19"], ["model._target_='torchvision.models.resnet19'", "cannot be imported", "resnet18"]),
+    (
+        ["model._target_=torchvision.models.resnet19"],
+        ["model._target_='torchvision.models.resnet19'", "cannot be imported", "resnet18"],
+    ),
     (["+model.dropout=0.5"], ["model.dropout=0.5", "SimpleCNN has no argument 'dropout'", "channels"]),
     (["optimizer.lr=-1"], ["optimizer.lr=-1", "torch.optim.Adam rejects it: Invalid learning rate"]),
-    (["dataset=imagefolder", "dataset.root=/no/such/folder", "dataset.num_outputs=3"], ["dataset.root='/no/such/folder'", "no such folder"]),
+    (
+        ["dataset=imagefolder", "dataset.root=/no/such/folder", "dataset.num_outputs=3"],
+        ["dataset.root='/no/such/folder'", "no such folder"],
+    ),
     # A wrong type inside a free-form _target_ node.
-    (["optimizer.lr=abc"], ["optimizer.lr='abc'", "torch.optim.Adam takes a number for 'lr'", "e.g. optimizer.lr=0.001"]),
+    (
+        ["optimizer.lr=abc"],
+        ["optimizer.lr='abc'", "torch.optim.Adam takes a number for 'lr'", "e.g. optimizer.lr=0.001"],
+    ),
     # A metric the task does not report.
     (["trainer.monitor=val_bogus"], ["trainer.monitor='val_bogus'", "does not report this metric", "val_accuracy"]),
     # Dataset arguments only the builder can judge (built on the driver).
     (["dataset.val_fraction=1.5"], ["dataset.val_fraction=1.5", "between 0 and 1", "e.g. 0.2"]),
     (["dataset.num_outputs=4"], ["dataset.num_outputs=4", "has 10 outputs", "dataset.num_outputs=10"]),
     (["dataset.input_shape=[16,16]"], ["dataset.input_shape=[16, 16]", "dataset.input_shape=[1,8,8]"]),
-    (["dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=4"], ["dataset.num_outputs=4", "3 classes (a, b, c)", "dataset.num_outputs=3"]),
-    (["model=mlp", "task=regression"], ["model='hydra_raytrain.models.MLP'", "does not fit the data or the task", "batch shapes [[16, 1, 8, 8], [16]]"]),
+    (
+        ["dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=4"],
+        ["dataset.num_outputs=4", "3 classes (a, b, c)", "dataset.num_outputs=3"],
+    ),
+    (
+        ["model=mlp", "task=regression"],
+        [
+            "model='hydra_raytrain.models.MLP'",
+            "does not fit the data or the task",
+            "batch shapes [[16, 1, 8, 8], [16]]",
+        ],
+    ),
     (["logger=wandb", "logger.wandb.mode=bogus"], ["logger.wandb.mode='bogus'", "online, offline, disabled"]),
-    (["~optimizer._partial_"], ["optimizer._partial_=None", "needs 'params', which the runner passes", "add `_partial_: true`"]),
+    (
+        ["~optimizer._partial_"],
+        ["optimizer._partial_=None", "needs 'params', which the runner passes", "add `_partial_: true`"],
+    ),
     # No cluster at the address: refused in seconds, not after minutes of Ray's GCS retries.
     (["ray.address=127.0.0.1:1"], ["ray.address='127.0.0.1:1'", "no Ray cluster answers there", "ray start --head"]),
     # Several problems at once: every one in the same message.
-    (["dataset=imagefolder", "dataset.root=/no/such/folder", "trainer.max_epochs=0"], ["2 problems", "dataset.root='/no/such/folder'", "trainer.max_epochs=0"]),
-    (["optimizer.lr=abc", "trainer.max_epochs=0", "scaling.num_workers=64"],
-     ["3 problems", "optimizer.lr='abc'", "trainer.max_epochs=0", "scaling.num_workers=64"]),
+    (
+        ["dataset=imagefolder", "dataset.root=/no/such/folder", "trainer.max_epochs=0"],
+        ["2 problems", "dataset.root='/no/such/folder'", "trainer.max_epochs=0"],
+    ),
+    (
+        ["optimizer.lr=abc", "trainer.max_epochs=0", "scaling.num_workers=64"],
+        ["3 problems", "optimizer.lr='abc'", "trainer.max_epochs=0", "scaling.num_workers=64"],
+    ),
 ]
 
 
@@ -152,7 +199,11 @@ def test_bad_input_fails_fast_with_one_clear_message(overrides, named, tmp_path)
 
 
 def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp_path):
-    done = run_cli([f"ray.address={ray_address}", "scaling.num_workers=5", "trainer.batch_size=60", "hydra.run.dir=run"], cwd=str(tmp_path), timeout=60)
+    done = run_cli(
+        [f"ray.address={ray_address}", "scaling.num_workers=5", "trainer.batch_size=60", "hydra.run.dir=run"],
+        cwd=str(tmp_path),
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "scaling.num_workers=5" in done.stderr and "needs 5 CPU" in done.stderr and "has 4" in done.stderr
     assert not (tmp_path / "run").exists()
@@ -160,7 +211,10 @@ def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp
 
 def test_plain_multirun_runs_each_job_with_its_own_run_dir(ray_address, tmp_path):
     """Hydra's basic launcher: jobs one after another in one process, Ray joined once and reused."""
-    done = run_cli(["-m", f"ray.address={ray_address}", "trainer.seed=0,1", "debug=smoke", "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
+    done = run_cli(
+        ["-m", f"ray.address={ray_address}", "trainer.seed=0,1", "debug=smoke", "hydra.sweep.dir=sweep"],
+        cwd=str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summaries = [json.loads(path.read_text()) for path in sorted((tmp_path / "sweep").glob("*/summary.json"))]
     assert [s["status"] for s in summaries] == ["completed", "completed"]

@@ -34,8 +34,11 @@ def page(name):
         if header:
             files[header.group(1)] = body
         elif language == "bash":
-            commands += [line.split("  #")[0].strip() for line in body.replace("\\\n", " ").splitlines()
-                         if line.startswith("python -m hydra_raytrain")]
+            commands += [
+                line.split("  #")[0].strip()
+                for line in body.replace("\\\n", " ").splitlines()
+                if line.startswith("python -m hydra_raytrain")
+            ]
         elif language == "python":
             snippets.append(body)
     return files, commands, snippets
@@ -71,7 +74,10 @@ def test_own_model_page(ray_address, tmp_path):
     # The replaced option's arguments are dropped and said; the dataset wiring stays; MyNet's own default holds.
     assert "Note: model._target_=my_models.MyNet starts model afresh" in replaced.stderr
     assert "channels=[32, 64], hidden=128" in replaced.stderr
-    runs = {path: json.loads(Path(path).read_text()) for path in glob.glob(str(tmp_path / "outputs/runs/mynet-digits-*/config.json"))}
+    runs = {
+        path: json.loads(Path(path).read_text())
+        for path in glob.glob(str(tmp_path / "outputs/runs/mynet-digits-*/config.json"))
+    }
     models = [cfg["model"] for cfg in runs.values()]
     wiring = {"_target_": "my_models.MyNet", "input_shape": [1, 8, 8], "num_outputs": 10}
     assert wiring in models and {**wiring, "hidden": 64} in models
@@ -98,9 +104,18 @@ def test_own_model_page(ray_address, tmp_path):
     # evaluate from another folder: one message naming the module, the folder and the fix; exit 2.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    evaluated = subprocess.run([sys.executable, "-m", "hydra_raytrain.evaluate", run_dir], cwd=elsewhere, capture_output=True, text=True, timeout=120)
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "hydra_raytrain.evaluate", run_dir],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert evaluated.returncode == 2, evaluated.stderr[-2000:]
-    assert "model._target_='my_models.MyNet': cannot be imported" in evaluated.stderr and "No module named 'my_models'" in evaluated.stderr
+    assert (
+        "model._target_='my_models.MyNet': cannot be imported" in evaluated.stderr
+        and "No module named 'my_models'" in evaluated.stderr
+    )
     assert f"PYTHONPATH={tmp_path} python -m hydra_raytrain.evaluate {run_dir}" in evaluated.stderr
     assert "Traceback" not in evaluated.stderr
 
@@ -110,13 +125,20 @@ def test_own_data_page(ray_address, tmp_path):
     run_page("own-data.md", tmp_path, ray_address)
     # Inferred from the folder: 3 classes, [3, height 10, width 12]; the relative root made absolute.
     dataset = run_config(tmp_path, "simplecnn-imagefolder-*")["dataset"]
-    assert dataset["num_outputs"] == 3 and dataset["input_shape"] == [3, 10, 12] and dataset["root"] == str(tmp_path / "pets")
+    assert (
+        dataset["num_outputs"] == 3
+        and dataset["input_shape"] == [3, 10, 12]
+        and dataset["root"] == str(tmp_path / "pets")
+    )
     assert run_config(tmp_path, "resnet18-imagefolder-*")["dataset"]["input_shape"] == [3, 32, 32]
     # One identity names the run dir and the run's Ray storage, with a relative dataset.root too.
     for path in glob.glob(str(tmp_path / "outputs/runs/*/summary.json")):
         summary = json.loads(Path(path).read_text())
         assert Path(summary["storage"]).name == Path(summary["run_dir"]).name, summary
-    moons = [json.loads(Path(p).read_text())["dataset"] for p in glob.glob(str(tmp_path / "outputs/runs/mlp-moons-*/config.json"))]
+    moons = [
+        json.loads(Path(p).read_text())["dataset"]
+        for p in glob.glob(str(tmp_path / "outputs/runs/mlp-moons-*/config.json"))
+    ]
     assert {"_target_": "my_data.moons", "input_shape": [2], "num_outputs": 2} in moons
     assert any(d.get("n") == 2000 and d.get("noise") == 0.2 for d in moons)
 

@@ -8,7 +8,7 @@ from tests.conftest import ROOT
 
 # Two commands started together: Ray's dashboard port looks free when this one checks it, and another
 # process holds it by the time this cluster's dashboard starts.
-RACE = '''
+RACE = """
 import os, socket, ray
 from hydra_raytrain.driver import cluster
 
@@ -30,13 +30,19 @@ assert url and os.environ["RAY_API_SERVER_ADDRESS"] == "http://" + url, (url, os
 assert url.rsplit(":", 1)[1] != str(cluster.DASHBOARD_PORT)
 from ray.util.state import list_nodes
 print("state API nodes:", len(list_nodes(limit=5)))
-'''
+"""
 
 
 def test_a_dashboard_port_taken_at_start_up_restarts_the_cluster_on_a_free_one(tmp_path):
     """Else this cluster's processes would ask the other cluster's state API about their own actors (Ray Train's
     placement-group cleaner would find its controller missing there)."""
-    done = subprocess.run([sys.executable, "-c", RACE], cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [sys.executable, "-c", RACE],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "state API nodes: 1" in done.stdout

@@ -6,8 +6,8 @@ import pytest
 
 from hydra_raytrain import train
 from hydra_raytrain.config import run_name, validate
-from tests.conftest import WANDB_TEST_KEY, compose_config
 from hydra_raytrain.driver.cluster import free_port
+from tests.conftest import WANDB_TEST_KEY, compose_config
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import run_record, wandb_runs
 
@@ -16,7 +16,9 @@ pytestmark = pytest.mark.integration
 
 def test_wandb_and_tensorboard_log_from_rank_zero_and_keep_no_secret(ray_address, tmp_path):
     """Both loggers at once. (That a resumed run continues the same W&B run is tested in test_resume.py.)"""
-    cfg = compose_config("logger=[wandb,tensorboard]", "logger.wandb.mode=offline", "trainer.max_epochs=2", "debug=smoke")
+    cfg = compose_config(
+        "logger=[wandb,tensorboard]", "logger.wandb.mode=offline", "trainer.max_epochs=2", "debug=smoke"
+    )
     summary = train(cfg, run_dir=str(tmp_path))
     (run,) = wandb_runs(tmp_path)  # one W&B run: rank 0 only
     assert run.name == f"run-{run_name(validate(cfg, str(tmp_path)))}.wandb"  # the id is the run's identity
@@ -41,14 +43,20 @@ def test_wandb_follows_its_own_environment_variables(ray_address, tmp_path, monk
     assert run_record(run).project == "from-the-environment"
 
 
-def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(ray_address, tmp_path, monkeypatch, capfd):
+def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(
+    ray_address, tmp_path, monkeypatch, capfd
+):
     """W&B online (no WANDB_MODE) with its server unreachable: the driver says so once and the run logs offline.
     A tracker that raises when it starts, and one that raises when it logs, are dropped with a warning each."""
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    cfg = compose_config("logger=wandb", "debug=smoke", "trainer.max_epochs=2",
-                         "+logger.down={_target_: tests.helpers.loggers.Broken, fail_in: start}",
-                         "+logger.flaky={_target_: tests.helpers.loggers.Broken, fail_in: log}")
+    cfg = compose_config(
+        "logger=wandb",
+        "debug=smoke",
+        "trainer.max_epochs=2",
+        "+logger.down={_target_: tests.helpers.loggers.Broken, fail_in: start}",
+        "+logger.flaky={_target_: tests.helpers.loggers.Broken, fail_in: log}",
+    )
     started = time.time()
     summary = train(cfg, run_dir=str(tmp_path))
     assert summary["status"] == "completed" and summary["epochs_completed"] == 2
@@ -59,5 +67,7 @@ def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(r
     driver = capfd.readouterr().err
     assert driver.count("cannot be reached") == 1 and "wandb sync" in driver
     worker = "".join(path.read_text() for path in (tmp_path / "logs").glob("rank0*.err"))
-    assert "logger.down could not start (RuntimeError: tracker server unavailable); training goes on without it" in worker
+    assert (
+        "logger.down could not start (RuntimeError: tracker server unavailable); training goes on without it" in worker
+    )
     assert worker.count("logger.flaky failed to log") == 1  # dropped after the first failure

@@ -20,8 +20,15 @@ pytestmark = pytest.mark.integration
 # The GAN under fp16: two models, two optimizers, the GradScaler, and every rank's own noise (RNG) must all
 # come back for the resumed run to match. 8 micro-batches per epoch: micro-batch 20 is in epoch 3, after the
 # epoch-2 checkpoint.
-EXACT = ["experiment=digits_gan", "trainer.max_epochs=4", "trainer.limit_train_batches=8", "trainer.precision=16-mixed",
-         "failure.max_failures=1", "task._target_=tests.helpers.tasks.CrashOnceGAN", "+task.at_step=20"]
+EXACT = [
+    "experiment=digits_gan",
+    "trainer.max_epochs=4",
+    "trainer.limit_train_batches=8",
+    "trainer.precision=16-mixed",
+    "failure.max_failures=1",
+    "task._target_=tests.helpers.tasks.CrashOnceGAN",
+    "+task.at_step=20",
+]
 
 
 def epochs(run_dir):
@@ -37,7 +44,10 @@ def test_a_killed_worker_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_
     """The crashed run also logs to W&B (offline): its two attempts must be one W&B run."""
     (tmp_path / "no_crash").touch()
     uninterrupted = train(compose_config(*EXACT, f"+task.marker={tmp_path / 'no_crash'}"), run_dir=str(tmp_path / "a"))
-    crashed = train(compose_config(*EXACT, f"+task.marker={tmp_path / 'crashed'}", "logger=wandb", "logger.wandb.mode=offline"), run_dir=str(tmp_path / "b"))
+    crashed = train(
+        compose_config(*EXACT, f"+task.marker={tmp_path / 'crashed'}", "logger=wandb", "logger.wandb.mode=offline"),
+        run_dir=str(tmp_path / "b"),
+    )
     assert (tmp_path / "crashed").exists()  # the worker really was killed
     attempts = sorted((tmp_path / "b").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(attempts) == 2 and len({run.name for run in attempts}) == 1  # a resumed run continues the same W&B run
@@ -49,15 +59,28 @@ def test_a_killed_worker_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_
         assert abs(uninterrupted["final"][name] - crashed["final"][name]) <= 1e-6
     # The GAN trained: its discriminator tells real from generated, and each epoch left a sample grid.
     assert crashed["final"]["val_d_real"] > crashed["final"]["val_d_fake"]
-    assert sorted(p.name for p in (tmp_path / "b" / "samples").glob("*.png")) == [f"epoch_{n:04d}.png" for n in range(1, 5)]
+    assert sorted(p.name for p in (tmp_path / "b" / "samples").glob("*.png")) == [
+        f"epoch_{n:04d}.png" for n in range(1, 5)
+    ]
     models = load_model(str(tmp_path / "b"))  # both models, rebuilt from the run dir alone
     assert models["generator"](torch.randn(5, 32)).shape == (5, 1, 8, 8)
 
 
 def test_a_killed_driver_resumes_when_the_same_command_runs_again(ray_address, tmp_path):
-    args = [f"ray.address={ray_address}", "trainer.max_epochs=4", "task._target_=tests.helpers.tasks.Slow", "+task.seconds_per_batch=0.1"]
+    args = [
+        f"ray.address={ray_address}",
+        "trainer.max_epochs=4",
+        "task._target_=tests.helpers.tasks.Slow",
+        "+task.seconds_per_batch=0.1",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
-    driver = subprocess.Popen([sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "hydra_raytrain", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     metrics = None
     while time.time() < deadline and driver.poll() is None:
@@ -88,7 +111,9 @@ def test_a_killed_driver_resumes_when_the_same_command_runs_again(ray_address, t
     assert logged.returncode == 0 and "Run already complete: 4 epochs" in logged.stdout, logged.stderr[-3000:]
     assert "Logged the finished run's 4 epochs (metrics.jsonl) to: tensorboard" in logged.stdout
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert read_scalars(run_dir / "tensorboard")["val_accuracy"] == [(m["epoch"], pytest.approx(m["val_accuracy"], rel=1e-6)) for m in history]
+    assert read_scalars(run_dir / "tensorboard")["val_accuracy"] == [
+        (m["epoch"], pytest.approx(m["val_accuracy"], rel=1e-6)) for m in history
+    ]
     assert json.loads((run_dir / "summary.json").read_text())["loggers"] == ["tensorboard"]
     once_more = run_cli([*args, "logger=tensorboard"], cwd=str(tmp_path))
     assert "Logged the finished run" not in once_more.stdout and len(list((run_dir / "tensorboard").iterdir())) == 1
@@ -105,8 +130,13 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ray_address,
 
 
 def test_top_k_retention_keeps_the_best_and_the_latest(ray_address, tmp_path):
-    overrides = ["trainer.max_epochs=5", "trainer.limit_train_batches=3", "checkpoint.num_to_keep=2",
-                 "checkpoint.checkpoint_score_attribute=val_accuracy", "checkpoint.checkpoint_score_order=max"]
+    overrides = [
+        "trainer.max_epochs=5",
+        "trainer.limit_train_batches=3",
+        "checkpoint.num_to_keep=2",
+        "checkpoint.checkpoint_score_attribute=val_accuracy",
+        "checkpoint.checkpoint_score_order=max",
+    ]
     summary = train(compose_config(*overrides), run_dir=str(tmp_path))
     history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     best_two = sorted(history, key=lambda m: m["val_accuracy"], reverse=True)[:2]

@@ -15,7 +15,12 @@ pytestmark = pytest.mark.integration
 
 def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
     pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True).create_dir("runs-bucket")
-    overrides = ["storage.path=s3://runs-bucket/team", "storage.name=s3run", "debug=smoke", "trainer.limit_val_batches=null"]
+    overrides = [
+        "storage.path=s3://runs-bucket/team",
+        "storage.name=s3run",
+        "debug=smoke",
+        "trainer.limit_val_batches=null",
+    ]
     train(compose_config(*overrides, "trainer.max_epochs=1"), run_dir=str(tmp_path / "first"))
     summary = train(compose_config(*overrides, "trainer.max_epochs=2"), run_dir=str(tmp_path / "second"))
     assert summary["storage"] == "s3://runs-bucket/team/s3run"
@@ -23,11 +28,18 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
     stored = {info.path for info in s3.get_file_info(pyarrow.fs.FileSelector("runs-bucket/team/s3run", recursive=True))}
     assert {"runs-bucket/team/s3run/epoch_0001/model.pt", "runs-bucket/team/s3run/epoch_0002/rng_rank1.pt"} <= stored
     # The second command resumed the first's checkpoint from S3: it trained epoch 2 only.
-    assert [json.loads(line)["epoch"] for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()] == [2]
+    assert [json.loads(line)["epoch"] for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()] == [
+        2
+    ]
     # A checkpoint read back from S3 scores like the run said.
     local = tmp_path / "downloaded"
     local.mkdir()
-    pyarrow.fs.copy_files("runs-bucket/team/s3run/epoch_0002", str(local), source_filesystem=s3, destination_filesystem=pyarrow.fs.LocalFileSystem())
+    pyarrow.fs.copy_files(
+        "runs-bucket/team/s3run/epoch_0002",
+        str(local),
+        source_filesystem=s3,
+        destination_filesystem=pyarrow.fs.LocalFileSystem(),
+    )
     assert abs(evaluate(str(local))["val_loss"] - summary["final"]["val_loss"]) <= 1e-5
 
 
@@ -37,7 +49,7 @@ def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endp
     assert not (tmp_path / "run").exists()
 
 
-MULTI_NODE = r'''
+MULTI_NODE = r"""
 import glob, json, sys
 from ray.cluster_utils import Cluster
 import ray
@@ -68,7 +80,7 @@ out["sweep"] = [row["status"] for row in json.load(open(f"{tmp}/sweep/sweep_summ
 ray.shutdown()
 cluster.shutdown()
 print("RESULT " + json.dumps(out))
-'''
+"""
 
 
 def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
@@ -76,12 +88,16 @@ def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
     land on both nodes; our package and tasks import there, and checkpoints land in the shared storage.
     The driver joins the second node (its own address, 127.0.0.2): a sweep's trials run there, beside the driver
     and its sweep dir, where Ray would otherwise place them on the head node."""
-    done = subprocess.run([sys.executable, "-c", MULTI_NODE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", MULTI_NODE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
-    out = json.loads(lines[0][len("RESULT "):])
+    out = json.loads(lines[0][len("RESULT ") :])
     assert out["nodes"] == 2
-    assert "storage.path=" in out["refused"] and "2 nodes" in out["refused"] and "shared_filesystem=true" in out["refused"]
+    assert (
+        "storage.path=" in out["refused"] and "2 nodes" in out["refused"] and "shared_filesystem=true" in out["refused"]
+    )
     assert out["summary"]["status"] == "completed" and out["summary"]["final"]["world_size"] == 2
     assert list((tmp_path / "shared").glob("*/epoch_0001/model.pt"))
     assert out["driver_ip"] == "127.0.0.2" and out["sweep"] == ["completed", "completed"]

@@ -42,9 +42,20 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
     (tmp_path / "conf" / "variant").mkdir(parents=True)
     for name, body in VARIANTS.items():
         (tmp_path / "conf" / "variant" / f"{name}.yaml").write_text("# @package _global_\n" + body)
-    args = ["-m", "hydra/sweeper=ray_tune", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"ray.address={ray_address}",
-            "model=mlp", "+variant=one_worker,two_workers,fails", "trainer.max_epochs=2", "trainer.limit_train_batches=5",
-            "logger=wandb", "logger.wandb.mode=offline", "hydra.sweeper.keep_checkpoints=1", "hydra.sweep.dir=sweep-7f"]
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "+variant=one_worker,two_workers,fails",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=5",
+        "logger=wandb",
+        "logger.wandb.mode=offline",
+        "hydra.sweeper.keep_checkpoints=1",
+        "hydra.sweep.dir=sweep-7f",
+    ]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary, rows = rows_by_overrides(tmp_path / "sweep-7f")
@@ -52,7 +63,9 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
     good = [rows["+variant=one_worker"], rows["+variant=two_workers"]]
     assert [row["status"] for row in good] == ["completed", "completed"] and [row["epochs"] for row in good] == [2, 2]
     bad = rows["+variant=fails"]
-    assert bad["status"] == "failed" and "RuntimeError: the loss diverged at the first step" in bad["error"], bad["error"]
+    assert bad["status"] == "failed" and "RuntimeError: the loss diverged at the first step" in bad["error"], bad[
+        "error"
+    ]
     assert [world_sizes(row) for row in good] == [{1}, {2}]  # each trial's own scaling.num_workers
     first, second = good
     assert first["started"] < second["finished"] and second["started"] < first["finished"]  # their time windows overlap
@@ -73,9 +86,20 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     learning rates first): they set the bar at the first rung, the two hopeless ones fall under it and stop
     there (ASHA keeps the top 1/2 at each rung)."""
     assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
-    args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "hydra.sweeper.reduction_factor=2", "hydra.sweeper.max_concurrent_trials=2",
-            f"ray.address={ray_address}", "model=mlp", "scaling.num_workers=1", "optimizer.lr=3e-3,1e-6,1e-3,1e-7",
-            "trainer.max_epochs=4", "trainer.limit_train_batches=10", "hydra.sweep.dir=sweep"]
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=asha",
+        "hydra.sweeper.reduction_factor=2",
+        "hydra.sweeper.max_concurrent_trials=2",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-6,1e-3,1e-7",
+        "trainer.max_epochs=4",
+        "trainer.limit_train_batches=10",
+        "hydra.sweep.dir=sweep",
+    ]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary, rows = rows_by_overrides(tmp_path / "sweep")
@@ -97,8 +121,17 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
 
     # best_config.yaml through the plain CLI is the best trial's run: the same run identity (a hash of everything
     # that can change the result), so pointed at that trial's run dir it finds it complete instead of training.
-    again = run_cli(["--config-dir", str(tmp_path / "sweep"), "--config-name", "best_config", f"ray.address={ray_address}",
-                     f"hydra.run.dir={best['run_dir']}"], cwd=str(tmp_path))
+    again = run_cli(
+        [
+            "--config-dir",
+            str(tmp_path / "sweep"),
+            "--config-name",
+            "best_config",
+            f"ray.address={ray_address}",
+            f"hydra.run.dir={best['run_dir']}",
+        ],
+        cwd=str(tmp_path),
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"Run already complete: 4 epochs, best val_accuracy {best['best']:.4f}" in again.stdout
 
@@ -107,14 +140,32 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
     """search_alg=optuna, one trial at a time. The sweep's driver is killed during its second trial; the identical
     command then tells Optuna the finished trial instead of re-running it, resumes the interrupted trial from its
     checkpoint, and asks Optuna for the third."""
-    args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.search_alg=optuna", "hydra.sweeper.num_samples=3",
-            "hydra.sweeper.max_concurrent_trials=1", f"ray.address={ray_address}", "model=mlp", "scaling.num_workers=1",
-            "optimizer.lr=tag(log,interval(1e-3,1e-1))", "trainer.max_epochs=3", "trainer.limit_train_batches=3",
-            "task._target_=tests.helpers.tasks.Slow", "+task.seconds_per_batch=0.4", "hydra.sweep.dir=sweep"]
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.search_alg=optuna",
+        "hydra.sweeper.num_samples=3",
+        "hydra.sweeper.max_concurrent_trials=1",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=tag(log,interval(1e-3,1e-1))",
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=3",
+        "task._target_=tests.helpers.tasks.Slow",
+        "+task.seconds_per_batch=0.4",
+        "hydra.sweep.dir=sweep",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
     log = tmp_path / "killed_driver.log"
     with open(log, "w") as output:
-        driver = subprocess.Popen([sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "hydra_raytrain", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     deadline, second = time.time() + 180, None
     while time.time() < deadline and driver.poll() is None:
         jobs = sorted(tmp_path.glob("sweep/*/job.json"), key=lambda p: json.loads(p.read_text())["index"])
@@ -140,7 +191,10 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
     assert (first / "summary.json").stat().st_mtime == first_finished  # not re-run
     # Resumed from its checkpoint: the epochs it had finished were not trained again (a retrained epoch replaces
     # its line in metrics.jsonl, with other timings).
-    assert epochs(second) == [1, 2, 3] and (second / "metrics.jsonl").read_text().splitlines()[: len(before_kill)] == before_kill
+    assert (
+        epochs(second) == [1, 2, 3]
+        and (second / "metrics.jsonl").read_text().splitlines()[: len(before_kill)] == before_kill
+    )
     lrs = [json.loads((tmp_path / "sweep" / name / "job.json").read_text())["params"]["optimizer.lr"] for name in rows]
     assert len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
 
@@ -148,8 +202,20 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
 def test_asha_where_stopped_trials_could_not_be_freed_is_refused_before_any_trial(ray_address, tmp_path):
     """Without the dashboard (Ray's state API) Ray Train cannot free a stopped trial's CPUs: the sweep used to wait
     forever after ASHA's first stop. Refused instead, beside another cluster whose dashboard answers on this machine."""
-    done = run_cli(["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "ray.include_dashboard=false", "model=mlp",
-                    "scaling.num_workers=1", "optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"], cwd=str(tmp_path), timeout=120)
+    done = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=ray_tune",
+            "hydra.sweeper.scheduler=asha",
+            "ray.include_dashboard=false",
+            "model=mlp",
+            "scaling.num_workers=1",
+            "optimizer.lr=1e-3,1e-2",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=str(tmp_path),
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "hydra.sweeper.scheduler='asha'" in done.stderr and "ray.include_dashboard=false" in done.stderr
     assert "hydra.sweeper.scheduler=fifo" in done.stderr and "Traceback" not in done.stderr
@@ -158,10 +224,20 @@ def test_asha_where_stopped_trials_could_not_be_freed_is_refused_before_any_tria
 
 def test_a_config_error_in_one_trial_stops_the_sweep_before_anything_starts(tmp_path):
     """Every trial is composed and checked on the driver first: one bad trial, a clear message, exit 2, no Ray."""
-    done = run_cli(["-m", "hydra/sweeper=ray_tune", "trainer.max_epochs=2,0", "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
+    done = run_cli(
+        ["-m", "hydra/sweeper=ray_tune", "trainer.max_epochs=2,0", "hydra.sweep.dir=sweep"], cwd=str(tmp_path)
+    )
     assert done.returncode == 2
     assert "Invalid config: trainer.max_epochs=0: must be >= 1. (trial 1: trainer.max_epochs=0)" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "sweep" / "sweep_summary.json").exists()
-    searched = run_cli(["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.search_alg=optuna", "trainer.max_epochs=3",
-                        "hydra.sweep.dir=sweep"], cwd=str(tmp_path))
+    searched = run_cli(
+        [
+            "-m",
+            "hydra/sweeper=ray_tune",
+            "hydra.sweeper.search_alg=optuna",
+            "trainer.max_epochs=3",
+            "hydra.sweep.dir=sweep",
+        ],
+        cwd=str(tmp_path),
+    )
     assert searched.returncode == 2 and "hydra.sweeper.search_alg='optuna': has nothing to search" in searched.stderr

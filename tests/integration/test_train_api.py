@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from hydra_raytrain import TrainingFailed, train
+from hydra_raytrain import train
 from hydra_raytrain.models import torchvision_resnet
 from tests.conftest import compose_config
 
@@ -17,7 +17,10 @@ def read_metrics(run_dir):
 
 
 def test_local_mode_runs_in_process(tmp_path):
-    summary = train(compose_config("scaling.num_workers=0", "trainer.max_epochs=2", "trainer.limit_train_batches=5"), run_dir=str(tmp_path))
+    summary = train(
+        compose_config("scaling.num_workers=0", "trainer.max_epochs=2", "trainer.limit_train_batches=5"),
+        run_dir=str(tmp_path),
+    )
     history = read_metrics(tmp_path)
     assert [m["epoch"] for m in history] == [1, 2] and history[0]["world_size"] == 1
     assert summary["final"] == history[-1] and (tmp_path / "model.pt").stat().st_size > 0
@@ -47,8 +50,12 @@ def test_load_model_and_evaluate_reproduce_the_reported_metrics(ray_address, tmp
 def test_elastic_resnet18_takes_what_the_cluster_holds(ray_address, tmp_path):
     """resnet18 (the mission command's model), min 2, max 4 workers on the 4-CPU test cluster; the global
     batch (48) stays whatever the size."""
-    summary = train(compose_config("model=resnet18", "scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48", "debug=smoke"),
-                    run_dir=str(tmp_path))
+    summary = train(
+        compose_config(
+            "model=resnet18", "scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48", "debug=smoke"
+        ),
+        run_dir=str(tmp_path),
+    )
     assert summary["status"] == "completed"
     assert 2 <= summary["final"]["world_size"] <= 4  # 4 when the cluster is idle
     model = torchvision_resnet("resnet18", (1, 8, 8), 10)

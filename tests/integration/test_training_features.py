@@ -19,16 +19,27 @@ def read_metrics(run_dir):
 # An MLP without batch norm or dropout, SGD with momentum, clipping, a warm-up and a cosine schedule. 29 full
 # global batches of 48 per epoch (1,437 training images: the 30th would be partial, and padded differently
 # for different worker counts).
-SAME_RESULT = ["model=mlp", "optimizer=sgd", "scheduler=cosine", "scheduler.warmup_steps=10", "trainer.gradient_clip_val=1.0",
-               "trainer.max_epochs=2", "trainer.seed=3"]
+SAME_RESULT = [
+    "model=mlp",
+    "optimizer=sgd",
+    "scheduler=cosine",
+    "scheduler.warmup_steps=10",
+    "trainer.gradient_clip_val=1.0",
+    "trainer.max_epochs=2",
+    "trainer.seed=3",
+]
 COMPARED = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 GLOBAL_48 = ["trainer.batch_size=48", "trainer.limit_train_batches=29"]
 RUNS = {
     "1 worker": ["scaling.num_workers=1", *GLOBAL_48],
     "2 workers": ["scaling.num_workers=2", *GLOBAL_48],
     "3 workers": ["scaling.num_workers=3", *GLOBAL_48],
-    "2 workers x 2 micro-batches": ["scaling.num_workers=2", "trainer.batch_size=24", "trainer.accumulate_grad_batches=2",
-                                    "trainer.limit_train_batches=58"],
+    "2 workers x 2 micro-batches": [
+        "scaling.num_workers=2",
+        "trainer.batch_size=24",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.limit_train_batches=58",
+    ],
 }
 # float64 keeps ~16 digits: the reduction orders of 1, 2 or 3 ranks (gloo's sums) and of accumulation move the
 # result by a few ulps, measured <= 1e-15 after 58 steps; asserted to 1e-9. float32 keeps ~7 digits, and a rounding
@@ -41,7 +52,11 @@ TOLERANCE = {"64": 1e-9, "32": 2e-2}
 
 def _difference(run, reference):
     (history, weights), (reference_history, reference_weights) = run, reference
-    metrics = max(abs(ours[name] - theirs[name]) for ours, theirs in zip(history, reference_history, strict=True) for name in COMPARED)
+    metrics = max(
+        abs(ours[name] - theirs[name])
+        for ours, theirs in zip(history, reference_history, strict=True)
+        for name in COMPARED
+    )
     return metrics, max((weights[k].double() - reference_weights[k].double()).abs().max().item() for k in weights)
 
 
@@ -50,7 +65,13 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
     give the same metrics and weights (to 1e-9). In float32 (the default), 1 and 3 workers give the float64 result
     to float32's accuracy, and the same command twice gives it again bit for bit."""
     runs = {(label, "64"): overrides for label, overrides in RUNS.items()}
-    runs.update({("1 worker", "32"): RUNS["1 worker"], ("3 workers", "32"): RUNS["3 workers"], ("3 workers again", "32"): RUNS["3 workers"]})
+    runs.update(
+        {
+            ("1 worker", "32"): RUNS["1 worker"],
+            ("3 workers", "32"): RUNS["3 workers"],
+            ("3 workers again", "32"): RUNS["3 workers"],
+        }
+    )
     results = {}
     for (label, precision), overrides in runs.items():
         run_dir = tmp_path / f"{label.replace(' ', '_')}-{precision}"
@@ -79,18 +100,34 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
 
 def test_bf16_with_the_speed_worker_and_profiling_switches(ray_address, tmp_path):
     probe = tmp_path / "probe.json"
-    summary = train(compose_config(
-        "trainer.precision=bf16-mixed", "trainer.channels_last=true", "trainer.compile=true", "trainer.compile_kwargs={backend: aot_eager}",
-        "trainer.profile=true", "trainer.profiler_steps=3", "trainer.max_epochs=6",
-        "scaling.worker_env={HYDRA_RAYTRAIN_PROBE: from-the-config}",
-        "trainer.parallel_strategy_kwargs={find_unused_parameters: true, bucket_cap_mb: 1}",
-        "task._target_=tests.helpers.tasks.Probe", f"+task.path={probe}", "+task.variable=HYDRA_RAYTRAIN_PROBE",
-    ), run_dir=str(tmp_path))
+    summary = train(
+        compose_config(
+            "trainer.precision=bf16-mixed",
+            "trainer.channels_last=true",
+            "trainer.compile=true",
+            "trainer.compile_kwargs={backend: aot_eager}",
+            "trainer.profile=true",
+            "trainer.profiler_steps=3",
+            "trainer.max_epochs=6",
+            "scaling.worker_env={HYDRA_RAYTRAIN_PROBE: from-the-config}",
+            "trainer.parallel_strategy_kwargs={find_unused_parameters: true, bucket_cap_mb: 1}",
+            "task._target_=tests.helpers.tasks.Probe",
+            f"+task.path={probe}",
+            "+task.variable=HYDRA_RAYTRAIN_PROBE",
+        ),
+        run_dir=str(tmp_path),
+    )
     history = read_metrics(tmp_path)
     assert history[-1]["train_loss"] < history[0]["train_loss"] and summary["final"]["val_accuracy"] >= 0.95
     seen = json.loads(probe.read_text())
-    assert seen == {"env": "from-the-config", "wrapper": "DistributedDataParallel", "find_unused_parameters": True,
-                    "bucket_bytes_cap": 1024 * 1024, "channels_last": True, "compiled": True}
+    assert seen == {
+        "env": "from-the-config",
+        "wrapper": "DistributedDataParallel",
+        "find_unused_parameters": True,
+        "bucket_bytes_cap": 1024 * 1024,
+        "channels_last": True,
+        "compiled": True,
+    }
     for metrics in history:  # the per-epoch time breakdown, and it accounts for most of the epoch
         phases = [metrics[f"time_{phase}"] for phase in ("data", "forward", "backward", "optimizer")]
         assert all(seconds > 0 for seconds in phases) and sum(phases) <= metrics["epoch_seconds"]
@@ -99,13 +136,21 @@ def test_bf16_with_the_speed_worker_and_profiling_switches(ray_address, tmp_path
 
 
 def test_fp16_trains_to_the_bar_and_stops_early(ray_address, tmp_path):
-    summary = train(compose_config(
-        "model=mlp", "trainer.precision=16-mixed", "trainer.max_epochs=40",
-        "trainer.early_stopping.patience=2", "trainer.early_stopping.min_delta=0.003",
-    ), run_dir=str(tmp_path))
+    summary = train(
+        compose_config(
+            "model=mlp",
+            "trainer.precision=16-mixed",
+            "trainer.max_epochs=40",
+            "trainer.early_stopping.patience=2",
+            "trainer.early_stopping.min_delta=0.003",
+        ),
+        run_dir=str(tmp_path),
+    )
     history = read_metrics(tmp_path)
     scores = [m["val_accuracy"] for m in history]
     assert summary["status"] == "completed" and summary["stopped_early"] and len(history) < 40
-    assert should_stop(scores, "max", 2, 0.003) and not should_stop(scores[:-1], "max", 2, 0.003)  # stopped at the first chance
+    assert should_stop(scores, "max", 2, 0.003) and not should_stop(
+        scores[:-1], "max", 2, 0.003
+    )  # stopped at the first chance
     assert summary["best"]["val_accuracy"] >= 0.95 and history[-1]["train_loss"] < history[0]["train_loss"]
     assert (tmp_path / "model.pt").stat().st_size > 0

@@ -25,10 +25,19 @@ def test_failure_config_has_a_finite_controller_limit(tmp_path):
 
 
 def test_checkpoint_config(tmp_path):
-    cfg = resolved(tmp_path, "checkpoint.num_to_keep=2", "checkpoint.checkpoint_score_attribute=val_loss", "checkpoint.checkpoint_score_order=min")
+    cfg = resolved(
+        tmp_path,
+        "checkpoint.num_to_keep=2",
+        "checkpoint.checkpoint_score_attribute=val_loss",
+        "checkpoint.checkpoint_score_order=min",
+    )
     checkpoint = builders.checkpoint_config(cfg["checkpoint"])
     assert isinstance(checkpoint, CheckpointConfig)
-    assert (checkpoint.num_to_keep, checkpoint.checkpoint_score_attribute, checkpoint.checkpoint_score_order) == (2, "val_loss", "min")
+    assert (checkpoint.num_to_keep, checkpoint.checkpoint_score_attribute, checkpoint.checkpoint_score_order) == (
+        2,
+        "val_loss",
+        "min",
+    )
 
 
 def test_run_config(tmp_path):
@@ -53,7 +62,12 @@ def test_run_name_is_deterministic_and_tracks_result_changing_keys(tmp_path):
 
 def test_run_identity_ignores_resume_policy_and_checkpoint_retention(tmp_path):
     name = builders.run_name(resolved(tmp_path))
-    assert builders.run_name(resolved(tmp_path, "run.resume=never", "checkpoint.num_to_keep=1", "checkpoint.every_n_epochs=2")) == name
+    assert (
+        builders.run_name(
+            resolved(tmp_path, "run.resume=never", "checkpoint.num_to_keep=1", "checkpoint.every_n_epochs=2")
+        )
+        == name
+    )
 
 
 def test_the_default_run_dir_is_the_run_name():
@@ -75,8 +89,16 @@ def test_elastic_scaling_maps_onto_rays_range(tmp_path):
 
 
 def test_worker_env_merges_runner_path_determinism_and_user(tmp_path):
-    cfg = validate(compose_config("trainer.deterministic=true", "scaling.worker_env={OMP_NUM_THREADS: 1, A: x}"), str(tmp_path))
+    cfg = validate(
+        compose_config("trainer.deterministic=true", "scaling.worker_env={OMP_NUM_THREADS: 1, A: x}"), str(tmp_path)
+    )
     env = builders.worker_env(cfg, {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "A": "runner"}, "/code")
-    assert env == {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "A": "x", "PYTHONPATH": "/code", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "OMP_NUM_THREADS": "1"}
+    assert env == {
+        "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+        "A": "x",
+        "PYTHONPATH": "/code",
+        "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+        "OMP_NUM_THREADS": "1",
+    }
     plain = builders.worker_env(validate(compose_config(), str(tmp_path)), {}, None)
     assert plain == {}

@@ -11,14 +11,20 @@ from tests.conftest import ROOT
 def run_check(args, cwd):
     env_args = dict(cwd=str(cwd), capture_output=True, text=True, timeout=60)
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "hydra_raytrain.check", *args], **env_args, env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [sys.executable, "-m", "hydra_raytrain.check", *args], **env_args, env={**os.environ, "PYTHONPATH": ROOT}
+    )
     return done, time.time() - started
 
 
 def test_every_shipped_experiment_checks_in_one_command_and_leaves_nothing(tmp_path):
     done, seconds = run_check(["-m", "experiment=glob(*)"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["ok   experiment=diabetes_regression", "ok   experiment=digits_gan", "ok   experiment=digits_resnet18"]
+    assert done.stdout.splitlines() == [
+        "ok   experiment=diabetes_regression",
+        "ok   experiment=digits_gan",
+        "ok   experiment=digits_resnet18",
+    ]
     assert seconds < 20 and list(tmp_path.iterdir()) == []  # no run dir, no outputs/, no multirun/
 
 
@@ -35,7 +41,9 @@ def test_resources_are_checked_without_starting_ray(tmp_path):
     assert done.returncode == 2 and "scaling.num_workers=64" in done.stderr and "this machine has" in done.stderr
     done, _ = run_check(["ray.address=127.0.0.1:1"], tmp_path)
     assert done.returncode == 2 and "no Ray cluster answers there" in done.stderr
-    probe = ("from tests.conftest import compose_config; from hydra_raytrain.check import check; import ray; "
-             "check(compose_config('scaling.num_workers=2')); print(ray.is_initialized())")
+    probe = (
+        "from tests.conftest import compose_config; from hydra_raytrain.check import check; import ray; "
+        "check(compose_config('scaling.num_workers=2')); print(ray.is_initialized())"
+    )
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr[-2000:]

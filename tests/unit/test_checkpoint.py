@@ -35,15 +35,25 @@ def test_newest_loadable_skips_a_truncated_checkpoint(tmp_path):
     for epoch in (1, 2):
         folder = tmp_path / f"epoch_{epoch}"
         folder.mkdir()
-        checkpoint.write(str(folder), rank=0, model_state={"w": torch.full((2,), float(epoch))}, train_state={"epoch": epoch}, config={})
+        checkpoint.write(
+            str(folder),
+            rank=0,
+            model_state={"w": torch.full((2,), float(epoch))},
+            train_state={"epoch": epoch},
+            config={},
+        )
         folders.append(folder)
     model_file = folders[1] / "model.pt"
     model_file.write_bytes(model_file.read_bytes()[:50])
     warnings = []
-    state = checkpoint.read_newest_loadable([Checkpoint.from_directory(str(f)) for f in reversed(folders)], 0, warnings.append)
+    state = checkpoint.read_newest_loadable(
+        [Checkpoint.from_directory(str(f)) for f in reversed(folders)], 0, warnings.append
+    )
     assert state["train"]["epoch"] == 1 and len(warnings) == 1 and "epoch_2" in warnings[0]
 
 
 def test_no_loadable_checkpoint_gives_none(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert checkpoint.read_newest_loadable([Checkpoint.from_directory(str(tmp_path / "empty"))], 0, lambda m: None) is None
+    assert (
+        checkpoint.read_newest_loadable([Checkpoint.from_directory(str(tmp_path / "empty"))], 0, lambda m: None) is None
+    )

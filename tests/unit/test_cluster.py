@@ -12,7 +12,13 @@ GIB = 2**30
 
 
 def scaling(num_workers, use_gpu=False, resources=None):
-    return {"num_workers": num_workers, "max_workers": None, "use_gpu": use_gpu, "resources_per_worker": resources, "placement_strategy": "PACK"}
+    return {
+        "num_workers": num_workers,
+        "max_workers": None,
+        "use_gpu": use_gpu,
+        "resources_per_worker": resources,
+        "placement_strategy": "PACK",
+    }
 
 
 def test_request_follows_rays_defaults():
@@ -83,7 +89,10 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
     assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{options['dashboard_port']}"
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
     monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice stays
-    assert local_cluster_environment(include_dashboard=False) == {} and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+    assert (
+        local_cluster_environment(include_dashboard=False) == {}
+        and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+    )
 
 
 def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleaner_unless_the_user_has_a_hook():
@@ -96,7 +105,9 @@ def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleane
     assert local_runtime_env(None, None) is None and local_runtime_env(user, True) is user
     assert local_runtime_env(None, False) == {"worker_process_setup_hook": QUIET_CLEANER_HOOK}
     assert local_runtime_env(user, False) == {"worker_process_setup_hook": QUIET_CLEANER_HOOK, "env_vars": {"A": "1"}}
-    assert local_runtime_env({"worker_process_setup_hook": "mine.setup"}, False) == {"worker_process_setup_hook": "mine.setup"}
+    assert local_runtime_env({"worker_process_setup_hook": "mine.setup"}, False) == {
+        "worker_process_setup_hook": "mine.setup"
+    }
     # The hook is what Ray will import in every worker process: it resolves and quiets the cleaner's logger.
     module, name = QUIET_CLEANER_HOOK.rsplit(".", 1)
     cleaner = logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner")
@@ -106,4 +117,3 @@ def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleane
         assert cleaner.getEffectiveLevel() == logging.ERROR
     finally:
         cleaner.setLevel(before)
-

@@ -78,7 +78,9 @@ def test_imagefolder_without_val_splits_train(tmp_path):
 
 def test_imagefolder_class_count_must_match(tmp_path):
     write_images(tmp_path / "train", ["a", "b"], 1)
-    with pytest.raises(ConfigError, match=r"dataset.num_outputs=5: .* has 2 classes \(a, b\). Valid: dataset.num_outputs=2"):
+    with pytest.raises(
+        ConfigError, match=r"dataset.num_outputs=5: .* has 2 classes \(a, b\). Valid: dataset.num_outputs=2"
+    ):
         imagefolder(str(tmp_path), input_shape=(3, 8, 8), num_outputs=5)
 
 
@@ -95,14 +97,17 @@ def test_imagefolder_without_images_names_the_root_and_the_layout(tmp_path):
     assert caught.value.key == "dataset.root" and "root/<class>/<image>" in str(caught.value)
 
 
-@pytest.mark.parametrize("build, key", [
-    (lambda: digits(val_fraction=1.5), "dataset.val_fraction"),
-    (lambda: digits(num_outputs=4), "dataset.num_outputs"),
-    (lambda: fake(input_shape=(16, 16)), "dataset.input_shape"),
-    (lambda: fake(input_shape=(2, 8, 8)), "dataset.input_shape"),
-    (lambda: fake(train_size=0), "dataset.train_size"),
-    (lambda: torchvision_builtin("MNSIT", "/tmp", input_shape=(1, 28, 28), num_outputs=10), "dataset.name"),
-])
+@pytest.mark.parametrize(
+    "build, key",
+    [
+        (lambda: digits(val_fraction=1.5), "dataset.val_fraction"),
+        (lambda: digits(num_outputs=4), "dataset.num_outputs"),
+        (lambda: fake(input_shape=(16, 16)), "dataset.input_shape"),
+        (lambda: fake(input_shape=(2, 8, 8)), "dataset.input_shape"),
+        (lambda: fake(train_size=0), "dataset.train_size"),
+        (lambda: torchvision_builtin("MNSIT", "/tmp", input_shape=(1, 28, 28), num_outputs=10), "dataset.name"),
+    ],
+)
 def test_a_builder_refuses_its_own_bad_arguments_naming_the_key(build, key):
     with pytest.raises(ConfigError) as caught:
         build()

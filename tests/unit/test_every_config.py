@@ -11,11 +11,21 @@ from tests.helpers.data import write_images, write_mnist
 
 CONF = pathlib.Path(hydra_raytrain.__file__).parent.parent / "conf"
 OPTIONS = sorted(
-    (group.name, option.stem) for group in CONF.iterdir() if group.is_dir() and not group.name.startswith("_") for option in group.glob("*.yaml")
+    (group.name, option.stem)
+    for group in CONF.iterdir()
+    if group.is_dir() and not group.name.startswith("_")
+    for option in group.glob("*.yaml")
 )
 # Options that need a user's value to be complete; data sets on disk are made by the test (nothing downloads here).
-REQUIRED = {("dataset", "imagefolder"): ["dataset.root=pets"], ("model", "dcgan"): ["task=gan"], ("task", "gan"): ["model=dcgan"],
-            ("dataset", "diabetes"): ["model=mlp", "task=regression"], ("task", "regression"): ["dataset=diabetes", "model=mlp"], ("dataset", "mnist"): ["dataset.root=data"], ("dataset", "fashion_mnist"): ["dataset.root=data"]}
+REQUIRED = {
+    ("dataset", "imagefolder"): ["dataset.root=pets"],
+    ("model", "dcgan"): ["task=gan"],
+    ("task", "gan"): ["model=dcgan"],
+    ("dataset", "diabetes"): ["model=mlp", "task=regression"],
+    ("task", "regression"): ["dataset=diabetes", "model=mlp"],
+    ("dataset", "mnist"): ["dataset.root=data"],
+    ("dataset", "fashion_mnist"): ["dataset.root=data"],
+}
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.
 NO_DATA = {("dataset", "cifar10")}
@@ -23,7 +33,20 @@ NO_DATA = {("dataset", "cifar10")}
 
 def test_every_group_is_found():
     groups = {group for group, _ in OPTIONS}
-    assert {"model", "dataset", "optimizer", "scheduler", "scaling", "storage", "failure", "trainer", "task", "logger", "experiment", "debug"} <= groups
+    assert {
+        "model",
+        "dataset",
+        "optimizer",
+        "scheduler",
+        "scaling",
+        "storage",
+        "failure",
+        "trainer",
+        "task",
+        "logger",
+        "experiment",
+        "debug",
+    } <= groups
 
 
 @pytest.mark.parametrize("group, option", OPTIONS)
@@ -36,7 +59,9 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     if (group, option) in NO_DATA:
         with pytest.raises(ConfigError) as caught:
             validate(compose_config(f"{group}={option}", "dataset.download=false"), str(tmp_path))
-        assert caught.value.key == "dataset.root" and "dataset.download=true on a machine with internet" in str(caught.value)
+        assert caught.value.key == "dataset.root" and "dataset.download=true on a machine with internet" in str(
+            caught.value
+        )
         validate(cfg, str(tmp_path))
         assert "no data on the driver, and the workers download it" in capsys.readouterr().err
         assert not (tmp_path / "data").joinpath("cifar10").exists()  # nothing downloaded or written on the driver

@@ -24,7 +24,9 @@ def test_a_train_folder_is_read_and_grayscale_has_one_channel(tmp_path):
     assert class_count(str(tmp_path)) == 2 and image_shape(str(tmp_path)) == [1, 7, 5]
 
 
-@pytest.mark.parametrize("layout, problem", [("empty", "has no class folders"), ("no images", "no images"), ("missing", "no such folder")])
+@pytest.mark.parametrize(
+    "layout, problem", [("empty", "has no class folders"), ("no images", "no images"), ("missing", "no such folder")]
+)
 def test_a_folder_that_is_not_an_image_folder_says_the_layout(tmp_path, layout, problem):
     root = tmp_path / "root"
     if layout != "missing":
@@ -43,7 +45,9 @@ def test_imagefolder_needs_only_its_root(tmp_path, monkeypatch):
     resolved = validate(compose_config("dataset=imagefolder", "dataset.root=pets"), str(tmp_path))
     assert resolved["dataset"]["num_outputs"] == 2 and resolved["dataset"]["input_shape"] == [3, 9, 11]
     assert resolved["model"]["num_outputs"] == 2  # the model adapts to the inferred values
-    resized = validate(compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.input_shape=[1,16,16]"), str(tmp_path))
+    resized = validate(
+        compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.input_shape=[1,16,16]"), str(tmp_path)
+    )
     assert resized["dataset"]["input_shape"] == [1, 16, 16]
 
 
@@ -53,7 +57,9 @@ def test_one_identity_for_the_run_dir_and_the_driver_with_a_relative_root(tmp_pa
     monkeypatch.chdir(tmp_path)
     write_images(tmp_path / "pets", ["cat", "dog"], 2)
     cfg = compose_config("dataset=imagefolder", "dataset.root=pets")
-    assert run_identity(cfg, str(tmp_path)) == run_name(validate(compose_config("dataset=imagefolder", "dataset.root=pets"), str(tmp_path)))
+    assert run_identity(cfg, str(tmp_path)) == run_name(
+        validate(compose_config("dataset=imagefolder", "dataset.root=pets"), str(tmp_path))
+    )
     (tmp_path / "other").mkdir()
     write_images(tmp_path / "other" / "pets", ["cat", "dog"], 2)
     assert run_identity(cfg, str(tmp_path / "other")) != run_identity(cfg, str(tmp_path))

@@ -29,7 +29,15 @@ def test_loader_options_are_honoured():
 def test_loader_workers_draw_differently_per_rank_and_per_worker():
     draws = []
     for rank in (0, 1):
-        loader = build_loader(Draws(), 1, train=True, rank=rank, world_size=2, seed=0, options={**OPTIONS, "persistent_workers": False, "prefetch_factor": None})
+        loader = build_loader(
+            Draws(),
+            1,
+            train=True,
+            rank=rank,
+            world_size=2,
+            seed=0,
+            options={**OPTIONS, "persistent_workers": False, "prefetch_factor": None},
+        )
         draws += [tuple(batch[0].tolist()) for batch in loader]
     numpy_draws, torch_draws = [d[0] for d in draws], [d[1] for d in draws]
     # 2 ranks x 2 loader workers: 4 streams, each drawing twice; no stream repeats another's numbers.

@@ -47,6 +47,11 @@ def test_links_become_copies_and_dangling_links_stay(tmp_path):
 
 def test_display_and_profiling_switches_keep_the_run_identity(tmp_path):
     plain = run_name(validate(compose_config(), str(tmp_path)))
-    shown = run_name(validate(compose_config("trainer.progress_bar=true", "trainer.profile=true", "trainer.profiler_steps=3"), str(tmp_path)))
+    shown = run_name(
+        validate(
+            compose_config("trainer.progress_bar=true", "trainer.profile=true", "trainer.profiler_steps=3"),
+            str(tmp_path),
+        )
+    )
     assert plain == shown
     assert run_name(validate(compose_config("trainer.precision=bf16-mixed"), str(tmp_path))) != plain

@@ -28,11 +28,16 @@ def test_best_epoch_respects_mode_and_ignores_nan():
 
 def test_only_a_completed_summary_counts_as_finished(tmp_path):
     assert outputs.finished_summary(str(tmp_path)) is None
-    summary = outputs.make_summary("failed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0, error="boom")
+    summary = outputs.make_summary(
+        "failed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0, error="boom"
+    )
     outputs.write_json(str(tmp_path / "summary.json"), summary)
     assert outputs.finished_summary(str(tmp_path)) is None
     summary = outputs.make_summary("completed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0)
     outputs.write_json(str(tmp_path / "summary.json"), summary)
     assert outputs.finished_summary(str(tmp_path))["epochs_completed"] == 1
     assert "Run already complete: 1 epochs, best val_accuracy 0.5000" in outputs.already_complete(summary)
-    assert not list(tmp_path.glob("*.partial")) and json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+    assert (
+        not list(tmp_path.glob("*.partial"))
+        and json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+    )

@@ -22,10 +22,15 @@ def test_nested_typed_keys_are_checked():
 def test_sweep_keys_are_pointed_to_the_sweeper():
     with pytest.raises(ConfigError) as caught:  # the spelling of the sweep issue, before the sweeper existed
         check_override_keys(["-m", "optimizer.lr=1e-3,1e-2", "sweep.keep_checkpoints=1"])
-    assert caught.value.key == "sweep.keep_checkpoints" and "Valid: hydra/sweeper=ray_tune hydra.sweeper.keep_checkpoints=1" in str(caught.value)
+    assert (
+        caught.value.key == "sweep.keep_checkpoints"
+        and "Valid: hydra/sweeper=ray_tune hydra.sweeper.keep_checkpoints=1" in str(caught.value)
+    )
     with pytest.raises(ConfigError) as caught:
         check_override_keys(["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.keep_checkpoint=1"])
-    assert "did you mean 'keep_checkpoints'" in str(caught.value) and "hydra.sweeper.reduction_factor" in str(caught.value)
+    assert "did you mean 'keep_checkpoints'" in str(caught.value) and "hydra.sweeper.reduction_factor" in str(
+        caught.value
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """pyproject lists packages explicitly (conf/ and tasks/ are mapped into the package): keep the list whole."""
 
 import pathlib
+
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -22,7 +23,9 @@ def test_the_package_exports_load_lazily_and_stay_functions():
     import subprocess
     import sys
 
-    code = ("import sys, hydra_raytrain.driver.outputs; assert 'torch' not in sys.modules, 'torch imported'; "
-            "from hydra_raytrain import load_model, evaluate; assert callable(evaluate) and callable(load_model), evaluate")
+    code = (
+        "import sys, hydra_raytrain.driver.outputs; assert 'torch' not in sys.modules, 'torch imported'; "
+        "from hydra_raytrain import load_model, evaluate; assert callable(evaluate) and callable(load_model), evaluate"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

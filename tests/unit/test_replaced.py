@@ -11,9 +11,19 @@ def dropped(*overrides):
 
 
 def test_the_overrides_that_replace_targets_and_the_arguments_they_set():
-    overrides = ["model._target_=my.Net", "model.hidden=3", "+model.depth=2", "~model.channels", "optimizer.lr=1",
-                 "model.generator._target_=my.G", "dataset=digits"]
-    assert replaced_targets(overrides) == {"model": ["_target_", "depth", "generator", "hidden"], "model.generator": ["_target_"]}
+    overrides = [
+        "model._target_=my.Net",
+        "model.hidden=3",
+        "+model.depth=2",
+        "~model.channels",
+        "optimizer.lr=1",
+        "model.generator._target_=my.G",
+        "dataset=digits",
+    ]
+    assert replaced_targets(overrides) == {
+        "model": ["_target_", "depth", "generator", "hidden"],
+        "model.generator": ["_target_"],
+    }
 
 
 def test_the_replaced_options_literal_arguments_go_and_the_note_names_them():

@@ -9,8 +9,20 @@ from hydra_raytrain.driver import outputs, report
 
 
 def history(n=4):
-    return [{"epoch": e, "train_loss": 1 / e, "val_loss": 1.2 / e, "train_accuracy": 1 - 0.5 / e, "val_accuracy": 1 - 0.6 / e,
-             "lr": 0.01, "world_size": 2, "samples_per_second": 1000.0 + e, "epoch_seconds": 0.5} for e in range(1, n + 1)]
+    return [
+        {
+            "epoch": e,
+            "train_loss": 1 / e,
+            "val_loss": 1.2 / e,
+            "train_accuracy": 1 - 0.5 / e,
+            "val_accuracy": 1 - 0.6 / e,
+            "lr": 0.01,
+            "world_size": 2,
+            "samples_per_second": 1000.0 + e,
+            "epoch_seconds": 0.5,
+        }
+        for e in range(1, n + 1)
+    ]
 
 
 def test_curves_png_is_a_picture_with_a_panel_per_metric(tmp_path):

@@ -17,7 +17,9 @@ def test_unpadded_shards_are_disjoint_and_cover_the_data(size, world):
     parts = shards(size, world, pad=False)
     flat = [i for part in parts for i in part]
     assert sorted(flat) == list(range(size))
-    assert [len(p) for p in parts] == [len(s) for s in (ShardedSampler(size, world, r, pad=False) for r in range(world))]
+    assert [len(p) for p in parts] == [
+        len(s) for s in (ShardedSampler(size, world, r, pad=False) for r in range(world))
+    ]
 
 
 @pytest.mark.parametrize("size, world", [(100, 2), (101, 3), (7, 4)])
@@ -38,7 +40,10 @@ def test_global_batches_do_not_depend_on_the_worker_count():
     size, global_batch = 96, 12
     for world in (1, 2, 3, 4):
         parts, per_worker = shards(size, world, epoch=5), global_batch // world
-        batches = [sorted(i for p in parts for i in p[k * per_worker : (k + 1) * per_worker]) for k in range(size // global_batch)]
+        batches = [
+            sorted(i for p in parts for i in p[k * per_worker : (k + 1) * per_worker])
+            for k in range(size // global_batch)
+        ]
         if world == 1:
             reference = batches
         assert batches == reference

@@ -49,7 +49,10 @@ def test_both_batch_sizes_set_is_refused(tmp_path):
 def test_global_batch_must_split_over_workers(tmp_path):
     with pytest.raises(ConfigError, match="split evenly over 3 workers"):
         validate(compose_config("trainer.batch_size=64", "scaling.num_workers=3"), str(tmp_path))
-    validate(compose_config("trainer.batch_size=null", "trainer.batch_size_per_worker=10", "scaling.num_workers=3"), str(tmp_path))
+    validate(
+        compose_config("trainer.batch_size=null", "trainer.batch_size_per_worker=10", "scaling.num_workers=3"),
+        str(tmp_path),
+    )
 
 
 def test_misspelt_key_fails_composition():
@@ -71,7 +74,11 @@ def test_unknown_option_lists_valid_ones():
 def test_defaults_match_the_schema_defaults():
     cfg = compose_config()
     assert OmegaConf.to_object(cfg.trainer).batch_size == TrainerConfig().batch_size
-    assert cfg.scaling.num_workers == 2 and cfg.model._target_.endswith("SimpleCNN") and cfg.dataset._target_.endswith("digits")
+    assert (
+        cfg.scaling.num_workers == 2
+        and cfg.model._target_.endswith("SimpleCNN")
+        and cfg.dataset._target_.endswith("digits")
+    )
 
 
 def test_resources_per_worker_from_the_command_line(tmp_path):
@@ -83,6 +90,8 @@ def test_resources_per_worker_from_the_command_line(tmp_path):
 
 def test_elastic_global_batch_must_split_over_every_possible_world_size(tmp_path):
     with pytest.raises(ConfigError, match="split evenly over 3 workers"):
-        validate(compose_config("scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=64"), str(tmp_path))
+        validate(
+            compose_config("scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=64"), str(tmp_path)
+        )
     with pytest.raises(ConfigError, match="scaling.max_workers=1"):
         validate(compose_config("scaling.num_workers=2", "scaling.max_workers=1"), str(tmp_path))

@@ -94,7 +94,13 @@ def test_warmup_rises_linearly_then_hands_over_to_the_schedule():
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=4)
     warmup = torch.optim.lr_scheduler.LinearLR(optimizer, 0.25, total_iters=3)
-    step = TrainStep({"model": model}, {"model": optimizer}, {"model": [cosine]}, Precision.build("32", CPU), warmups={"model": warmup})
+    step = TrainStep(
+        {"model": model},
+        {"model": optimizer},
+        {"model": [cosine]},
+        Precision.build("32", CPU),
+        warmups={"model": warmup},
+    )
     seen = [optimizer.param_groups[0]["lr"]]
     for _ in range(4):
         run_batch(step, torch.randn(4, 2), torch.randn(4, 1))
@@ -104,8 +110,13 @@ def test_warmup_rises_linearly_then_hands_over_to_the_schedule():
     assert optimizer.param_groups[0]["lr"] == pytest.approx((1 + torch.cos(torch.tensor(torch.pi / 4)).item()) / 2)
     saved = step.state_dict()
     fresh_optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    fresh = TrainStep({"model": model}, {"model": fresh_optimizer}, {"model": [torch.optim.lr_scheduler.CosineAnnealingLR(fresh_optimizer, T_max=4)]},
-                      Precision.build("32", CPU), warmups={"model": torch.optim.lr_scheduler.LinearLR(fresh_optimizer, 0.25, total_iters=3)})
+    fresh = TrainStep(
+        {"model": model},
+        {"model": fresh_optimizer},
+        {"model": [torch.optim.lr_scheduler.CosineAnnealingLR(fresh_optimizer, T_max=4)]},
+        Precision.build("32", CPU),
+        warmups={"model": torch.optim.lr_scheduler.LinearLR(fresh_optimizer, 0.25, total_iters=3)},
+    )
     fresh.load_state_dict(saved)
     assert fresh.lr_schedulers["model"][0].last_epoch == cosine.last_epoch and fresh.warmups["model"].last_epoch == 4
 

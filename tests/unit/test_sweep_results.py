@@ -14,14 +14,20 @@ from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, 
 
 
 def test_comma_lists_choice_and_range_make_a_grid():
-    trials = trial_overrides(["optimizer.lr=1e-3,1e-2", "model=choice(mlp,simple_cnn)", "trainer.seed=range(0,2)", "trainer.max_epochs=3"])
+    trials = trial_overrides(
+        ["optimizer.lr=1e-3,1e-2", "model=choice(mlp,simple_cnn)", "trainer.seed=range(0,2)", "trainer.max_epochs=3"]
+    )
     assert len(trials) == 8
     assert trials[0] == ["optimizer.lr=0.001", "model=mlp", "trainer.seed=0", "trainer.max_epochs=3"]
     assert len({tuple(t) for t in trials}) == 8
 
 
 def test_intervals_are_sampled_num_samples_times_per_grid_point_and_reproducibly():
-    arguments = ["model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-1))", "optimizer.weight_decay=interval(0,0.1)"]
+    arguments = [
+        "model=mlp,simple_cnn",
+        "optimizer.lr=tag(log,interval(1e-4,1e-1))",
+        "optimizer.weight_decay=interval(0,0.1)",
+    ]
     trials = trial_overrides(arguments, num_samples=3, seed=7)
     assert len(trials) == 6 and trials == trial_overrides(arguments, num_samples=3, seed=7)
     lrs = [float(t[1].split("=")[1]) for t in trials]
@@ -56,9 +62,19 @@ def test_summary_csv_best_config_and_plot(tmp_path):
         if index < 2:
             (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "wall_seconds": 3.0}))
         cfg = {"trainer": {"max_epochs": 2 if index < 2 else 4}, "optimizer": {"lr": lr}}
-        jobs.append({"index": index, "overrides": [f"optimizer.lr={lr}"], "cfg": cfg, "name": f"run{index}", "run_dir": str(run_dir)})
-    errors[1] = RuntimeError("Traceback ...\n  raise TrainingFailed(f\"Training failed: {_first_cause(error)}\")\n"
-                             "hydra_raytrain.driver.run.TrainingFailed: Training failed: worker 0: ValueError: bad\nRun dir: /x")
+        jobs.append(
+            {
+                "index": index,
+                "overrides": [f"optimizer.lr={lr}"],
+                "cfg": cfg,
+                "name": f"run{index}",
+                "run_dir": str(run_dir),
+            }
+        )
+    errors[1] = RuntimeError(
+        'Traceback ...\n  raise TrainingFailed(f"Training failed: {_first_cause(error)}")\n'
+        "hydra_raytrain.driver.run.TrainingFailed: Training failed: worker 0: ValueError: bad\nRun dir: /x"
+    )
     summary = results.collect(jobs, errors, {}, "val_accuracy", "max", str(tmp_path), "asha")
     assert [row["status"] for row in summary["trials"]] == ["completed", "failed", "stopped"]
     assert summary["trials"][1]["error"] == "worker 0: ValueError: bad"  # our cause line, not the traceback
@@ -76,11 +92,35 @@ def test_summary_csv_best_config_and_plot(tmp_path):
 def test_the_table_keeps_every_override_on_an_80_column_console():
     from rich.console import Console
 
-    overrides = ["model=simple_cnn optimizer.lr=0.0003 trainer.batch_size=128", "model=mlp optimizer.lr=0.01 trainer.batch_size=32"]
-    rows = [{"index": i, "overrides": o, "status": "completed", "epochs": 12, "final": 0.97, "best": 0.98, "wall_seconds": 123.4}
-            for i, o in enumerate(overrides)]
+    overrides = [
+        "model=simple_cnn optimizer.lr=0.0003 trainer.batch_size=128",
+        "model=mlp optimizer.lr=0.01 trainer.batch_size=32",
+    ]
+    rows = [
+        {
+            "index": i,
+            "overrides": o,
+            "status": "completed",
+            "epochs": 12,
+            "final": 0.97,
+            "best": 0.98,
+            "wall_seconds": 123.4,
+        }
+        for i, o in enumerate(overrides)
+    ]
     console = Console(width=80, record=True, file=open(os.devnull, "w"))
-    console.print(results.table({"metric": "val_accuracy", "mode": "max", "scheduler": "fifo", "sweep_dir": "/s", "best": rows[0], "trials": rows}))
+    console.print(
+        results.table(
+            {
+                "metric": "val_accuracy",
+                "mode": "max",
+                "scheduler": "fifo",
+                "sweep_dir": "/s",
+                "best": rows[0],
+                "trials": rows,
+            }
+        )
+    )
     text = "".join(line.strip("│┃ ") for line in console.export_text().splitlines())  # folded cells joined again
     for override in overrides:
         assert all(part in text for part in override.split()), (override, console.export_text())
@@ -96,10 +136,21 @@ def test_asha_start_order_is_a_seeded_shuffle_and_fifo_keeps_the_given_order():
 
 
 def test_a_search_algorithm_sees_one_parameter_per_swept_key():
-    fixed, space = parameter_space(["model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-1))", "trainer.seed=range(0,3)",
-                                    "optimizer.weight_decay=interval(0,0.1)", "trainer.max_epochs=3"])
+    fixed, space = parameter_space(
+        [
+            "model=mlp,simple_cnn",
+            "optimizer.lr=tag(log,interval(1e-4,1e-1))",
+            "trainer.seed=range(0,3)",
+            "optimizer.weight_decay=interval(0,0.1)",
+            "trainer.max_epochs=3",
+        ]
+    )
     assert fixed == ["trainer.max_epochs=3"]
-    assert space["model"] == Parameter(choices=("mlp", "simple_cnn")) and space["trainer.seed"].choices == ("0", "1", "2")
+    assert space["model"] == Parameter(choices=("mlp", "simple_cnn")) and space["trainer.seed"].choices == (
+        "0",
+        "1",
+        "2",
+    )
     assert space["optimizer.lr"] == Parameter(low=1e-4, high=1e-1, log=True)
     assert space["optimizer.weight_decay"] == Parameter(low=0.0, high=0.1, log=False)
     assert space["optimizer.lr"].override("optimizer.lr", 0.003) == "optimizer.lr=0.003"
@@ -108,14 +159,25 @@ def test_a_search_algorithm_sees_one_parameter_per_swept_key():
 
 def fake_compose(tmp_path):
     """A job as tuner.compose_job makes it, without Hydra: the run name follows the overrides."""
+
     def compose(overrides, index, params=None):
         name = "run-" + "-".join(o.replace("=", "_") for o in overrides)
-        return {"index": index, "overrides": list(overrides), "params": params or {}, "cfg": {}, "name": name, "run_dir": str(tmp_path / name)}
+        return {
+            "index": index,
+            "overrides": list(overrides),
+            "params": params or {},
+            "cfg": {},
+            "name": name,
+            "run_dir": str(tmp_path / name),
+        }
+
     return compose
 
 
 def test_probe_jobs_cross_the_scaling_choices_and_pin_the_rest(tmp_path):
-    _, space = parameter_space(["scaling.num_workers=1,2", "model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-2))"])
+    _, space = parameter_space(
+        ["scaling.num_workers=1,2", "model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-2))"]
+    )
     probes = tuner.probe_jobs(fake_compose(tmp_path), ["trainer.max_epochs=2"], space)
     assert [p["overrides"] for p in probes] == [
         ["trainer.max_epochs=2", "model=mlp", "optimizer.lr=0.001", "scaling.num_workers=1"],
@@ -126,17 +188,25 @@ def test_probe_jobs_cross_the_scaling_choices_and_pin_the_rest(tmp_path):
 def test_optuna_suggestions_become_jobs_and_earlier_trials_are_replayed_first(tmp_path):
     from ray.tune.search.optuna import OptunaSearch
 
-    fixed, space = parameter_space(["optimizer.lr=tag(log,interval(1e-4,1e-1))", "model=mlp,simple_cnn", "trainer.max_epochs=2"])
+    fixed, space = parameter_space(
+        ["optimizer.lr=tag(log,interval(1e-4,1e-1))", "model=mlp,simple_cnn", "trainer.max_epochs=2"]
+    )
     optuna = OptunaSearch(space=search.optuna_distributions(space), metric="val_accuracy", mode="max", seed=0)
     compose = fake_compose(tmp_path)
-    interrupted = compose(["trainer.max_epochs=2", "optimizer.lr=0.01", "model=mlp"], 4, {"optimizer.lr": 0.01, "model": "mlp"})
+    interrupted = compose(
+        ["trainer.max_epochs=2", "optimizer.lr=0.01", "model=mlp"], 4, {"optimizer.lr": 0.01, "model": "mlp"}
+    )
     wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[interrupted], replay=[interrupted], budget=3)
     assert wrapper.suggest("t0") == {"index": 4, "name": interrupted["name"]}  # the interrupted trial first, as it was
     second = wrapper.suggest("t1")
     job = search.read_job(str(tmp_path / second["name"]))  # what the trial reads
     assert second["index"] == 5 and job["overrides"][0] == "trainer.max_epochs=2"
     lr = job["params"]["optimizer.lr"]
-    assert 1e-4 <= lr <= 1e-1 and f"optimizer.lr={lr!r}" in job["overrides"] and job["params"]["model"] in ("mlp", "simple_cnn")
+    assert (
+        1e-4 <= lr <= 1e-1
+        and f"optimizer.lr={lr!r}" in job["overrides"]
+        and job["params"]["model"] in ("mlp", "simple_cnn")
+    )
     wrapper.on_trial_complete("t0", {"val_accuracy": 0.9, "training_iteration": 2})  # a replayed trial: told as a point
     wrapper.on_trial_complete("t1", {"val_accuracy": 0.5, "training_iteration": 2})
     values = sorted(t.value for t in optuna._ot_study.trials if t.value is not None)
@@ -150,8 +220,13 @@ def test_a_suggestion_that_repeats_a_finished_trial_is_told_its_result_and_asked
 
     fixed, space = parameter_space(["model=mlp,simple_cnn"])
     # points_to_evaluate: Optuna's first suggestion is mlp, the trial the sweep already finished
-    optuna = OptunaSearch(space=search.optuna_distributions(space), metric="val_accuracy", mode="max", seed=0,
-                          points_to_evaluate=[{"model": "mlp"}])
+    optuna = OptunaSearch(
+        space=search.optuna_distributions(space),
+        metric="val_accuracy",
+        mode="max",
+        seed=0,
+        points_to_evaluate=[{"model": "mlp"}],
+    )
     compose = fake_compose(tmp_path)
     finished = compose(["model=mlp"], 0, {"model": "mlp"})
     (tmp_path / finished["name"]).mkdir()
@@ -180,11 +255,18 @@ def test_the_plugin_node_is_sweep_settings_and_loads_light():
     import dataclasses
     import subprocess
 
-    code = ("import sys, dataclasses; from hydra_plugins.hydra_raytrain_sweeper import ray_tune_sweeper as p; "
-            "heavy = [m for m in ('ray', 'torch', 'optuna') if m in sys.modules]; assert not heavy, heavy; "
-            "print(sorted((f.name, repr(f.default)) for f in dataclasses.fields(p.RayTuneSweeperConf)))")
+    code = (
+        "import sys, dataclasses; from hydra_plugins.hydra_raytrain_sweeper import ray_tune_sweeper as p; "
+        "heavy = [m for m in ('ray', 'torch', 'optuna') if m in sys.modules]; assert not heavy, heavy; "
+        "print(sorted((f.name, repr(f.default)) for f in dataclasses.fields(p.RayTuneSweeperConf)))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    expected = sorted([(f.name, repr(f.default)) for f in dataclasses.fields(SweepSettings)]
-                      + [("_target_", repr("hydra_plugins.hydra_raytrain_sweeper.ray_tune_sweeper.RayTuneSweeper")), ("params", "None")])
+    expected = sorted(
+        [(f.name, repr(f.default)) for f in dataclasses.fields(SweepSettings)]
+        + [
+            ("_target_", repr("hydra_plugins.hydra_raytrain_sweeper.ray_tune_sweeper.RayTuneSweeper")),
+            ("params", "None"),
+        ]
+    )
     assert done.stdout.strip() == str(expected)

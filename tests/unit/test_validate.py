@@ -32,13 +32,16 @@ def test_unknown_optimizer_argument(tmp_path):
         validate(compose_config("+optimizer.momentum=0.9"), str(tmp_path))
 
 
-@pytest.mark.parametrize("override, key", [
-    ("optimizer.lr=-1", "optimizer.lr"),
-    ("+optimizer.betas=[1.5,0.999]", "optimizer.betas"),
-    ("+optimizer.eps=-1", "optimizer.eps"),
-    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay"),
-    ("optimizer=sgd optimizer.momentum=-0.5", "optimizer.momentum"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optimizer.lr=-1", "optimizer.lr"),
+        ("+optimizer.betas=[1.5,0.999]", "optimizer.betas"),
+        ("+optimizer.eps=-1", "optimizer.eps"),
+        ("optimizer.weight_decay=-0.1", "optimizer.weight_decay"),
+        ("optimizer=sgd optimizer.momentum=-0.5", "optimizer.momentum"),
+    ],
+)
 def test_an_optimizer_value_torch_rejects_names_its_key(tmp_path, override, key):
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(*override.split()), str(tmp_path))
@@ -48,7 +51,10 @@ def test_an_optimizer_value_torch_rejects_names_its_key(tmp_path, override, key)
 def test_per_model_optimizers_are_checked_too(tmp_path):
     cfg = compose_config("experiment=digits_gan")
     with open_dict(cfg):
-        cfg.optimizer = {name: {"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr} for name, lr in (("generator", 1e-3), ("discriminator", -1.0))}
+        cfg.optimizer = {
+            name: {"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr}
+            for name, lr in (("generator", 1e-3), ("discriminator", -1.0))
+        }
     with pytest.raises(ConfigError) as caught:
         validate(cfg, str(tmp_path))
     assert caught.value.key == "optimizer.discriminator.lr" and caught.value.value == -1.0
@@ -67,7 +73,9 @@ def test_missing_mandatory_value_names_the_key(tmp_path):
 def test_imagefolder_root_must_exist(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative root is the driver's: the folder the command runs in
     with pytest.raises(ConfigError) as caught:
-        validate(compose_config("dataset=imagefolder", "dataset.root=no/such/folder", "dataset.num_outputs=3"), str(tmp_path))
+        validate(
+            compose_config("dataset=imagefolder", "dataset.root=no/such/folder", "dataset.num_outputs=3"), str(tmp_path)
+        )
     assert caught.value.key == "dataset.root"
     assert str(tmp_path / "no/such/folder") in str(caught.value) and "no such folder" in str(caught.value)
 
@@ -76,7 +84,10 @@ def test_relative_paths_become_absolute_against_the_driver_cwd(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     write_images(tmp_path / "pets", ["a", "b", "c"], 2)
     write_mnist(tmp_path / "data" / "mnist")
-    resolved = validate(compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=3", "storage.path=results"), str(tmp_path))
+    resolved = validate(
+        compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=3", "storage.path=results"),
+        str(tmp_path),
+    )
     assert resolved["dataset"]["root"] == str(tmp_path / "pets")
     assert resolved["storage"]["path"] == str(tmp_path / "results")
     resolved = validate(compose_config("dataset=mnist"), str(tmp_path))
@@ -89,7 +100,9 @@ def test_uris_are_left_alone(tmp_path):
 
 
 def test_resolved_config_is_plain_and_interpolated(tmp_path):
-    resolved = validate(compose_config("dataset=fake", "dataset.input_shape=[3,16,16]", "dataset.num_outputs=5"), str(tmp_path))
+    resolved = validate(
+        compose_config("dataset=fake", "dataset.input_shape=[3,16,16]", "dataset.num_outputs=5"), str(tmp_path)
+    )
     assert resolved["model"]["input_shape"] == [3, 16, 16] and resolved["model"]["num_outputs"] == 5
     assert type(resolved) is dict and type(resolved["model"]["input_shape"]) is list
 
@@ -106,7 +119,10 @@ def test_several_models_need_a_task_that_steps_them(tmp_path):
 
 
 def test_optimizers_per_model_must_name_the_models(tmp_path):
-    adam, sgd = {"_target_": "torch.optim.Adam", "_partial_": True}, {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}
+    adam, sgd = (
+        {"_target_": "torch.optim.Adam", "_partial_": True},
+        {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1},
+    )
     cfg = compose_config("experiment=digits_gan")
     with open_dict(cfg):  # as an optimizer YAML with one node per model would compose
         cfg.optimizer = {"generator": adam}
@@ -127,24 +143,30 @@ def test_a_config_error_survives_pickling_and_copying():
         assert type(clone) is ConfigError and str(clone) == str(error) and clone.key == "optimizer.lr"
 
 
-@pytest.mark.parametrize("override, key, words", [
-    ("optimizer.lr=abc", "optimizer.lr", "takes a number for 'lr', not str"),
-    ("+optimizer.betas=[0.9]", "optimizer.betas", "a list of 2"),
-    ("+optimizer.amsgrad=1", "optimizer.amsgrad", "true or false"),
-    ("model.hidden=many", "model.hidden", "an integer"),
-    ("task.label_smoothing=[0.1]", "task.label_smoothing", "a number"),
-])
+@pytest.mark.parametrize(
+    "override, key, words",
+    [
+        ("optimizer.lr=abc", "optimizer.lr", "takes a number for 'lr', not str"),
+        ("+optimizer.betas=[0.9]", "optimizer.betas", "a list of 2"),
+        ("+optimizer.amsgrad=1", "optimizer.amsgrad", "true or false"),
+        ("model.hidden=many", "model.hidden", "an integer"),
+        ("task.label_smoothing=[0.1]", "task.label_smoothing", "a number"),
+    ],
+)
 def test_a_value_of_the_wrong_type_in_a_target_node_names_its_key(tmp_path, override, key, words):
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(override), str(tmp_path))
     assert caught.value.key == key and words in str(caught.value), str(caught.value)
 
 
-@pytest.mark.parametrize("override, key", [
-    ("trainer.monitor=val_bogus", "trainer.monitor"),
-    ("trainer.early_stopping.monitor=val_acc", "trainer.early_stopping.monitor"),
-    ("checkpoint.checkpoint_score_attribute=accuracy", "checkpoint.checkpoint_score_attribute"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.monitor=val_bogus", "trainer.monitor"),
+        ("trainer.early_stopping.monitor=val_acc", "trainer.early_stopping.monitor"),
+        ("checkpoint.checkpoint_score_attribute=accuracy", "checkpoint.checkpoint_score_attribute"),
+    ],
+)
 def test_a_metric_the_task_does_not_report_is_refused(tmp_path, override, key):
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(override), str(tmp_path))
@@ -152,24 +174,40 @@ def test_a_metric_the_task_does_not_report_is_refused(tmp_path, override, key):
 
 
 def test_the_metrics_a_run_reports_are_found_on_the_driver(tmp_path):
-    validate(compose_config("trainer.monitor=train_accuracy", "trainer.profile=true", "checkpoint.checkpoint_score_attribute=time_data"), str(tmp_path))
+    validate(
+        compose_config(
+            "trainer.monitor=train_accuracy", "trainer.profile=true", "checkpoint.checkpoint_score_attribute=time_data"
+        ),
+        str(tmp_path),
+    )
     validate(compose_config("experiment=diabetes_regression", "trainer.monitor=val_r2"), str(tmp_path))
 
 
 def test_every_independent_problem_is_reported_at_once(tmp_path):
     with pytest.raises(ConfigErrors) as caught:
-        validate(compose_config("dataset=imagefolder", "dataset.root=/no/such/folder", "trainer.max_epochs=0",
-                                "optimizer.lr=abc", "+task.smoothing=0.5"), str(tmp_path))
+        validate(
+            compose_config(
+                "dataset=imagefolder",
+                "dataset.root=/no/such/folder",
+                "trainer.max_epochs=0",
+                "optimizer.lr=abc",
+                "+task.smoothing=0.5",
+            ),
+            str(tmp_path),
+        )
     keys = [error.key for error in caught.value.errors]
     # dataset.root once, though the model's input_shape and num_outputs are read from the same folder.
     assert keys == ["trainer.max_epochs", "dataset.root", "optimizer.lr", "task.smoothing"], keys
     assert str(caught.value).startswith("Invalid config: 4 problems\n  - trainer.max_epochs=0: must be >= 1.")
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["scheduler=step", "scheduler.lr_scheduler.step_size=0"], "scheduler.lr_scheduler"),  # StepLR divides by it
-    (["scheduler=onecycle", "scheduler.lr_scheduler.epochs=0"], "scheduler.lr_scheduler"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["scheduler=step", "scheduler.lr_scheduler.step_size=0"], "scheduler.lr_scheduler"),  # StepLR divides by it
+        (["scheduler=onecycle", "scheduler.lr_scheduler.epochs=0"], "scheduler.lr_scheduler"),
+    ],
+)
 def test_an_lr_schedule_is_built_and_stepped_on_the_driver(tmp_path, overrides, key):
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(*overrides), str(tmp_path))
@@ -194,11 +232,18 @@ def test_a_step_that_needs_the_workers_gpus_is_not_refused_on_a_cpu_driver(tmp_p
     assert caught.value.key == "model" and "this kernel runs on CUDA only" in str(caught.value)
 
 
-@pytest.mark.parametrize("overrides, key", [
-    (["~optimizer._partial_"], "optimizer._partial_"),
-    (["scheduler=step", "~scheduler.lr_scheduler._partial_"], "scheduler.lr_scheduler._partial_"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["~optimizer._partial_"], "optimizer._partial_"),
+        (["scheduler=step", "~scheduler.lr_scheduler._partial_"], "scheduler.lr_scheduler._partial_"),
+    ],
+)
 def test_a_forgotten_partial_says_to_add_it(tmp_path, overrides, key):
     with pytest.raises(ConfigError) as caught:
         validate(compose_config(*overrides), str(tmp_path))
-    assert caught.value.key == key and "add `_partial_: true`" in caught.value.valid and "which the runner passes" in str(caught.value)
+    assert (
+        caught.value.key == key
+        and "add `_partial_: true`" in caught.value.valid
+        and "which the runner passes" in str(caught.value)
+    )

@@ -12,7 +12,11 @@ def test_null_settings_are_left_to_wandb(monkeypatch):
     assert WandbLogger().settings == {"project": "hydra_raytrain"}  # our default project when W&B has none
     monkeypatch.setenv("WANDB_PROJECT", "theirs")
     assert WandbLogger().settings == {}  # W&B reads WANDB_PROJECT itself
-    assert WandbLogger(project="mine", mode="offline", tags=["a"]).settings == {"project": "mine", "mode": "offline", "tags": ["a"]}
+    assert WandbLogger(project="mine", mode="offline", tags=["a"]).settings == {
+        "project": "mine",
+        "mode": "offline",
+        "tags": ["a"],
+    }
 
 
 def test_an_unknown_mode_names_its_key():
@@ -21,13 +25,16 @@ def test_an_unknown_mode_names_its_key():
     assert caught.value.key == "logger.wandb.mode" and "online, offline, disabled" in str(caught.value)
 
 
-@pytest.mark.parametrize("node, environ, mode", [
-    ({}, {}, "online"),
-    ({}, {"WANDB_MODE": "offline"}, "offline"),
-    ({}, {"WANDB_MODE": "dryrun"}, "offline"),
-    ({}, {"WANDB_DISABLED": "true", "WANDB_MODE": "online"}, "disabled"),
-    ({"mode": "online"}, {"WANDB_MODE": "offline"}, "online"),  # given explicitly, as wandb.init(mode=...) does
-])
+@pytest.mark.parametrize(
+    "node, environ, mode",
+    [
+        ({}, {}, "online"),
+        ({}, {"WANDB_MODE": "offline"}, "offline"),
+        ({}, {"WANDB_MODE": "dryrun"}, "offline"),
+        ({}, {"WANDB_DISABLED": "true", "WANDB_MODE": "online"}, "disabled"),
+        ({"mode": "online"}, {"WANDB_MODE": "offline"}, "online"),  # given explicitly, as wandb.init(mode=...) does
+    ],
+)
 def test_the_effective_mode_follows_wandb(node, environ, mode):
     assert effective_mode(node, environ) == mode
 
@@ -51,5 +58,11 @@ def test_an_unreachable_server_turns_an_online_run_offline_with_one_warning():
 
 
 def test_wandb_variables_are_forwarded_except_the_key():
-    environ = {"WANDB_MODE": "offline", "WANDB_PROJECT": "p", "WANDB_API_KEY": "secret", "WANDB_SERVICE": "driver-socket", "HOME": "/root"}
+    environ = {
+        "WANDB_MODE": "offline",
+        "WANDB_PROJECT": "p",
+        "WANDB_API_KEY": "secret",
+        "WANDB_SERVICE": "driver-socket",
+        "HOME": "/root",
+    }
     assert forwarded_env(environ) == {"WANDB_MODE": "offline", "WANDB_PROJECT": "p"}
