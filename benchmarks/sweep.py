@@ -95,8 +95,9 @@ def concurrency(epochs: int = EPOCHS) -> None:
         summary = sweep_summary(concurrent)
         tune_training = training_seconds(row["run_dir"] for row in summary["trials"])
     print(
-        f"4 trials x 1 worker, {epochs} epochs each: basic sweeper {basic:.1f} s ({basic_training:.0f} s of it in epochs), "
-        f"ray_tune {tune:.1f} s ({tune_training:.0f} s in epochs, summed over trials) -> {basic / tune:.2f}x faster (target >= 1.6x)"
+        f"4 trials x 1 worker, {epochs} epochs each: basic sweeper {basic:.1f} s "
+        f"({basic_training:.0f} s of it in epochs), ray_tune {tune:.1f} s ({tune_training:.0f} s in epochs, "
+        f"summed over trials) -> {basic / tune:.2f}x faster (target >= 1.6x)"
     )
 
 
@@ -152,7 +153,8 @@ def asha() -> None:
     grid_epochs = sum(row["epochs"] for row in grid["trials"])
     best = grid["best"]["overrides"]
     print(
-        f"8-trial grid run to the end: {grid_epochs} epochs in {grid_wall:.1f} s; best {best} ({grid['best']['best']:.4f})"
+        f"8-trial grid run to the end: {grid_epochs} epochs in {grid_wall:.1f} s; "
+        f"best {best} ({grid['best']['best']:.4f})"
     )
     for label, values in (("scrambled", SCRAMBLED), ("ascending", ASCENDING)):
         with tempfile.TemporaryDirectory() as asha_dir:
@@ -168,8 +170,9 @@ def asha() -> None:
             if float(lr) == float(value)
         ]
         print(
-            f"ASHA, lr in {label} order: {asha_epochs} epochs in {asha_wall:.1f} s -> {asha_epochs / grid_epochs:.0%} of the grid's "
-            f"epochs (target <= 50%); best {asha['best']['overrides']} ({asha['best']['best']:.4f}), same as the grid's: "
+            f"ASHA, lr in {label} order: {asha_epochs} epochs in {asha_wall:.1f} s -> "
+            f"{asha_epochs / grid_epochs:.0%} of the grid's epochs (target <= 50%); "
+            f"best {asha['best']['overrides']} ({asha['best']['best']:.4f}), same as the grid's: "
             f"{asha['best']['overrides'] == best}; epochs per trial {per_trial}, the same in the replay below: "
             f"{replay_asha(history, started, grid['metric'], len(history[started[0]])) == per_trial}"
         )
@@ -188,8 +191,9 @@ def asha() -> None:
         same += f"optimizer.lr={found}" == best
     fractions.sort()
     print(
-        f"ASHA replayed on the grid's per-epoch metrics over {REPLAYS} seeded start orders: median {fractions[REPLAYS // 2]:.0%} of the "
-        f"grid's epochs (mean {sum(fractions) / REPLAYS:.0%}, <= 50% in {sum(f <= 0.5 for f in fractions) / REPLAYS:.0%} of orders), "
+        f"ASHA replayed on the grid's per-epoch metrics over {REPLAYS} seeded start orders: "
+        f"median {fractions[REPLAYS // 2]:.0%} of the grid's epochs (mean {sum(fractions) / REPLAYS:.0%}, "
+        f"<= 50% in {sum(f <= 0.5 for f in fractions) / REPLAYS:.0%} of orders), "
         f"the grid's best found in {same / REPLAYS:.0%}; without the shuffle, ascending order: "
         f"{sum(replay_asha(history, lrs, metric, max_epochs).values()) / grid_epochs:.0%}"
     )

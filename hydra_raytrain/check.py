@@ -6,8 +6,9 @@
 
 Each config is composed as the training command composes it and goes through the same driver-side checks
 (every ``_target_`` imports and takes its arguments, values and ranges, the dataset, models and task built and
-rehearsed on a few samples, the metrics that settings name; see config/rehearsal.py), then the resources: a local cluster this machine could
-start for it, or a ``ray.address`` that answers. No Ray cluster starts, nothing trains, no run dir is written.
+rehearsed on a few samples, the metrics that settings name; see config/rehearsal.py), then the resources: a local
+cluster this machine could start for it, or a ``ray.address`` that answers. No Ray cluster starts, nothing trains,
+no run dir is written.
 Exit 0 when every config passes, 2 when one does not (each problem printed). ``-m`` expands the sweep with
 Hydra's basic sweeper, whatever ``hydra/sweeper`` the command names.
 """

@@ -65,7 +65,8 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> set[str] | None:
         }
     except Exception as error:  # a metric that needs more than a few samples (recall of an absent class)
         warn(
-            f"{cfg['task']['_target_']}.compute failed on {len(_first(batch))} samples ({type(error).__name__}: {error}); "
+            f"{cfg['task']['_target_']}.compute failed on {len(_first(batch))} samples "
+            f"({type(error).__name__}: {error}); "
             "the metrics that settings name are checked when the run starts."
         )
         return None
@@ -110,7 +111,8 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
             if node.get("download") and error.key == "dataset.root":
                 warn(
                     f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
-                    "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked when they do."
+                    "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked "
+                    "when they do."
                 )
                 return None
             raise

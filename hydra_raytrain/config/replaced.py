@@ -85,7 +85,8 @@ def dropped_note(key: str, target: str, dropped: dict[str, object]) -> str:
     shown = ", ".join(f"{name}={value}" for name, value in dropped.items())
     return (
         f"Note: {key}._target_={target} starts {key} afresh: the replaced option's arguments {shown} were dropped "
-        f"and {target} uses its own defaults; set one on the command line to pass it (e.g. {key}.{next(iter(dropped))}=...)."
+        f"and {target} uses its own defaults; set one on the command line to pass it "
+        f"(e.g. {key}.{next(iter(dropped))}=...)."
     )
 
 

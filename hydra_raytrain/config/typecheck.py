@@ -19,7 +19,8 @@ _PLURAL = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
 
 
 def wrong_type(value: Any, hint: Any, default: Any = inspect.Parameter.empty) -> str | None:
-    """What the parameter takes, in words, when ``value`` plainly does not fit it; None when it fits or we cannot tell."""
+    """What the parameter takes, in words, when ``value`` plainly does not fit it; None when it fits or we cannot
+    tell."""
     if isinstance(value, dict) and "_target_" in value:
         return None  # Hydra instantiates it first
     if value is None and default is None:

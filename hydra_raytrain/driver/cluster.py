@@ -62,7 +62,8 @@ def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_
             "scaling.num_workers",
             request.num_workers,
             f"{request.describe()} needs {wanted:g} CPUs; this machine has {cores} cores and a local cluster "
-            f"promises at most {limit} (ray.max_cpu_oversubscription={ray_cfg['max_cpu_oversubscription']:g} per core).",
+            f"promises at most {limit} "
+            f"(ray.max_cpu_oversubscription={ray_cfg['max_cpu_oversubscription']:g} per core).",
             f"scaling.num_workers <= {limit // max(1, int(request.per_worker.get('CPU', 1)))}, fewer CPUs in "
             f"scaling.resources_per_worker, or a bigger cluster via ray.address=HOST:PORT.",
         )

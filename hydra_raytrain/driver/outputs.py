@@ -112,7 +112,8 @@ def finished_summary(run_dir: str) -> dict[str, Any] | None:
 def already_complete(summary: dict[str, Any]) -> str:
     monitor, best = summary["monitor"], summary["best"]
     return (
-        f"Run already complete: {summary['epochs_completed']} epochs, best {monitor} {best.get(monitor, float('nan')):.4f} "
+        f"Run already complete: {summary['epochs_completed']} epochs, "
+        f"best {monitor} {best.get(monitor, float('nan')):.4f} "
         f"(epoch {best.get('epoch')}). Nothing to do; run.resume=never trains it again.\nRun dir: {summary['run_dir']}"
     )
 

@@ -60,8 +60,9 @@ def train(
 
     ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
     Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
-    instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``). Raises ``ConfigError`` before
-    anything starts or is written when the config cannot work, ``TrainingFailed`` when the run fails.
+    instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``).
+    Raises ``ConfigError`` before anything starts or is written when the config cannot work, ``TrainingFailed``
+    when the run fails.
     """
     started = time.time()
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")

@@ -142,6 +142,7 @@ def read_newest_loadable(checkpoints: list[Any], rank: int, warn) -> dict[str, A
                 return read(folder, rank)
         except Exception as error:  # torch raises RuntimeError / EOFError / UnpicklingError on truncated files
             warn(
-                f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); trying the previous one"
+                f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); "
+                "trying the previous one"
             )
     return None

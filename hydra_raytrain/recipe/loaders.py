@@ -48,7 +48,8 @@ def build_loader(
 
 
 def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | None, world_size: int) -> int:
-    """``trainer.batch_size`` is global and split evenly (RaySGD's BATCH_SIZE); the per-worker size is the alternative."""
+    """``trainer.batch_size`` is global and split evenly (RaySGD's BATCH_SIZE); the per-worker size is the
+    alternative."""
     from hydra_raytrain.config.errors import ConfigError
 
     if batch_size_per_worker is not None:

@@ -2,8 +2,8 @@
 
 Fixed phases, torchtune-style: ``setup`` (data, models, optimizers, then the latest checkpoint if Ray restarted
 us) -> ``train`` (one report per epoch, a full-state checkpoint every ``checkpoint.every_n_epochs`` and at
-the end, or when early stopping ends the run). The config arrives resolved from the driver (a plain dict, absolute paths):
-``${hydra:...}`` and the driver's working directory mean nothing in a worker.
+the end, or when early stopping ends the run). The config arrives resolved from the driver (a plain dict, absolute
+paths): ``${hydra:...}`` and the driver's working directory mean nothing in a worker.
 """
 
 from __future__ import annotations

@@ -194,7 +194,10 @@ def table(summary: dict[str, Any]):
     # The overrides are what tells the trials apart: they fold onto more lines rather than lose their values to
     # an ellipsis on a narrow (or non-terminal, 80-column) console; the metric's name is in the title.
     result = Table(
-        title=f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}; {summary['metric']} ({summary['mode']})",
+        title=(
+            f"hydra_raytrain sweep: {len(summary['trials'])} trials, {summary['scheduler']}; "
+            f"{summary['metric']} ({summary['mode']})"
+        ),
         title_justify="left",
     )
     for column in ("#", "overrides", "status", "epochs", "final", "best", "wall s"):

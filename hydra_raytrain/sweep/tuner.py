@@ -261,10 +261,11 @@ def _check_asha_can_free_stopped_trials(ray_cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "hydra.sweeper.scheduler",
             "asha",
-            f"a trial ASHA stops frees its workers' CPUs through Ray's state API, which {where} does not serve ({problem}): "
+            f"a trial ASHA stops frees its workers' CPUs through Ray's state API, which {where} does not serve "
+            f"({problem}): "
             "stopped trials would keep their CPUs and the sweep would wait forever.",
-            "ray.include_dashboard=null (Ray's default: the dashboard serves the state API), a cluster started with its "
-            "dashboard, or hydra.sweeper.scheduler=fifo",
+            "ray.include_dashboard=null (Ray's default: the dashboard serves the state API), a cluster started with "
+            "its dashboard, or hydra.sweeper.scheduler=fifo",
         )
 
 

@@ -61,7 +61,8 @@ tmp = sys.argv[1]
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
 cluster.add_node(num_cpus=1, node_ip_address="127.0.0.2")  # its own node:<ip> resource, unlike the head's
 cluster.wait_for_nodes()
-ray.init(address=cluster.address, logging_level="WARNING", _node_ip_address="127.0.0.2")  # the driver on the non-head node
+# the driver on the non-head node
+ray.init(address=cluster.address, logging_level="WARNING", _node_ip_address="127.0.0.2")
 out = {"nodes": len([n for n in ray.nodes() if n["Alive"]]), "driver_ip": ray.util.get_node_ip_address()}
 shared = [f"storage.path={tmp}/shared", "storage.shared_filesystem=true"]
 with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
@@ -72,10 +73,11 @@ with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
         out["refused"] = str(error)
     out["summary"] = hydra_raytrain.train(compose("train", overrides=base + shared), run_dir=f"{tmp}/run")
 # A ray_tune sweep from this driver: its trials (which write the run dirs) run on the driver's node.
-sys.argv = ["hydra_raytrain", "-m", "hydra/sweeper=ray_tune", "debug=smoke", "scaling.num_workers=1", "optimizer.lr=1e-3,1e-2",
-            *shared, f"hydra.sweep.dir={tmp}/sweep"]
+sys.argv = ["hydra_raytrain", "-m", "hydra/sweeper=ray_tune", "debug=smoke", "scaling.num_workers=1",
+            "optimizer.lr=1e-3,1e-2", *shared, f"hydra.sweep.dir={tmp}/sweep"]
 cli.main()
-out["trial_ips"] = [json.loads(open(path).readline())["node_ip"] for path in sorted(glob.glob(f"{tmp}/sweep/tune/**/result.json", recursive=True))]
+results = sorted(glob.glob(f"{tmp}/sweep/tune/**/result.json", recursive=True))
+out["trial_ips"] = [json.loads(open(path).readline())["node_ip"] for path in results]
 out["sweep"] = [row["status"] for row in json.load(open(f"{tmp}/sweep/sweep_summary.json"))["trials"]]
 ray.shutdown()
 cluster.shutdown()

@@ -27,7 +27,10 @@ def test_digits_are_load_digits_without_importing_sklearn_datasets(tmp_path):
     for images, target in (digits_arrays(), digits_arrays(package_dir=str(tmp_path))):  # the file; the fallback
         np.testing.assert_array_equal(images, expected.images)
         np.testing.assert_array_equal(target, expected.target)
-    probe = "import sys; from hydra_raytrain.data import digits; digits(); print(sorted(m for m in sys.modules if m.startswith('sklearn')))"
+    probe = (
+        "import sys; from hydra_raytrain.data import digits; digits(); "
+        "print(sorted(m for m in sys.modules if m.startswith('sklearn')))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
 

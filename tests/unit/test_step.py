@@ -138,7 +138,7 @@ def test_a_task_with_several_optimizers_must_name_one():
     with pytest.raises(ValueError, match="step.optimize\\(loss, name\\)"):
         step.optimize(models["discriminator"](torch.randn(3, 2)).sum())
     with pytest.raises(AttributeError, match="step.models\\[name\\]"):
-        step.model
+        _ = step.model
 
 
 @pytest.mark.parametrize(

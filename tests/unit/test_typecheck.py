@@ -22,7 +22,8 @@ EMPTY = inspect.Parameter.empty
         (1.5, int, EMPTY, "an integer"),
         (1, bool, EMPTY, "true or false"),
         (None, int, None, None),  # `x: int = None`, an implicit Optional
-        (None, Optional[int], EMPTY, None),
+        (None, Optional[int], EMPTY, None),  # noqa: UP045 (typing.Optional as older code writes it)
+        (None, int | None, EMPTY, None),
         ([0.9], tuple[float, float], EMPTY, "a list of 2: [a number, a number]"),
         ([1, 2], Sequence[int], EMPTY, None),
         (["a"], list[int], EMPTY, "a list of integers"),
