@@ -1,16 +1,18 @@
 # make train   -> a virtualenv with everything, then python -m hydra_raytrain (ARGS="model=mlp ..." to override)
-# make test    -> the same virtualenv, then the whole test suite (PYTEST_ARGS="-k sampler" to narrow)
+# make test    -> the same virtualenv, then make lint and the whole test suite (PYTEST_ARGS="-k sampler" to narrow)
+# make test-fast -> the unit tier only (no Ray cluster), in under 2 minutes
+# make lint    -> ruff (lint + format check) and mypy on the package
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train test bench bench-gpu bench-sweep clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c constraints.txt torch torchvision
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tensorboard]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tensorboard,lint]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -18,8 +20,16 @@ install: $(STAMP)
 train: install
 	$(BIN)/python -m hydra_raytrain $(ARGS)
 
-test: install
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/python -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/throughput.py

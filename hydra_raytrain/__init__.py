@@ -4,7 +4,7 @@
     python -m hydra_raytrain model=resnet18 scaling.num_workers=4
 
 The exports load on first use: Ray Train's controller and Tune's trial processes unpickle our callbacks
-(hydra_raytrain.driver.outputs ...) and should not pay for torch, Hydra and rich through this file.
+(hydra_raytrain.rundir ...) and should not pay for torch, Hydra and rich through this file.
 """
 
 from hydra_raytrain.lazy import lazy_exports

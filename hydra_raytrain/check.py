@@ -25,8 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.config.overrides import check_override_keys
 from hydra_raytrain.config.replaced import apply_command_line_targets
+from hydra_raytrain.overrides import check_override_keys
 
 FAILED: list[str] = []
 

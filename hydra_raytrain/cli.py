@@ -10,8 +10,8 @@ import hydra
 from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.config.overrides import check_override_keys
 from hydra_raytrain.driver.run import TrainingFailed, hydra_run_dir, train
+from hydra_raytrain.overrides import check_override_keys
 
 # What Hydra itself writes into a run dir before our code runs.
 HYDRA_FILES = {".hydra", "train.log"}

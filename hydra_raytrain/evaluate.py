@@ -21,10 +21,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from hydra_raytrain.config.errors import ConfigError, Problems
+from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.validate import check_targets
-from hydra_raytrain.driver.outputs import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
+from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -36,7 +37,7 @@ def load_config(path: str) -> dict[str, Any]:
             return json.load(file)
     hydra_config = os.path.join(path, ".hydra", "config.yaml")
     if os.path.exists(hydra_config):
-        return OmegaConf.to_container(OmegaConf.load(hydra_config), resolve=True)
+        return as_dict(OmegaConf.load(hydra_config))
     raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
 
 

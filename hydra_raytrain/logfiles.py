@@ -18,6 +18,13 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+from hydra_raytrain.internals import (
+    RAY_TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER,
+    RAY_TRAIN_USER_ERROR_LOGGER,
+    ray_logs_dir,
+    ray_train_context_logger,
+)
+
 LOGS_DIR = "logs"
 DRIVER_LOG = "driver.log"
 
@@ -77,7 +84,7 @@ def link_process_logs(run_dir: str, who: str) -> None:
     try:
         import ray
 
-        logs = ray._private.worker._global_node.get_logs_dir_path()
+        logs = ray_logs_dir()
         worker_id = ray.get_runtime_context().get_worker_id()
         folder = os.path.join(run_dir, LOGS_DIR)
         os.makedirs(folder, exist_ok=True)
@@ -106,20 +113,18 @@ def quiet_ray_train(level: str) -> None:
     ray/train/v2/_internal/execution/context.py), so RunConfig's LoggingConfig, which filters ``ray.train.*``,
     misses it."""
     logging.getLogger("ray.train").setLevel(level)
-    with contextlib.suppress(ImportError):
-        from ray.train.v2._internal.execution import context
-
-        logging.getLogger(context.__file__).setLevel(level)
-    user_errors = logging.getLogger(USER_ERROR_LOGGER)
+    context_logger = ray_train_context_logger()
+    if context_logger is not None:
+        context_logger.setLevel(level)
+    user_errors = logging.getLogger(RAY_TRAIN_USER_ERROR_LOGGER)
     user_errors.removeFilter(_no_worker_traceback)
     if logging.getLevelName(level) > logging.INFO:
         user_errors.addFilter(_no_worker_traceback)
 
 
-# Ray 2.60's worker logs "Error in training function:" and the traceback (ray/train/v2/_internal/util.py), which
-# reaches the driver's terminal once per rank. The driver prints the first rank's cause in one line instead, and
-# summary.json keeps every rank's traceback (Ray's error snippets). ray.logging_level=INFO brings them back.
-USER_ERROR_LOGGER = "ray.train.v2._internal.util"
+# Ray 2.60's worker logs "Error in training function:" and the traceback, which reaches the driver's terminal once
+# per rank. The driver prints the first rank's cause in one line instead, and summary.json keeps every rank's
+# traceback (Ray's error snippets). ray.logging_level=INFO brings them back.
 
 
 def _no_worker_traceback(record: logging.LogRecord) -> bool:
@@ -130,4 +135,4 @@ def quiet_placement_group_cleaner() -> None:
     """``worker_process_setup_hook`` of a local cluster started without its dashboard (so without Ray's state API):
     Ray Train's placement-group cleaner would warn "Failed to query Ray Train Controller actor state" every few
     seconds of every run. It has nothing to clean there (the cluster ends with the command), so errors only."""
-    logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner").setLevel(logging.ERROR)
+    logging.getLogger(RAY_TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER).setLevel(logging.ERROR)

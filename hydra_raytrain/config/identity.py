@@ -8,7 +8,7 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -76,7 +76,7 @@ def sweep_name(*argument_lists: Any) -> str:
 def register_resolver() -> None:
     from hydra_raytrain.data import folders
 
-    resolvers = {
+    resolvers: dict[str, Callable[..., Any]] = {
         "run_name": run_name_resolver,
         "sweep_name": sweep_name,
         "class_count": folders.class_count,

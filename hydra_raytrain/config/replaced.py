@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hydra_raytrain.config.plain import as_dict
+
 # Hydra's own keys of an instantiable node: they say how to call the target, so they stay.
 KEPT_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_")
 
@@ -51,7 +53,7 @@ def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> list[s
         node = OmegaConf.select(cfg, key, throw_on_missing=False)
         if not isinstance(node, DictConfig) or "_target_" not in node:
             continue
-        written = OmegaConf.to_container(node, resolve=False)  # interpolations as written: ${dataset.num_outputs}
+        written = as_dict(node, resolve=False)  # interpolations as written: ${dataset.num_outputs}
         accepted = _accepted_arguments(written["_target_"])
         dropped = {}
         for name, value in written.items():

@@ -253,7 +253,7 @@ class SchedulerConfig:
 
 @dataclass
 class RayConfig:
-    """How the driver reaches Ray. Without ``address`` a local cluster starts, sized for the run (see README)."""
+    """How the driver reaches Ray. Without ``address`` a local cluster starts, sized for the run (docs/clusters.md)."""
 
     address: str | None = None  # "auto" or "host:port" of an existing cluster
     num_cpus: int | None = None  # logical CPUs of a local cluster; None: max(cores, what the run asks)

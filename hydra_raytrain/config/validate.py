@@ -22,6 +22,7 @@ from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, on
 from hydra_raytrain.config.paths import PathArg
 from hydra_raytrain.config.schema import TYPED_SECTIONS
 from hydra_raytrain.config.typecheck import wrong_type
+from hydra_raytrain.internals import child_node
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
 COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger")
@@ -68,10 +69,10 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> dict[str, Any]
             ):
                 per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
     if rehearse and not problems.failed("model", "dataset", "task", "trainer", "checkpoint", "logger"):
-        from hydra_raytrain.config.rehearsal import rehearse
+        from hydra_raytrain.config.rehearsal import rehearse as rehearse_step
 
         with problems.collect():
-            rehearse(resolved, schedule=not problems.failed("scheduler", "optimizer"))
+            rehearse_step(resolved, schedule=not problems.failed("scheduler", "optimizer"))
     problems.raise_any()
     return resolved
 
@@ -153,9 +154,11 @@ def check_trainer_switches(trainer: dict[str, Any], scaling: dict[str, Any]) -> 
             "FSDP shards a model over GPUs; these workers have none (scaling.use_gpu=false).",
             "scaling.use_gpu=true, or trainer.parallel_strategy=ddp",
         )
-    strategy = torch.nn.parallel.DistributedDataParallel
+    strategy: type[torch.nn.Module] = torch.nn.parallel.DistributedDataParallel
     if trainer["parallel_strategy"] == "fsdp":
-        from torch.distributed.fsdp import FullyShardedDataParallel as strategy
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        strategy = FullyShardedDataParallel
     accepted = _keyword_names(strategy.__init__)
     for name, value in (trainer["parallel_strategy_kwargs"] or {}).items():
         if name not in accepted:
@@ -203,8 +206,8 @@ def resolve(cfg: DictConfig, problems: Problems) -> dict[str, Any]:
     missing = _missing_keys(cfg)
     for key in missing:
         problems.add(ConfigError(key, "???", "is required and has no value.", f"set it: {key}=VALUE"))
-    resolved = {}
-    for section in cfg.keys():
+    resolved: dict[str, Any] = {}
+    for section in map(str, cfg.keys()):
         try:
             node = cfg[section]
             resolved[section] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
@@ -214,11 +217,12 @@ def resolve(cfg: DictConfig, problems: Problems) -> dict[str, Any]:
                 if not any(e.detail == cause.detail for e in problems.errors):
                     problems.add(cause)
             elif not (isinstance(error, InterpolationToMissingValueError) and missing):
-                problems.add(ConfigError(error.full_key, "${...}", f"cannot be resolved: {error.msg.splitlines()[0]}"))
+                reason = (error.msg or str(error)).splitlines()[0]
+                problems.add(ConfigError(error.full_key or section, "${...}", f"cannot be resolved: {reason}"))
     return resolved
 
 
-def _config_error_cause(error: BaseException) -> ConfigError | None:
+def _config_error_cause(error: BaseException | None) -> ConfigError | None:
     while error is not None and not isinstance(error, ConfigError):
         error = error.__cause__ or error.__context__
     return error
@@ -228,11 +232,11 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
     """Keys set to ``???`` (without resolving interpolations, which would fail on them first)."""
     found = []
     if isinstance(node, DictConfig):
-        for key in node.keys():
+        for key in map(str, node.keys()):
             if OmegaConf.is_missing(node, key):
                 found.append(f"{prefix}{key}")
             elif not OmegaConf.is_interpolation(node, key):
-                found += _missing_keys(node._get_node(key), f"{prefix}{key}.")
+                found += _missing_keys(child_node(node, key), f"{prefix}{key}.")
     return found
 
 

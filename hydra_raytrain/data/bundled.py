@@ -30,9 +30,10 @@ def digits_arrays(package_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
     (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row), as load_digits reads it. Importing
     sklearn.datasets (scipy and more) took 1.5-2.7 s of every worker's start, for a 30 ms read. Where the file is
     not there (another layout), load_digits itself."""
-    package_dir = (
-        package_dir or importlib.util.find_spec("sklearn").submodule_search_locations[0]
-    )  # sklearn not imported
+    if not package_dir:  # found without importing sklearn
+        spec = importlib.util.find_spec("sklearn")
+        assert spec is not None and spec.submodule_search_locations, "scikit-learn is a dependency"
+        package_dir = spec.submodule_search_locations[0]
     path = os.path.join(package_dir, "datasets", "data", "digits.csv.gz")
     if not os.path.isfile(path):
         from sklearn.datasets import load_digits

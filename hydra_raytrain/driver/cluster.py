@@ -20,6 +20,7 @@ import ray
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.driver.builders import scaling_config
+from hydra_raytrain.internals import resources_per_worker
 
 # A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
 WORKER_MEMORY_BYTES = 700 * 2**20
@@ -46,9 +47,8 @@ class ResourceRequest:
 
 def resource_request(scaling: Mapping[str, Any]) -> ResourceRequest:
     """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
-    per_worker = scaling_config(scaling)._resources_per_worker_not_none
     return ResourceRequest(
-        scaling["num_workers"], {name: float(amount) for name, amount in per_worker.items()}, scaling["max_workers"]
+        scaling["num_workers"], resources_per_worker(scaling_config(scaling)), scaling["max_workers"]
     )
 
 

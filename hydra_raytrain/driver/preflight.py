@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from hydra_raytrain.config import validate
 from hydra_raytrain.config.errors import Problems
+from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.driver import cluster
 
 
@@ -23,15 +24,14 @@ def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> dict[str, Any
     with problems.collect():
         resolved = validate(cfg, cwd, rehearse=rehearse)
     if not ray.is_initialized() and not problems.failed("scaling", "ray"):
+        sections: dict[str, Any] | None
         try:
-            sections = resolved or {
-                name: OmegaConf.to_container(cfg[name], resolve=True) for name in ("scaling", "ray")
-            }
+            sections = resolved or {name: as_dict(cfg[name]) for name in ("scaling", "ray")}
         except Exception:  # an interpolation of these sections that does not resolve is reported by validate
             sections = None
         with problems.collect():
             request = cluster.resource_request(sections["scaling"]) if sections else None
-            if request is not None and request.num_workers:  # 0: Ray Train's local mode, no cluster
+            if sections and request is not None and request.num_workers:  # 0: Ray Train's local mode, no cluster
                 cluster.check_request(sections["ray"], request)
     problems.raise_any()
     assert resolved is not None

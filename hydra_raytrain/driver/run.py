@@ -19,9 +19,10 @@ from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 from rich.console import Console
 
+from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.replaced import apply_command_line_targets
-from hydra_raytrain.driver import builders, cluster, outputs, report
+from hydra_raytrain.driver import builders, cluster, report
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
@@ -77,9 +78,9 @@ def train(
     if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise
         resolved["trainer"]["progress_bar"] = sys.stderr.isatty()
     resume = resolved["run"]["resume"]
-    finished = outputs.finished_summary(run_dir) if resume == "auto" else None
+    finished = rundir.finished_summary(run_dir) if resume == "auto" else None
     if finished is not None:
-        print(outputs.already_complete(finished), flush=True)
+        print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
     request = cluster.resource_request(resolved["scaling"])
@@ -118,7 +119,7 @@ def _fit(
     task_cls = get_object(resolved["task"]["_target_"])
     monitor = resolved["trainer"]["monitor"] or task_cls.monitor
     mode = resolved["trainer"]["monitor_mode"] or task_cls.mode
-    epoch_log = outputs.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
+    epoch_log = rundir.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved)}, import_path())
@@ -132,14 +133,14 @@ def _fit(
     )
 
     def finish(status: str, error: str | None = None) -> dict[str, Any]:
-        history = outputs.read_history(run_dir)
-        summary = outputs.make_summary(
+        history = rundir.read_history(run_dir)
+        summary = rundir.make_summary(
             status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error
         )
         summary["stopped_early"] = status == "completed" and len(history) < resolved["trainer"]["max_epochs"]
         summary["loggers"] = sorted(resolved["logger"])  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
-        outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
+        rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
         keep_process_logs(run_dir)
@@ -159,7 +160,7 @@ def _fit(
     if local_mode:  # local mode runs no callbacks: write the epochs it returned
         for metrics in result.return_value["history"]:
             epoch_log.write(metrics)
-    with open(os.path.join(run_dir, outputs.MODEL_FILE), "wb") as file:
+    with open(os.path.join(run_dir, rundir.MODEL_FILE), "wb") as file:
         file.write(result.return_value["weights"])
     summary = finish("completed")
     print(f"Run dir: {run_dir}", flush=True)
@@ -177,11 +178,11 @@ def _log_finished_run(resolved: dict[str, Any], run_dir: str, name: str, summary
     if not missing:
         return summary
     _tracker_env({"logger": missing})
-    history = outputs.read_history(run_dir)
+    history = rundir.read_history(run_dir)
     logged = replay(missing, {"cfg": resolved, "run_name": name}, run_dir, history)
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
-        outputs.write_json(os.path.join(run_dir, outputs.SUMMARY_FILE), summary)
+        rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         print(f"Logged the finished run's {len(history)} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
     return summary
 
@@ -207,7 +208,7 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
     """``run.resume=never``: this run's earlier files and Ray state go, so nothing resumes from them."""
     removed = [
         f
-        for f in (outputs.METRICS_FILE, outputs.SUMMARY_FILE, outputs.MODEL_FILE)
+        for f in (rundir.METRICS_FILE, rundir.SUMMARY_FILE, rundir.MODEL_FILE)
         if os.path.exists(os.path.join(run_dir, f))
     ]
     for file in removed:
@@ -224,7 +225,7 @@ def _write_config(run_dir: str, cfg: DictConfig, resolved: dict[str, Any]) -> No
     folder."""
     if not os.path.exists(os.path.join(run_dir, ".hydra", "config.yaml")):
         _save_composed(run_dir, cfg)
-    outputs.write_json(os.path.join(run_dir, outputs.CONFIG_FILE), resolved)
+    rundir.write_json(os.path.join(run_dir, rundir.CONFIG_FILE), resolved)
 
 
 def _save_composed(run_dir: str, cfg: DictConfig) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 class TensorBoardLogger:
     def __init__(self, subdir: str = "tensorboard"):
         self.subdir = subdir
-        self.writer = None
+        self.writer: Any = None  # tensorboardX.SummaryWriter once started
 
     def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
         from tensorboardX import SummaryWriter
@@ -19,6 +19,7 @@ class TensorBoardLogger:
         return run_id or config["run_name"]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        assert self.writer is not None, "start() first"
         for name, value in metrics.items():
             if name != "epoch":
                 self.writer.add_scalar(name, value, global_step=step)

@@ -42,10 +42,10 @@ class WandbLogger:
                 "online, offline, disabled, or null (W&B's WANDB_MODE, else online)",
             )
         given = dict(project=project, entity=entity, group=group, tags=tags or None, name=name, mode=mode)
-        self.settings = {key: value for key, value in given.items() if value is not None}
+        self.settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
         if project is None and not os.environ.get("WANDB_PROJECT"):
             self.settings["project"] = DEFAULT_PROJECT
-        self.run = None
+        self.run: Any = None  # wandb.Run once started
 
     def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
         import wandb

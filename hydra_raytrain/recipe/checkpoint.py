@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from hydra_raytrain.driver.outputs import CONFIG_FILE, MODEL_FILE
+from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
 
 STATE_FILE = "train_state.pt"
 
@@ -39,7 +39,7 @@ def rng_file(rank: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    kind, keys, position, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))
     state = {
         "torch": torch.get_rng_state(),
         "numpy": {

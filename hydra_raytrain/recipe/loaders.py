@@ -29,7 +29,8 @@ def loader_seed(seed: int, rank: int, epoch: int) -> int:
 def build_loader(
     dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: Mapping[str, Any]
 ) -> DataLoader:
-    sampler = ShardedSampler(len(dataset), world_size, rank, shuffle=train, seed=seed, pad=train)
+    size = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length; torch's Dataset does not say so
+    sampler = ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train)
     num_workers = options.get("num_workers", 0)
     extra = {"prefetch_factor": options["prefetch_factor"]} if options.get("prefetch_factor") else {}
     return DataLoader(
@@ -54,6 +55,7 @@ def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | N
 
     if batch_size_per_worker is not None:
         return batch_size_per_worker
+    assert batch_size is not None, "the schema requires one of the two"
     if batch_size % world_size:
         raise ConfigError(
             "trainer.batch_size",

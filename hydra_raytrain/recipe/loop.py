@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 import ray.train
 import ray.train.torch
@@ -23,11 +23,13 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
+from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
 from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep, build_lr_scheduler
 
@@ -80,11 +82,13 @@ class Recipe:
         self.step = self._setup_step(models)
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
-        self.start_epoch, self.global_step, self.history, self.tracker_ids = 0, 0, [], {}
-        self.loggers = build_loggers(OmegaConf.to_container(self.cfg.logger)) if self.rank == 0 else {}
+        self.start_epoch, self.global_step = 0, 0
+        self.history: list[dict[str, Any]] = []
+        self.tracker_ids: dict[str, str] = {}
+        self.loggers = build_loggers(as_dict(self.cfg.logger)) if self.rank == 0 else {}
         self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
-        config = {"cfg": OmegaConf.to_container(self.cfg), "run_name": self.run_name}
+        config = {"cfg": as_dict(self.cfg), "run_name": self.run_name}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
         self.profiler = self._setup_profiler()
 
@@ -137,15 +141,11 @@ class Recipe:
             if trainer.channels_last:
                 module = module.to(memory_format=torch.channels_last)
             if trainer.compile:
-                module.compile(
-                    **(OmegaConf.to_container(trainer.compile_kwargs) if trainer.compile_kwargs else {})
-                )  # in place: state_dict keys unchanged
+                module.compile(**as_dict(trainer.compile_kwargs or {}))  # in place: state_dict keys unchanged
             models[name] = ray.train.torch.prepare_model(
                 module,
                 parallel_strategy=trainer.parallel_strategy,
-                parallel_strategy_kwargs=OmegaConf.to_container(trainer.parallel_strategy_kwargs)
-                if trainer.parallel_strategy_kwargs
-                else None,
+                parallel_strategy_kwargs=as_dict(trainer.parallel_strategy_kwargs or {}) or None,
             )
         return models
 
@@ -160,7 +160,8 @@ class Recipe:
         )
         optimizers = {name: instantiate(specs[name])(model.parameters()) for name, model in models.items()}
         steps_per_epoch = math.ceil(self.train_batches / trainer.accumulate_grad_batches)
-        lr_schedulers, warmups = {}, {}
+        lr_schedulers: dict[str, list[Any]] = {}
+        warmups: dict[str, Any] = {}
         for name, optimizer in optimizers.items():
             lr_schedulers[name] = []
             if scheduler.lr_scheduler is not None:
@@ -206,7 +207,7 @@ class Recipe:
             if self._stop_early():  # a resumed run that had already stopped
                 break
             # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
-            self.train_loader.sampler.set_epoch(epoch)
+            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch)
             # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
             # draw exactly what the uninterrupted one drew.
             self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
@@ -313,7 +314,7 @@ class Recipe:
                 packed = checkpoint.pack_models(model_states, self.several_models)
                 weights = _to_bytes(packed)
                 train_state = self._train_state(epochs_done, optimizer_states)
-                checkpoint.write(folder, self.rank, packed, train_state, OmegaConf.to_container(self.cfg))
+                checkpoint.write(folder, self.rank, packed, train_state, as_dict(self.cfg))
             else:
                 checkpoint.write(folder, self.rank)
             ray.train.report(

@@ -131,8 +131,9 @@ class TrainStep:
         stack = contextlib.ExitStack()
         if not self.sync:
             for model in self.models.values():
-                if hasattr(model, "no_sync"):
-                    stack.enter_context(model.no_sync())
+                no_sync = getattr(model, "no_sync", None)  # DDP's (none with one worker)
+                if no_sync is not None:
+                    stack.enter_context(no_sync())
         return stack
 
     def optimize(self, loss: torch.Tensor, name: str | None = None) -> None:

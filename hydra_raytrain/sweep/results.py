@@ -9,7 +9,7 @@ import os
 import shutil
 from typing import Any
 
-from hydra_raytrain.driver import outputs
+from hydra_raytrain import rundir
 from hydra_raytrain.sweep.trial import TRIAL_FILE
 
 SUMMARY_FILE = "sweep_summary.json"
@@ -54,13 +54,13 @@ def collect(
         if job["index"] not in errors and previous.get(job["name"], {}).get("status") == "stopped":
             rows.append({**previous[job["name"]], "index": job["index"]})  # not re-run: what it was
             continue
-        history = outputs.read_history(run_dir)
-        summary = _read_json(os.path.join(run_dir, outputs.SUMMARY_FILE))
+        history = rundir.read_history(run_dir)
+        summary = _read_json(os.path.join(run_dir, rundir.SUMMARY_FILE))
         error = errors.get(job["index"])
         status = trial_status(summary, history, None if error is None else str(error))
-        best = outputs.best_epoch(history, metric, mode) or {}
+        best = rundir.best_epoch(history, metric, mode) or {}
         started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
-        finished = os.path.getmtime(os.path.join(run_dir, outputs.METRICS_FILE)) if history else None
+        finished = os.path.getmtime(os.path.join(run_dir, rundir.METRICS_FILE)) if history else None
         rows.append(
             {
                 "index": job["index"],
@@ -106,7 +106,7 @@ def write_all(
     summary: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str, keep_checkpoints: int | None
 ) -> None:
     os.makedirs(sweep_dir, exist_ok=True)
-    outputs.write_json(os.path.join(sweep_dir, SUMMARY_FILE), summary)
+    rundir.write_json(os.path.join(sweep_dir, SUMMARY_FILE), summary)
     with open(os.path.join(sweep_dir, CSV_FILE), "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -160,7 +160,7 @@ def plot(summary: dict[str, Any], path: str) -> None:
     metric, rows = summary["metric"], summary["trials"]
     figure, (curves, bars) = plt.subplots(1, 2, figsize=(11, 4))
     for row in rows:
-        history = outputs.read_history(row["run_dir"])
+        history = rundir.read_history(row["run_dir"])
         if history:
             curves.plot(
                 [m["epoch"] for m in history],

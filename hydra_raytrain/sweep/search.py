@@ -20,7 +20,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from hydra_raytrain.driver import outputs
+from hydra_raytrain import rundir
 from hydra_raytrain.sweep.space import Parameter
 
 JOB_FILE = "job.json"
@@ -32,7 +32,7 @@ def optuna_distributions(space: dict[str, Parameter]) -> dict[str, Any]:
     return {
         key: CategoricalDistribution(list(p.choices))
         if p.choices is not None
-        else FloatDistribution(p.low, p.high, log=p.log)
+        else FloatDistribution(*p.bounds, log=p.log)
         for key, p in space.items()
     }
 
@@ -50,12 +50,12 @@ def earlier_jobs(sweep_dir: str) -> list[dict[str, Any]]:
 
 def write_job(job: dict[str, Any]) -> None:
     os.makedirs(job["run_dir"], exist_ok=True)
-    outputs.write_json(os.path.join(job["run_dir"], JOB_FILE), job)
+    rundir.write_json(os.path.join(job["run_dir"], JOB_FILE), job)
 
 
 def final_value(run_dir: str, metric: str) -> float | None:
     """A trial's last reported ``metric`` (what Tune's searchers are told), None before its first epoch."""
-    history = outputs.read_history(run_dir)
+    history = rundir.read_history(run_dir)
     value = history[-1].get(metric) if history else None
     return value if isinstance(value, (int, float)) else None
 
@@ -95,7 +95,7 @@ class HydraSearch(Searcher):
         self.running: dict[str, dict[str, Any]] = {}  # Tune trial id -> its job
         self.asked: dict[str, str] = {}  # Tune trial id -> the id the wrapped searcher knows the trial by
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # or Searcher.FINISHED
         if len(self.jobs) >= self.budget:
             return Searcher.FINISHED
         if self.replay:

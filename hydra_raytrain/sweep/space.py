@@ -55,7 +55,8 @@ def trial_overrides(arguments: Sequence[str], num_samples: int = 1, seed: int = 
 
 
 def _draw(override: Override, generator: random.Random) -> str:
-    interval: IntervalSweep = override.value()
+    interval = override.value()
+    assert isinstance(interval, IntervalSweep) and interval.start is not None and interval.end is not None
     low, high = interval.start, interval.end
     if "log" in interval.tags:
         return repr(math.exp(generator.uniform(math.log(low), math.log(high))))
@@ -71,6 +72,12 @@ class Parameter:
     high: float | None = None
     log: bool = False
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """(low, high) of a range."""
+        assert self.low is not None and self.high is not None, "a range, not choices"
+        return self.low, self.high
+
     def override(self, key: str, value) -> str:
         return f"{key}={value}" if self.choices is not None else f"{key}={float(value)!r}"
 
@@ -85,6 +92,7 @@ def parameter_space(arguments: Sequence[str]) -> tuple[list[str], dict[str, Para
         elif override.is_discrete_sweep():
             space[key] = Parameter(choices=tuple(override.sweep_string_iterator()))
         else:
-            interval: IntervalSweep = override.value()
+            interval = override.value()
+            assert isinstance(interval, IntervalSweep) and interval.start is not None and interval.end is not None
             space[key] = Parameter(low=float(interval.start), high=float(interval.end), log="log" in interval.tags)
     return fixed, space

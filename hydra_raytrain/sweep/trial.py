@@ -21,7 +21,7 @@ def run_trial(config: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from hydra_raytrain.driver import outputs
+    from hydra_raytrain import rundir
     from hydra_raytrain.driver.run import train
     from hydra_raytrain.sweep.search import read_job
 
@@ -31,7 +31,7 @@ def run_trial(config: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str
     _as_on_the_driver(cwd, pythonpath)
     run_dir = job["run_dir"]
     os.makedirs(run_dir, exist_ok=True)
-    finished = outputs.finished_summary(run_dir)
+    finished = rundir.finished_summary(run_dir)
     if finished is not None:
         tune.report({**finished["final"], "already_complete": True})
         return

@@ -17,9 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
+from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError, run_name, validate
 from hydra_raytrain.config.replaced import drop_replaced_arguments
-from hydra_raytrain.driver import outputs
 from hydra_raytrain.sweep import results
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
 from hydra_raytrain.sweep.settings import SweepSettings
@@ -95,7 +95,8 @@ def probe_jobs(
     their first choice, ranges at their middle."""
 
     def middle(p: Parameter) -> float:
-        return math.sqrt(p.low * p.high) if p.log else (p.low + p.high) / 2
+        low, high = p.bounds
+        return math.sqrt(low * high) if p.log else (low + high) / 2
 
     varying = [
         [p.override(key, c) for c in p.choices]
@@ -252,6 +253,7 @@ def _check_asha_can_free_stopped_trials(ray_cfg: dict[str, Any]) -> None:
     trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
     from hydra_raytrain.driver import cluster
 
+    problem: str | None
     if not ray_cfg["address"] and ray_cfg["include_dashboard"] is False:
         problem = "ray.include_dashboard=false"  # (another cluster's dashboard on this machine may answer a probe)
     else:
@@ -273,7 +275,7 @@ def _status(job: dict[str, Any], previous: dict[str, dict[str, Any]]) -> str:
     """An earlier trial's status: the earlier sweep summary's word (ASHA's "stopped" is only there), else its run's."""
     if job["name"] in previous:
         return previous[job["name"]]["status"]
-    summary = outputs.finished_summary(job["run_dir"])
+    summary = rundir.finished_summary(job["run_dir"])
     return summary["status"] if summary else "interrupted"
 
 

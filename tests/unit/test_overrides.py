@@ -3,7 +3,7 @@
 import pytest
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.config.overrides import check_override_keys
+from hydra_raytrain.overrides import check_override_keys
 
 
 def test_misspelt_key_suggests_the_right_one_and_lists_valid_keys():

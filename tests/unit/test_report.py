@@ -5,7 +5,8 @@ import io
 from PIL import Image
 from rich.console import Console
 
-from hydra_raytrain.driver import outputs, report
+from hydra_raytrain import rundir
+from hydra_raytrain.driver import report
 
 
 def history(n=4):
@@ -33,7 +34,7 @@ def test_curves_png_is_a_picture_with_a_panel_per_metric(tmp_path):
 
 
 def test_summary_table_shows_best_final_throughput_and_run_dir(tmp_path):
-    summary = outputs.make_summary("completed", history(), "val_accuracy", "max", str(tmp_path), "/storage/x", 12.5)
+    summary = rundir.make_summary("completed", history(), "val_accuracy", "max", str(tmp_path), "/storage/x", 12.5)
     console = Console(file=io.StringIO(), width=200)
     console.print(report.summary_table(summary))
     text = console.file.getvalue()
@@ -43,7 +44,7 @@ def test_summary_table_shows_best_final_throughput_and_run_dir(tmp_path):
 
 def test_the_storage_path_is_a_plain_line_that_a_narrow_console_does_not_fold(tmp_path):
     storage = "/a/long/storage/folder/" + "x" * 90 + "/simplecnn-digits-0123456789"
-    summary = outputs.make_summary("completed", history(), "val_accuracy", "max", str(tmp_path), storage, 12.5)
+    summary = rundir.make_summary("completed", history(), "val_accuracy", "max", str(tmp_path), storage, 12.5)
     console = Console(file=io.StringIO(), width=80)
     console.print(report.summary_table(summary))
     print(report.storage_line(summary), file=console.file)

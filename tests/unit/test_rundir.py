@@ -2,7 +2,7 @@
 
 import json
 
-from hydra_raytrain.driver import outputs
+from hydra_raytrain import rundir
 
 
 def metrics(epoch, accuracy):
@@ -10,33 +10,33 @@ def metrics(epoch, accuracy):
 
 
 def test_an_epoch_trained_again_replaces_the_entries_from_it_on(tmp_path):
-    log = outputs.EpochLog(str(tmp_path), max_epochs=4)
+    log = rundir.EpochLog(str(tmp_path), max_epochs=4)
     for epoch in (1, 2, 3):
         log.write(metrics(epoch, 0.1 * epoch))
     log.write(metrics(3, 0.9))  # resumed from the epoch-2 checkpoint: epoch 3 again
     log.write(metrics(4, 0.95))
-    history = outputs.read_history(str(tmp_path))
+    history = rundir.read_history(str(tmp_path))
     assert [m["epoch"] for m in history] == [1, 2, 3, 4] and history[2]["val_accuracy"] == 0.9
 
 
 def test_best_epoch_respects_mode_and_ignores_nan():
     history = [metrics(1, 0.5), metrics(2, float("nan")), metrics(3, 0.7), metrics(4, 0.6)]
-    assert outputs.best_epoch(history, "val_accuracy", "max")["epoch"] == 3
-    assert outputs.best_epoch(history, "val_accuracy", "min")["epoch"] == 1
-    assert outputs.best_epoch([], "val_accuracy", "max") is None
+    assert rundir.best_epoch(history, "val_accuracy", "max")["epoch"] == 3
+    assert rundir.best_epoch(history, "val_accuracy", "min")["epoch"] == 1
+    assert rundir.best_epoch([], "val_accuracy", "max") is None
 
 
 def test_only_a_completed_summary_counts_as_finished(tmp_path):
-    assert outputs.finished_summary(str(tmp_path)) is None
-    summary = outputs.make_summary(
+    assert rundir.finished_summary(str(tmp_path)) is None
+    summary = rundir.make_summary(
         "failed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0, error="boom"
     )
-    outputs.write_json(str(tmp_path / "summary.json"), summary)
-    assert outputs.finished_summary(str(tmp_path)) is None
-    summary = outputs.make_summary("completed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0)
-    outputs.write_json(str(tmp_path / "summary.json"), summary)
-    assert outputs.finished_summary(str(tmp_path))["epochs_completed"] == 1
-    assert "Run already complete: 1 epochs, best val_accuracy 0.5000" in outputs.already_complete(summary)
+    rundir.write_json(str(tmp_path / "summary.json"), summary)
+    assert rundir.finished_summary(str(tmp_path)) is None
+    summary = rundir.make_summary("completed", [metrics(1, 0.5)], "val_accuracy", "max", str(tmp_path), "s", 1.0)
+    rundir.write_json(str(tmp_path / "summary.json"), summary)
+    assert rundir.finished_summary(str(tmp_path))["epochs_completed"] == 1
+    assert "Run already complete: 1 epochs, best val_accuracy 0.5000" in rundir.already_complete(summary)
     assert (
         not list(tmp_path.glob("*.partial"))
         and json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"

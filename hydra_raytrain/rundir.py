@@ -1,4 +1,4 @@
-"""The run dir's files (the output contract in README): metrics.jsonl, summary.json, model.pt."""
+"""The run dir's files (the output contract, docs/outputs.md): metrics.jsonl, summary.json, model.pt."""
 
 from __future__ import annotations
 
