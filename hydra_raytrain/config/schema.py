@@ -6,6 +6,9 @@ Hydra type-checks every override against these dataclasses while composing (``sc
 
 Models, datasets, optimizers, schedulers and tasks stay free-form ``_target_`` nodes; they are checked
 against their callables' signatures instead. Names follow Ray's and PyTorch's own.
+
+These dataclasses are the one source of the typed sections' defaults: conf/ has no option files for them
+(``python -m hydra_raytrain --cfg job`` prints the composed values). Each docstring opens with its usage.
 """
 
 from __future__ import annotations
@@ -31,9 +34,15 @@ def _at_least(key: str, value: float | None, low: float) -> None:
 
 @dataclass
 class ScalingConfig:
-    """Maps onto ``ray.train.ScalingConfig``. ``num_workers=0`` runs Ray Train's local mode (no Ray, one process).
-    With ``max_workers``, training is elastic: Ray starts as many workers as fit (at least ``num_workers``)
-    and resizes the group after failures; the global batch size stays what ``trainer.batch_size`` says."""
+    """Ray Train's workers (``ray.train.ScalingConfig``)::
+
+        python -m hydra_raytrain scaling.num_workers=4
+        python -m hydra_raytrain scaling.num_workers=1 scaling.max_workers=4 trainer.batch_size=48   # elastic
+        python -m hydra_raytrain scaling.use_gpu=true scaling.resources_per_worker='{GPU: 1, CPU: 4}'
+
+    ``num_workers=0`` runs Ray Train's local mode (no Ray, one process), for debugging. With ``max_workers``,
+    training is elastic: Ray starts as many workers as fit (at least ``num_workers``) and resizes the group after
+    failures; the global batch size stays what ``trainer.batch_size`` says."""
 
     num_workers: int = 2
     max_workers: int | None = None  # set: elastic, Ray's num_workers=(num_workers, max_workers)
@@ -78,7 +87,11 @@ class ScalingConfig:
 
 @dataclass
 class StorageConfig:
-    """Where Ray keeps the run's results and checkpoints (``RunConfig(storage_path, name)``)."""
+    """Where Ray keeps the run's results and checkpoints (``RunConfig(storage_path, name)``)::
+
+    python -m hydra_raytrain storage.path=s3://bucket/prefix   # credentials and endpoint from AWS_* variables
+    python -m hydra_raytrain storage.path=/mnt/nfs/ray storage.shared_filesystem=true   # multi-node, shared
+    """
 
     path: str | None = None  # None: <run dir>/ray_storage. A shared path or URI (s3://...) on multi-node clusters.
     name: str | None = None  # None: derived from the config, so identical configs share it and others never do.
@@ -89,7 +102,11 @@ class StorageConfig:
 
 @dataclass
 class FailureConfig:
-    """Maps onto ``ray.train.FailureConfig``. Ray's default controller limit (-1) retries forever; ours is finite."""
+    """Worker-failure handling (``ray.train.FailureConfig``)::
+
+        python -m hydra_raytrain failure.max_failures=3
+
+    Ray's default controller limit (-1) retries forever when resources never come; ours is finite."""
 
     max_failures: int = 0
     controller_failure_limit: int = 3
@@ -101,8 +118,13 @@ class FailureConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Full-state checkpoints every ``every_n_epochs`` epochs and at the end; the rest maps onto
-    ``ray.train.CheckpointConfig`` (which of them Ray keeps)."""
+    """Full-state checkpoints (models, optimizers, schedulers, epoch, every rank's RNG) every ``every_n_epochs``
+    epochs and at the end; the rest maps onto ``ray.train.CheckpointConfig`` (which of them Ray keeps)::
+
+        python -m hydra_raytrain checkpoint.every_n_epochs=2 checkpoint.num_to_keep=2 \\
+            checkpoint.checkpoint_score_attribute=val_accuracy
+
+    A restarted worker group, or a re-run of the command, resumes from the latest."""
 
     every_n_epochs: int = 1
     num_to_keep: int | None = None
@@ -162,10 +184,16 @@ PARALLEL_STRATEGIES = ("ddp", "fsdp")
 
 @dataclass
 class TrainerConfig:
-    """The loop's settings. ``batch_size`` is global (split evenly across workers, like RaySGD's BATCH_SIZE);
-    ``batch_size_per_worker`` is the alternative (then the global size grows with the workers)."""
+    """The training loop::
 
-    max_epochs: int = 10
+        python -m hydra_raytrain trainer.max_epochs=20 trainer.batch_size=128 trainer.seed=1
+        python -m hydra_raytrain trainer.precision=bf16-mixed trainer.accumulate_grad_batches=4
+        python -m hydra_raytrain trainer.early_stopping.patience=3 trainer.compile=true trainer.profile=true
+
+    ``batch_size`` is global (split evenly across workers, like RaySGD's BATCH_SIZE); ``batch_size=null`` and
+    ``batch_size_per_worker=N`` is the alternative (then the global size grows with the workers)."""
+
+    max_epochs: int = 12
     seed: int = 0
     batch_size: int | None = 64
     batch_size_per_worker: int | None = None
@@ -253,7 +281,12 @@ class SchedulerConfig:
 
 @dataclass
 class RayConfig:
-    """How the driver reaches Ray. Without ``address`` a local cluster starts, sized for the run (docs/clusters.md)."""
+    """How the driver reaches Ray: without ``address`` a local cluster starts, sized for the run
+    (docs/clusters.md)::
+
+        python -m hydra_raytrain ray.address=auto            # the cluster `ray start --head` started here
+        python -m hydra_raytrain ray.address=10.0.0.5:6379   # a remote head node
+    """
 
     address: str | None = None  # "auto" or "host:port" of an existing cluster
     num_cpus: int | None = None  # logical CPUs of a local cluster; None: max(cores, what the run asks)
@@ -269,7 +302,12 @@ class RayConfig:
 
 @dataclass
 class RunSettings:
-    """Whether a run picks up where the same run (same identity, see config/identity.py) left off."""
+    """Whether a run picks up where the same run (same identity, see config/identity.py) left off::
+
+        python -m hydra_raytrain run.resume=never    # discard that run's previous state and train from scratch
+
+    The identical command finds the same run: an unfinished one resumes from its latest checkpoint, a finished one
+    is reported as complete."""
 
     resume: str = "auto"  # auto: resume an unfinished run, report a finished one; never: discard its state, start fresh
 
