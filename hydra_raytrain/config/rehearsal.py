@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
+from hydra_raytrain.config.monitor import monitored
 
 # What every epoch's metrics hold besides the task's own train_*/val_* (see recipe/loop.py).
 RUNNER_METRICS = ("epoch", "lr", "world_size", "samples_per_second", "epoch_seconds")
@@ -221,7 +222,7 @@ def check_monitors(cfg: Mapping[str, Any], names: set[str], task: Any, allow_any
     train metrics its validation step does not: any ``train_*`` name is accepted there."""
     trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
     settings = {
-        "trainer.monitor": trainer["monitor"] or task.monitor,  # the task's own default must exist too
+        "trainer.monitor": monitored(trainer, task)[0],  # the task's own default must exist too
         "trainer.early_stopping.monitor": trainer["early_stopping"]["monitor"],
         "checkpoint.checkpoint_score_attribute": checkpoint["checkpoint_score_attribute"],
     }

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import one_line
+from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.driver import builders, cluster, report
 from hydra_raytrain.driver.preflight import preflight
@@ -116,9 +117,7 @@ def _fit(
     show_summary: bool = True,
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
-    task_cls = get_object(resolved["task"]["_target_"])
-    monitor = resolved["trainer"]["monitor"] or task_cls.monitor
-    mode = resolved["trainer"]["monitor_mode"] or task_cls.mode
+    monitor, mode = monitored(resolved["trainer"], get_object(resolved["task"]["_target_"]))
     epoch_log = rundir.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)

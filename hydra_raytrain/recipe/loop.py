@@ -23,6 +23,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
@@ -245,8 +246,7 @@ class Recipe:
         settings = self.cfg.trainer.early_stopping
         if settings.patience is None:
             return False
-        monitor = settings.monitor or self.cfg.trainer.monitor or self.task.monitor
-        mode = settings.mode or self.cfg.trainer.monitor_mode or self.task.mode
+        monitor, mode = monitored(self.cfg.trainer, self.task, settings.monitor, settings.mode)
         return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
@@ -325,9 +325,9 @@ class Recipe:
         return weights if final else None
 
     def _train_state(self, epochs_done: int, optimizer_states: dict[str, Any]) -> dict[str, Any]:
-        monitor = self.cfg.trainer.monitor or self.task.monitor
+        monitor, mode = monitored(self.cfg.trainer, self.task)
         scores = [m[monitor] for m in self.history if monitor in m]
-        pick = max if (self.cfg.trainer.monitor_mode or self.task.mode) == "max" else min
+        pick = max if mode == "max" else min
         return {
             "optimizers": optimizer_states,
             "step": self.step.state_dict(),  # LR schedules, warm-ups, the fp16 scaler

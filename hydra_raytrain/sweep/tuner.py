@@ -19,6 +19,7 @@ from omegaconf import DictConfig, open_dict
 
 from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError, run_name, validate
+from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import drop_replaced_arguments
 from hydra_raytrain.sweep import results
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
@@ -142,9 +143,8 @@ def run_sweep(
         done = [job for job in jobs if _status(job, previous) in finished]
         todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
         probes, budget = probe_jobs(compose, fixed, space), settings.num_samples - len(done)
-    task_cls = _task_class(probes[0]["cfg"])
-    metric = settings.metric or probes[0]["cfg"]["trainer"]["monitor"] or task_cls.monitor
-    mode = settings.mode or probes[0]["cfg"]["trainer"]["monitor_mode"] or task_cls.mode
+    cfg = probes[0]["cfg"]
+    metric, mode = monitored(cfg["trainer"], _task_class(cfg), settings.metric, settings.mode)
 
     requests = [cluster.resource_request(job["cfg"]["scaling"]) for job in probes]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
