@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-gpu: install
 
 bench-sweep: install
 	$(BIN)/python benchmarks/sweep.py
+
+bench-commands: install
+	$(BIN)/python benchmarks/commands.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -14,12 +15,22 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
-from hydra_raytrain.driver.cluster import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
 # Logical CPUs of the test cluster: enough for the 4-worker resnet18 run on a 2-core machine.
 TEST_CLUSTER_CPUS = 4
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests run where a CUDA GPU exists and are skipped, saying so, everywhere else."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)"))
 
 
 def compose_config(*overrides: str) -> DictConfig:
@@ -42,17 +53,25 @@ def run_cli(args: Sequence[str], cwd: str, timeout: float = 180) -> subprocess.C
     )
 
 
+def unused_port(low: int = 20000, high: int = 30000) -> int:
+    """A free port between Ray's worker ports (10002-19999) and the ephemeral range its other processes draw from,
+    so that nothing of Ray's takes it before a server of the tests is started on it."""
+    for port in random.Random().sample(range(low, high), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}-{high}")
+
+
 @pytest.fixture(scope="session")
-def s3_endpoint():
-    """A real S3-compatible server (moto) on loopback. Its endpoint and dummy credentials go into the
-    environment before Ray starts, so the driver, Ray's controller and the workers all reach it."""
-    port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
+def session_environment() -> str:
+    """What every process of the session inherits, set before Ray starts: a dummy W&B key in every worker's
+    environment (the logger tests prove it is never written), and the endpoint and dummy credentials of the S3
+    server that ``s3_endpoint`` starts there when a test first needs it (Ray's processes read them at start)."""
+    endpoint = f"http://127.0.0.1:{unused_port()}"
     os.environ.update(
         {
             "AWS_ENDPOINT_URL": endpoint,
@@ -60,24 +79,39 @@ def s3_endpoint():
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_EC2_METADATA_DISABLED": "true",
-            # A dummy W&B key in every worker's environment: the logger tests prove it is never written.
             "WANDB_API_KEY": WANDB_TEST_KEY,
             "WANDB_SILENT": "true",
         }
     )
-    for _ in range(100):
+    return endpoint
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(session_environment):
+    """A real S3-compatible server (moto) on loopback, at the endpoint the session's environment names; started
+    by the first test that asks for it, so the Ray cluster and every other test do without it."""
+    port = int(session_environment.rsplit(":", 1)[1])
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             break
         except OSError:
+            assert server.poll() is None, f"moto_server exited with {server.returncode}"
             time.sleep(0.1)
-    yield endpoint
+    else:
+        raise RuntimeError(f"moto_server did not listen on {port} within 30 s")
+    yield session_environment
     server.terminate()
     server.wait()
 
 
 @pytest.fixture(scope="session")
-def ray_address(s3_endpoint):
+def ray_address(session_environment):
     import ray
 
     from hydra_raytrain.driver.cluster import local_cluster_environment

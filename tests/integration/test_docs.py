@@ -68,6 +68,7 @@ def run_config(folder, pattern):
     return json.loads(Path(path).read_text())
 
 
+@pytest.mark.slow
 def test_own_model_page(ray_address, tmp_path):
     done = run_page("own-model.md", tmp_path, ray_address)
     replaced = done["python -m hydra_raytrain model._target_=my_models.MyNet"]

@@ -4,7 +4,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
 
 # Two commands started together: Ray's dashboard port looks free when this one checks it, and another
 # process holds it by the time this cluster's dashboard starts.

@@ -1,7 +1,5 @@
 """Experiment trackers from rank 0: W&B offline (no account, no network) and TensorBoard event files."""
 
-import time
-
 import pytest
 
 from hydra_raytrain import train
@@ -57,12 +55,13 @@ def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(
         "+logger.down={_target_: tests.helpers.loggers.Broken, fail_in: start}",
         "+logger.flaky={_target_: tests.helpers.loggers.Broken, fail_in: log}",
     )
-    started = time.time()
     summary = train(cfg, run_dir=str(tmp_path))
     assert summary["status"] == "completed" and summary["epochs_completed"] == 2
-    assert time.time() - started < 90  # no wait for W&B's 90 s init timeout
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
-    (run,) = wandb_runs(tmp_path)  # logged offline instead
+    # Logged offline from the start (an offline run never contacts the server, so never waits out W&B's 90 s
+    # init timeout), not online after a failed init.
+    (run,) = wandb_runs(tmp_path)
+    assert not list(tmp_path.glob("wandb/run-*"))
     assert b"val_accuracy" in run.read_bytes()
     driver = capfd.readouterr().err
     assert driver.count("cannot be reached") == 1 and "wandb sync" in driver

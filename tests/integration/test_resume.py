@@ -15,7 +15,7 @@ from hydra_raytrain import load_model, train
 from tests.conftest import ROOT, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The GAN under fp16: two models, two optimizers, the GradScaler, and every rank's own noise (RNG) must all
 # come back for the resumed run to match. 8 micro-batches per epoch: micro-batch 20 is in epoch 3, after the

@@ -85,6 +85,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
     """Ray's own multi-node test utility: two raylets on this machine, one CPU each, so two workers must
     land on both nodes; our package and tasks import there, and checkpoints land in the shared storage.

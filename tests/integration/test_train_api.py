@@ -47,6 +47,7 @@ def test_load_model_and_evaluate_reproduce_the_reported_metrics(ray_address, tmp
         assert json.loads((path / "evaluation.json").read_text()) == metrics
 
 
+@pytest.mark.slow
 def test_elastic_resnet18_takes_what_the_cluster_holds(ray_address, tmp_path):
     """resnet18 (the mission command's model), min 2, max 4 workers on the 4-CPU test cluster; the global
     batch (48) stays whatever the size."""

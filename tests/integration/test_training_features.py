@@ -60,6 +60,7 @@ def _difference(run, reference):
     return metrics, max((weights[k].double() - reference_weights[k].double()).abs().max().item() for k in weights)
 
 
+@pytest.mark.slow
 def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(ray_address, tmp_path):
     """At a fixed global batch, in float64: 1, 2 and 3 workers, and 2 workers accumulating 2 micro-batches of 12,
     give the same metrics and weights (to 1e-9). In float32 (the default), 1 and 3 workers give the float64 result
