@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -26,12 +25,13 @@ from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.replaced import apply_command_line_targets
+from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.overrides import check_override_keys
 
 FAILED: list[str] = []
 
 
-def check(cfg: DictConfig, cwd: str | None = None) -> dict[str, Any]:
+def check(cfg: DictConfig, cwd: str | None = None) -> Resolved:
     """Every check ``train(cfg)`` makes before Ray starts; returns the resolved config. Raises ``ConfigError``."""
     from hydra_raytrain.driver.preflight import preflight
 

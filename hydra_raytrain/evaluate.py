@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
+from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.config.validate import check_targets
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
@@ -107,7 +108,13 @@ def evaluate(path: str) -> dict[str, float]:
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
     loader = build_loader(
-        splits.val, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=trainer["dataloader"]
+        splits.val,
+        batch,
+        train=False,
+        rank=0,
+        world_size=1,
+        seed=trainer["seed"],
+        options=DataLoaderConfig(**trainer["dataloader"]),
     )
     metrics = {
         f"val_{name}": value

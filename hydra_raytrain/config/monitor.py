@@ -1,16 +1,15 @@
 """The one rule for the metric that picks a run's best epoch (and its direction), used by the driver, the workers'
-early stopping and checkpoint scores, and the sweeps."""
+early stopping and checkpoint scores, the sweeps and the rehearsal."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 
-def monitored(
-    trainer: Mapping[str, Any], task: Any, monitor: str | None = None, mode: str | None = None
-) -> tuple[str, str]:
-    """(metric, "max" | "min"): ``monitor`` / ``mode`` when given (early stopping's own, a sweep's), else
-    ``trainer.monitor`` / ``trainer.monitor_mode``, else the task's ``monitor`` / ``mode`` (``task``: a Task class
-    or instance). Each of the two falls back on its own."""
-    return monitor or trainer["monitor"] or task.monitor, mode or trainer["monitor_mode"] or task.mode
+def monitored(task: Any, *settings: tuple[str | None, str | None]) -> tuple[str, str]:
+    """(metric, "max" | "min"): the first metric set among ``settings`` — (monitor, mode) pairs, the most specific
+    first: early stopping's or a sweep's, then ``(trainer.monitor, trainer.monitor_mode)`` — else the task's
+    ``monitor``; the mode likewise, each of the two on its own (``task``: a Task class or instance)."""
+    metric = next((monitor for monitor, _ in settings if monitor), task.monitor)
+    mode = next((mode for _, mode in settings if mode), task.mode)
+    return metric, mode

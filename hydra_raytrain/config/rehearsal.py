@@ -221,8 +221,9 @@ def check_monitors(cfg: Mapping[str, Any], names: set[str], task: Any, allow_any
     """Every setting that names a metric names one the run reports. A task with its own ``train_batch`` may report
     train metrics its validation step does not: any ``train_*`` name is accepted there."""
     trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
+    monitor, _ = monitored(task, (trainer["monitor"], trainer["monitor_mode"]))  # the task's default must exist too
     settings = {
-        "trainer.monitor": monitored(trainer, task)[0],  # the task's own default must exist too
+        "trainer.monitor": monitor,
         "trainer.early_stopping.monitor": trainer["early_stopping"]["monitor"],
         "checkpoint.checkpoint_score_attribute": checkpoint["checkpoint_score_attribute"],
     }

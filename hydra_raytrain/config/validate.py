@@ -20,6 +20,7 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 from hydra_raytrain.config.paths import PathArg
+from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import TYPED_SECTIONS
 from hydra_raytrain.config.typecheck import wrong_type
 from hydra_raytrain.internals import child_node
@@ -32,7 +33,7 @@ RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", "checkpoint")
 
 
-def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> dict[str, Any]:
+def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
     """Every check that can run on the driver, each independent one run even when another failed: the error
     (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
     that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``)."""
@@ -74,7 +75,7 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> dict[str, Any]
         with problems.collect():
             rehearse_step(resolved, schedule=not problems.failed("scheduler", "optimizer"))
     problems.raise_any()
-    return resolved
+    return Resolved.from_dict(resolved)
 
 
 def check_models_and_optimizers(

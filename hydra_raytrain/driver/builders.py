@@ -7,58 +7,59 @@ from typing import Any
 
 from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-from hydra_raytrain.config.identity import run_name
+from hydra_raytrain.config import schema
+from hydra_raytrain.config.resolved import Resolved
 
 
-def scaling_config(scaling: Mapping[str, Any]) -> ScalingConfig:
-    elastic = scaling["max_workers"] is not None and scaling["max_workers"] > scaling["num_workers"]
+def scaling_config(scaling: schema.ScalingConfig) -> ScalingConfig:
+    elastic = scaling.max_workers is not None and scaling.max_workers > scaling.num_workers
     return ScalingConfig(
-        num_workers=(scaling["num_workers"], scaling["max_workers"]) if elastic else scaling["num_workers"],
-        use_gpu=scaling["use_gpu"],
-        resources_per_worker=dict(scaling["resources_per_worker"]) if scaling["resources_per_worker"] else None,
-        placement_strategy=scaling["placement_strategy"],
+        num_workers=(scaling.num_workers, scaling.max_workers) if elastic else scaling.num_workers,
+        use_gpu=scaling.use_gpu,
+        resources_per_worker=dict(scaling.resources_per_worker) if scaling.resources_per_worker else None,
+        placement_strategy=scaling.placement_strategy,
     )
 
 
-def worker_env(cfg: Mapping[str, Any], base: Mapping[str, str], pythonpath: str | None) -> dict:
+def worker_env(cfg: Resolved, base: Mapping[str, str], pythonpath: str | None) -> dict[str, str]:
     """Every worker's environment: the runner's own variables, the driver's import path, what
     ``trainer.deterministic`` needs, then the user's ``scaling.worker_env`` (which wins)."""
     env = {**base}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    if cfg["trainer"]["deterministic"]:
+    if cfg.trainer.deterministic:
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS; read when CUDA starts
-    env.update({name: str(value) for name, value in (cfg["scaling"]["worker_env"] or {}).items()})
+    env.update({name: str(value) for name, value in (cfg.scaling.worker_env or {}).items()})
     return env
 
 
-def failure_config(failure: Mapping[str, Any]) -> FailureConfig:
+def failure_config(failure: schema.FailureConfig) -> FailureConfig:
     return FailureConfig(
-        max_failures=failure["max_failures"],
-        controller_failure_limit=failure["controller_failure_limit"],
+        max_failures=failure.max_failures,
+        controller_failure_limit=failure.controller_failure_limit,
     )
 
 
-def checkpoint_config(checkpoint: Mapping[str, Any]) -> CheckpointConfig:
+def checkpoint_config(checkpoint: schema.CheckpointConfig) -> CheckpointConfig:
     return CheckpointConfig(
-        num_to_keep=checkpoint["num_to_keep"],
-        checkpoint_score_attribute=checkpoint["checkpoint_score_attribute"],
-        checkpoint_score_order=checkpoint["checkpoint_score_order"],
+        num_to_keep=checkpoint.num_to_keep,
+        checkpoint_score_attribute=checkpoint.checkpoint_score_attribute,
+        checkpoint_score_order=checkpoint.checkpoint_score_order,
     )
 
 
 def run_config(
-    cfg: Mapping[str, Any],
+    cfg: Resolved,
     storage_path: str,
     callbacks: Sequence[Any] | None = None,
     worker_env: Mapping[str, str] | None = None,
 ) -> RunConfig:
     return RunConfig(
-        name=run_name(cfg),
+        name=cfg.run_name(),
         storage_path=storage_path,
-        failure_config=failure_config(cfg["failure"]),
-        checkpoint_config=checkpoint_config(cfg["checkpoint"]),
+        failure_config=failure_config(cfg.failure),
+        checkpoint_config=checkpoint_config(cfg.checkpoint),
         callbacks=list(callbacks or []),
         worker_runtime_env={"env_vars": dict(worker_env)} if worker_env else None,
-        logging_config=LoggingConfig(log_level=cfg["ray"]["logging_level"]),
+        logging_config=LoggingConfig(log_level=cfg.ray.logging_level),
     )

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver.builders import scaling_config
 from hydra_raytrain.internals import resources_per_worker
 
@@ -45,25 +46,23 @@ class ResourceRequest:
         return f"{self.num_workers} workers x {{{each}}}"
 
 
-def resource_request(scaling: Mapping[str, Any]) -> ResourceRequest:
+def resource_request(scaling: ScalingConfig) -> ResourceRequest:
     """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
-    return ResourceRequest(
-        scaling["num_workers"], resources_per_worker(scaling_config(scaling)), scaling["max_workers"]
-    )
+    return ResourceRequest(scaling.num_workers, resources_per_worker(scaling_config(scaling)), scaling.max_workers)
 
 
-def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_cfg: Mapping[str, Any]) -> int:
+def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_cfg: RayConfig) -> int:
     """How many logical CPUs a new local cluster gets, or a ConfigError when the machine cannot serve the run."""
     request = request.largest
     wanted = request.total.get("CPU", 0.0)
-    limit = int(cores * ray_cfg["max_cpu_oversubscription"])
+    limit = int(cores * ray_cfg.max_cpu_oversubscription)
     if wanted > limit:
         raise ConfigError(
             "scaling.num_workers",
             request.num_workers,
             f"{request.describe()} needs {wanted:g} CPUs; this machine has {cores} cores and a local cluster "
             f"promises at most {limit} "
-            f"(ray.max_cpu_oversubscription={ray_cfg['max_cpu_oversubscription']:g} per core).",
+            f"(ray.max_cpu_oversubscription={ray_cfg.max_cpu_oversubscription:g} per core).",
             f"scaling.num_workers <= {limit // max(1, int(request.per_worker.get('CPU', 1)))}, fewer CPUs in "
             f"scaling.resources_per_worker, or a bigger cluster via ray.address=HOST:PORT.",
         )
@@ -77,10 +76,10 @@ def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_
             f"{free_memory / 2**30:.1f} GiB free.",
             f"scaling.num_workers <= {most}, or a bigger cluster via ray.address=HOST:PORT.",
         )
-    planned = ray_cfg["num_cpus"] or max(cores, int(-(-wanted // 1)))
+    planned = ray_cfg.num_cpus or max(cores, int(-(-wanted // 1)))
     if planned < wanted:
         raise ConfigError(
-            "ray.num_cpus", ray_cfg["num_cpus"], f"{request.describe()} needs {wanted:g} CPUs.", f">= {wanted:g}"
+            "ray.num_cpus", ray_cfg.num_cpus, f"{request.describe()} needs {wanted:g} CPUs.", f">= {wanted:g}"
         )
     return planned
 
@@ -135,45 +134,42 @@ def free_memory_bytes() -> int:
     return psutil.virtual_memory().available
 
 
-def connect(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> None:
+def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     """Start or join Ray, then check the run fits. A Ray already initialised in this process is reused
     (notebooks, tests, and every job of a sequential multirun share one cluster)."""
     if ray.is_initialized():
         check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
         return
-    common = dict(
-        runtime_env=dict(ray_cfg["runtime_env"]) or None,
-        logging_level=ray_cfg["logging_level"],
-        include_dashboard=ray_cfg["include_dashboard"],
-    )
+    runtime_env = dict(ray_cfg.runtime_env) or None
+    common = dict(logging_level=ray_cfg.logging_level, include_dashboard=ray_cfg.include_dashboard)
     num_cpus = check_request(ray_cfg, request)
-    if ray_cfg["address"]:
+    if ray_cfg.address:
         try:
-            ray.init(address=ray_cfg["address"], **common)
+            ray.init(address=ray_cfg.address, runtime_env=runtime_env, **common)
         except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
             raise ConfigError(
-                "ray.address", ray_cfg["address"], f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID
+                "ray.address", ray_cfg.address, f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID
             ) from None
-        check_fits(request, ray.cluster_resources(), f"the cluster at ray.address={ray_cfg['address']}")
+        check_fits(request, ray.cluster_resources(), f"the cluster at ray.address={ray_cfg.address}")
         return
     gpus = local_gpu_count()
-    local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, **common)
-    local["runtime_env"] = local_runtime_env(local["runtime_env"], ray_cfg["include_dashboard"])
-    options = local_cluster_environment(ray_cfg["include_dashboard"])
+    runtime_env = local_runtime_env(runtime_env, ray_cfg.include_dashboard)
+    local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, runtime_env=runtime_env, **common)
+    options = local_cluster_environment(ray_cfg.include_dashboard)
     started = ray.init(**local, **options)
     if options and not started.dashboard_url:
         # Another process took the port between the check and the dashboard's start (two commands started
         # together): Ray then runs on without a dashboard, so without the state API this cluster's processes are
         # pointed at. Start again on a port taken now.
         ray.shutdown()
-        ray.init(**local, **local_cluster_environment(ray_cfg["include_dashboard"], port=free_port()))
+        ray.init(**local, **local_cluster_environment(ray_cfg.include_dashboard, port=free_port()))
 
 
-def check_request(ray_cfg: Mapping[str, Any], request: ResourceRequest) -> int | None:
+def check_request(ray_cfg: RayConfig, request: ResourceRequest) -> int | None:
     """What can be checked before starting or joining Ray: a joined cluster's address answers; this machine can
     serve a local cluster for the request (its GPUs, CPUs and memory). Returns the local cluster's CPUs."""
-    if ray_cfg["address"]:
-        check_reachable(ray_cfg["address"])
+    if ray_cfg.address:
+        check_reachable(ray_cfg.address)
         return None
     if request.total.get("GPU"):
         check_fits(

@@ -5,6 +5,7 @@ validate (driver) -> connect to Ray -> TorchTrainer.fit (workers run hydra_raytr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import apply_command_line_targets
+from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.driver import builders, cluster, report
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
@@ -74,25 +76,26 @@ def train(
     resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
     if replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
         _save_composed(run_dir, cfg)
-    storage = resolved["storage"]["path"] or os.path.join(run_dir, "ray_storage")
-    name = builders.run_name(resolved)  # the run dir's ${run_name:} too (config.identity.run_identity)
-    if resolved["trainer"]["progress_bar"] is None:  # bars in a log file or CI output are noise
-        resolved["trainer"]["progress_bar"] = sys.stderr.isatty()
-    resume = resolved["run"]["resume"]
+    storage = resolved.storage.path or os.path.join(run_dir, "ray_storage")
+    name = resolved.run_name()  # the run dir's ${run_name:} too (config.identity.run_identity)
+    if resolved.trainer.progress_bar is None:  # bars in a log file or CI output are noise
+        trainer = dataclasses.replace(resolved.trainer, progress_bar=sys.stderr.isatty())
+        resolved = dataclasses.replace(resolved, trainer=trainer)
+    resume = resolved.run.resume
     finished = rundir.finished_summary(run_dir) if resume == "auto" else None
     if finished is not None:
         print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
-    request = cluster.resource_request(resolved["scaling"])
+    request = cluster.resource_request(resolved.scaling)
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
-        cluster.connect(resolved["ray"], request)
+        cluster.connect(resolved.ray, request)
     nodes = len([node for node in ray.nodes() if node["Alive"]]) if request.num_workers else 1
-    check_storage(storage, nodes, resolved["storage"]["shared_filesystem"])
+    check_storage(storage, nodes, resolved.storage.shared_filesystem)
     if resume == "never":
         _discard_previous_state(run_dir, storage, name)
     _write_config(run_dir, cfg, resolved)
-    quiet_ray_train(resolved["ray"]["logging_level"])
+    quiet_ray_train(resolved.ray.logging_level)
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
         return _fit(
             resolved,
@@ -107,7 +110,7 @@ def train(
 
 
 def _fit(
-    resolved: dict[str, Any],
+    resolved: Resolved,
     run_dir: str,
     storage: str,
     name: str,
@@ -117,15 +120,16 @@ def _fit(
     show_summary: bool = True,
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
-    monitor, mode = monitored(resolved["trainer"], get_object(resolved["task"]["_target_"]))
-    epoch_log = rundir.EpochLog(run_dir, resolved["trainer"]["max_epochs"])
+    trainer = resolved.trainer
+    monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
+    epoch_log = rundir.EpochLog(run_dir, resolved.trainer.max_epochs)
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
-    worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved)}, import_path())
+    worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": resolved, "run_dir": run_dir, "run_name": name},
-        scaling_config=builders.scaling_config(resolved["scaling"]),
+        train_loop_config={"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name},
+        scaling_config=builders.scaling_config(resolved.scaling),
         run_config=builders.run_config(
             resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env
         ),
@@ -136,8 +140,8 @@ def _fit(
         summary = rundir.make_summary(
             status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error
         )
-        summary["stopped_early"] = status == "completed" and len(history) < resolved["trainer"]["max_epochs"]
-        summary["loggers"] = sorted(resolved["logger"])  # what logged the run: a logger added later replays it
+        summary["stopped_early"] = status == "completed" and len(history) < resolved.trainer.max_epochs
+        summary["loggers"] = sorted(resolved.logger)  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         if history:
@@ -166,19 +170,19 @@ def _fit(
     return summary
 
 
-def _log_finished_run(resolved: dict[str, Any], run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:
+def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Loggers are not part of a run's identity: a logger added to a finished run's command gets the run's
     epochs from metrics.jsonl (on the driver, no training), and summary.json remembers it."""
     from hydra_raytrain.loggers.base import replay
 
     if "loggers" not in summary:  # written before summaries said which loggers logged the run: replay nothing
         return summary
-    missing = {key: node for key, node in resolved["logger"].items() if key not in summary["loggers"]}
+    missing = {key: node for key, node in resolved.logger.items() if key not in summary["loggers"]}
     if not missing:
         return summary
-    _tracker_env({"logger": missing})
+    _tracker_env(missing)
     history = rundir.read_history(run_dir)
-    logged = replay(missing, {"cfg": resolved, "run_name": name}, run_dir, history)
+    logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, history)
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
@@ -186,10 +190,10 @@ def _log_finished_run(resolved: dict[str, Any], run_dir: str, name: str, summary
     return summary
 
 
-def _tracker_env(resolved: dict[str, Any]) -> dict[str, str]:
+def _tracker_env(loggers: dict[str, Any]) -> dict[str, str]:
     """W&B's mode decided here (offline, with a warning, when its server cannot be reached) and W&B's variables
     forwarded to the workers, which on a joined cluster do not inherit the driver's environment."""
-    node = resolved["logger"].get("wandb")
+    node = loggers.get("wandb")
     if node is None:
         return {}
     from hydra_raytrain.loggers import wandb
@@ -218,13 +222,13 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
 
 
-def _write_config(run_dir: str, cfg: DictConfig, resolved: dict[str, Any]) -> None:
+def _write_config(run_dir: str, cfg: DictConfig, resolved: Resolved) -> None:
     """The composed config in ``.hydra/config.yaml`` (the CLI's run dir has Hydra's already), and the resolved one
     in ``config.json``, as in every checkpoint: absolute paths and inferred values, so ``evaluate`` works from any
     folder."""
     if not os.path.exists(os.path.join(run_dir, ".hydra", "config.yaml")):
         _save_composed(run_dir, cfg)
-    rundir.write_json(os.path.join(run_dir, rundir.CONFIG_FILE), resolved)
+    rundir.write_json(os.path.join(run_dir, rundir.CONFIG_FILE), resolved.to_dict())
 
 
 def _save_composed(run_dir: str, cfg: DictConfig) -> None:

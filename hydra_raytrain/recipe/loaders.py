@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.recipe.sampler import ShardedSampler
 
 
@@ -27,24 +27,23 @@ def loader_seed(seed: int, rank: int, epoch: int) -> int:
 
 
 def build_loader(
-    dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: Mapping[str, Any]
+    dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: DataLoaderConfig
 ) -> DataLoader:
     size = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length; torch's Dataset does not say so
     sampler = ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train)
-    num_workers = options.get("num_workers", 0)
-    extra = {"prefetch_factor": options["prefetch_factor"]} if options.get("prefetch_factor") else {}
+    num_workers = options.num_workers
     return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
-        pin_memory=options.get("pin_memory", False),
-        persistent_workers=options.get("persistent_workers", False),
+        pin_memory=options.pin_memory,
+        persistent_workers=options.persistent_workers,
         worker_init_fn=_seed_loader_worker if num_workers else None,
         # Distinct per rank, so augmentations in loader workers differ between ranks; the recipe reseeds it
         # every epoch so that a resumed epoch draws what the uninterrupted one drew.
         generator=torch.Generator().manual_seed(loader_seed(seed, rank, 0)),
-        **extra,
+        prefetch_factor=options.prefetch_factor,  # None: torch's default (the schema refuses it without workers)
     )
 
 

@@ -21,10 +21,10 @@ import ray.train
 import ray.train.torch
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.plain import as_dict
+from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.recipe import checkpoint
@@ -43,7 +43,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     """Rank 0 returns the epoch history and the final weights as ``torch.save`` bytes (``Result.return_value``;
     Ray refuses tensors there). Ray's local mode persists no checkpoint, so this is how the driver gets
     ``model.pt`` in every mode."""
-    cfg = OmegaConf.create(config["cfg"])
+    cfg = Resolved.from_dict(config["cfg"])
     quiet_ray_train(cfg.ray.logging_level)
     link_process_logs(config["run_dir"], f"rank{ray.train.get_context().get_world_rank()}")
     recipe = Recipe(cfg, run_dir=config["run_dir"], run_name=config["run_name"])
@@ -58,7 +58,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class Recipe:
-    def __init__(self, cfg: DictConfig, run_dir: str, run_name: str):
+    def __init__(self, cfg: Resolved, run_dir: str, run_name: str):
         self.cfg, self.run_dir, self.run_name = cfg, run_dir, run_name
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
@@ -89,7 +89,7 @@ class Recipe:
         self.loggers = build_loggers(as_dict(self.cfg.logger)) if self.rank == 0 else {}
         self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
-        config = {"cfg": as_dict(self.cfg), "run_name": self.run_name}
+        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
         self.profiler = self._setup_profiler()
 
@@ -246,7 +246,8 @@ class Recipe:
         settings = self.cfg.trainer.early_stopping
         if settings.patience is None:
             return False
-        monitor, mode = monitored(self.cfg.trainer, self.task, settings.monitor, settings.mode)
+        trainer = self.cfg.trainer
+        monitor, mode = monitored(self.task, (settings.monitor, settings.mode), (trainer.monitor, trainer.monitor_mode))
         return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
@@ -314,7 +315,7 @@ class Recipe:
                 packed = checkpoint.pack_models(model_states, self.several_models)
                 weights = _to_bytes(packed)
                 train_state = self._train_state(epochs_done, optimizer_states)
-                checkpoint.write(folder, self.rank, packed, train_state, as_dict(self.cfg))
+                checkpoint.write(folder, self.rank, packed, train_state, self.cfg.to_dict())
             else:
                 checkpoint.write(folder, self.rank)
             ray.train.report(
@@ -325,7 +326,7 @@ class Recipe:
         return weights if final else None
 
     def _train_state(self, epochs_done: int, optimizer_states: dict[str, Any]) -> dict[str, Any]:
-        monitor, mode = monitored(self.cfg.trainer, self.task)
+        monitor, mode = monitored(self.task, (self.cfg.trainer.monitor, self.cfg.trainer.monitor_mode))
         scores = [m[monitor] for m in self.history if monitor in m]
         pick = max if mode == "max" else min
         return {

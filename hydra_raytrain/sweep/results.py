@@ -7,10 +7,13 @@ import csv
 import json
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra_raytrain import rundir
 from hydra_raytrain.sweep.trial import TRIAL_FILE
+
+if TYPE_CHECKING:
+    from hydra_raytrain.sweep.job import Job
 
 SUMMARY_FILE = "sweep_summary.json"
 CSV_FILE = "sweep_summary.csv"
@@ -40,7 +43,7 @@ def trial_status(summary: dict[str, Any] | None, history: list[dict[str, Any]], 
 
 
 def collect(
-    jobs: list[dict[str, Any]],
+    jobs: list[Job],
     errors: dict[int, Any],
     previous: dict[str, dict[str, Any]],
     metric: str,
@@ -50,21 +53,21 @@ def collect(
 ) -> dict[str, Any]:
     rows, swept = [], _swept_keys(jobs)
     for job in jobs:
-        run_dir = job["run_dir"]
-        if job["index"] not in errors and previous.get(job["name"], {}).get("status") == "stopped":
-            rows.append({**previous[job["name"]], "index": job["index"]})  # not re-run: what it was
+        run_dir = job.run_dir
+        if job.index not in errors and previous.get(job.name, {}).get("status") == "stopped":
+            rows.append({**previous[job.name], "index": job.index})  # not re-run: what it was
             continue
         history = rundir.read_history(run_dir)
         summary = _read_json(os.path.join(run_dir, rundir.SUMMARY_FILE))
-        error = errors.get(job["index"])
+        error = errors.get(job.index)
         status = trial_status(summary, history, None if error is None else str(error))
         best = rundir.best_epoch(history, metric, mode) or {}
         started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
         finished = os.path.getmtime(os.path.join(run_dir, rundir.METRICS_FILE)) if history else None
         rows.append(
             {
-                "index": job["index"],
-                "overrides": " ".join(o for o in job["overrides"] if o.split("=", 1)[0] in swept),
+                "index": job.index,
+                "overrides": " ".join(o for o in job.overrides if o.split("=", 1)[0] in swept),
                 "status": status,
                 "final": history[-1].get(metric) if history else None,
                 "best": best.get(metric),
@@ -91,20 +94,18 @@ def collect(
     }
 
 
-def _swept_keys(jobs: list[dict[str, Any]]) -> set:
+def _swept_keys(jobs: list[Job]) -> set:
     """The keys whose value differs between trials (all of them for a one-trial sweep): what a row shows."""
     values: dict[str, set] = {}
     for job in jobs:
-        for override in job["overrides"]:
+        for override in job.overrides:
             key, _, value = override.partition("=")
             values.setdefault(key, set()).add(value)
     varying = {key for key, seen in values.items() if len(seen) > 1}
     return varying or set(values)
 
 
-def write_all(
-    summary: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str, keep_checkpoints: int | None
-) -> None:
+def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_checkpoints: int | None) -> None:
     os.makedirs(sweep_dir, exist_ok=True)
     rundir.write_json(os.path.join(sweep_dir, SUMMARY_FILE), summary)
     with open(os.path.join(sweep_dir, CSV_FILE), "w", newline="") as file:
@@ -112,7 +113,7 @@ def write_all(
         writer.writeheader()
         writer.writerows(summary["trials"])
     if summary["best"] is not None:
-        best = next(job for job in jobs if job["index"] == summary["best"]["index"])
+        best = next(job for job in jobs if job.index == summary["best"]["index"])
         write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE))
     if keep_checkpoints:
         drop_checkpoints(summary, keep_checkpoints)
@@ -122,7 +123,7 @@ def write_all(
     Console().print(table(summary))
 
 
-def write_best_config(job: dict[str, Any], path: str) -> None:
+def write_best_config(job: Job, path: str) -> None:
     """A primary config that reproduces the best trial with the plain CLI:
     ``python -m hydra_raytrain --config-dir <sweep dir> --config-name best_config``."""
     import yaml
@@ -130,12 +131,10 @@ def write_best_config(job: dict[str, Any], path: str) -> None:
     config = {
         "defaults": ["train_schema", "_self_"],
         "hydra": {"run": {"dir": "outputs/runs/${run_name:}"}, "job": {"name": "train", "chdir": False}},
-        **job["cfg"],
+        **job.cfg.to_dict(),
     }
     with open(path, "w") as file:
-        file.write(
-            f"# The best trial of this sweep ({' '.join(job['overrides'])}), as a complete config. Reproduce it:\n"
-        )
+        file.write(f"# The best trial of this sweep ({' '.join(job.overrides)}), as a complete config. Reproduce it:\n")
         file.write(f"#   python -m hydra_raytrain --config-dir {os.path.dirname(path)} --config-name best_config\n")
         yaml.safe_dump(config, file, sort_keys=False)
 

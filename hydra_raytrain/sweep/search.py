@@ -21,6 +21,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from hydra_raytrain import rundir
+from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.space import Parameter
 
 JOB_FILE = "job.json"
@@ -37,7 +38,7 @@ def optuna_distributions(space: dict[str, Parameter]) -> dict[str, Any]:
     }
 
 
-def earlier_jobs(sweep_dir: str) -> list[dict[str, Any]]:
+def earlier_jobs(sweep_dir: str) -> list[Job]:
     """The jobs an earlier run of this sweep suggested (each ``<run dir>/job.json``), by index."""
     names = os.listdir(sweep_dir) if os.path.isdir(sweep_dir) else []
     found = [
@@ -45,12 +46,12 @@ def earlier_jobs(sweep_dir: str) -> list[dict[str, Any]]:
         for name in names
         if os.path.exists(os.path.join(sweep_dir, name, JOB_FILE))
     ]
-    return sorted(found, key=lambda job: job["index"])
+    return sorted(found, key=lambda job: job.index)
 
 
-def write_job(job: dict[str, Any]) -> None:
-    os.makedirs(job["run_dir"], exist_ok=True)
-    rundir.write_json(os.path.join(job["run_dir"], JOB_FILE), job)
+def write_job(job: Job) -> None:
+    os.makedirs(job.run_dir, exist_ok=True)
+    rundir.write_json(os.path.join(job.run_dir, JOB_FILE), job.to_dict())
 
 
 def final_value(run_dir: str, metric: str) -> float | None:
@@ -60,18 +61,18 @@ def final_value(run_dir: str, metric: str) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def read_job(run_dir: str) -> dict[str, Any]:
+def read_job(run_dir: str) -> Job:
     with open(os.path.join(run_dir, JOB_FILE)) as file:
-        return json.load(file)
+        return Job.from_dict(json.load(file))
 
 
 class HydraSearch(Searcher):
     """Wraps a Tune searcher: its suggestions become composed Hydra jobs; earlier trials are replayed first.
 
-    ``compose(overrides, index, params)`` returns a job dict (``index``, ``overrides``, ``params``, ``cfg``,
-    ``name``, ``run_dir``). ``known`` are the sweep's earlier jobs; ``budget`` is how many trials this run may
-    start. A suggestion whose config is a trial the sweep already has (a categorical space, or a sampler that
-    repeats itself) is not run twice: the searcher is told that trial's result and asked again.
+    ``compose(overrides, index, params)`` returns a ``Job`` (sweep/job.py). ``known`` are the sweep's earlier
+    jobs; ``budget`` is how many trials this run may start. A suggestion whose config is a trial the sweep already
+    has (a categorical space, or a sampler that repeats itself) is not run twice: the searcher is told that trial's
+    result and asked again.
     """
 
     ATTEMPTS = 20
@@ -81,36 +82,33 @@ class HydraSearch(Searcher):
         searcher: Searcher,
         space: dict[str, Parameter],
         fixed: list[str],
-        compose: Callable[..., dict[str, Any]],
-        known: list[dict[str, Any]],
-        replay: list[dict[str, Any]],
+        compose: Callable[..., Job],
+        known: list[Job],
+        replay: list[Job],
         budget: int,
     ):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher, self.space, self.fixed, self.compose = searcher, space, fixed, compose
         self.replay, self.budget = list(replay), budget
-        self.known = {job["name"]: job for job in known}
-        self.next_index = max((job["index"] for job in known), default=-1) + 1
-        self.jobs: list[dict[str, Any]] = []  # every job this run handed to Tune
-        self.running: dict[str, dict[str, Any]] = {}  # Tune trial id -> its job
+        self.known = {job.name: job for job in known}
+        self.next_index = max((job.index for job in known), default=-1) + 1
+        self.jobs: list[Job] = []  # every job this run handed to Tune
+        self.running: dict[str, Job] = {}  # Tune trial id -> its job
         self.asked: dict[str, str] = {}  # Tune trial id -> the id the wrapped searcher knows the trial by
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # or Searcher.FINISHED
         if len(self.jobs) >= self.budget:
             return Searcher.FINISHED
-        if self.replay:
-            job = self.replay.pop(0)
-        else:
-            job = self._new_job(trial_id)
-            if not isinstance(job, dict):
-                return job  # None (ask later) or FINISHED
+        job = self.replay.pop(0) if self.replay else self._new_job(trial_id)
+        if not isinstance(job, Job):
+            return job  # None (ask later) or FINISHED
         write_job(job)
         self.jobs.append(job)
-        self.known[job["name"]] = job
+        self.known[job.name] = job
         self.running[trial_id] = job
-        return {"index": job["index"], "name": job["name"]}
+        return {"index": job.index, "name": job.name}
 
-    def _new_job(self, trial_id: str):
+    def _new_job(self, trial_id: str) -> Job | str | None:
         for attempt in range(self.ATTEMPTS):
             ask_id = trial_id if attempt == 0 else f"{trial_id}-{attempt}"
             params = self.searcher.suggest(ask_id)
@@ -121,12 +119,12 @@ class HydraSearch(Searcher):
                 self.next_index,
                 params,
             )
-            twin = self.known.get(job["name"])
+            twin = self.known.get(job.name)
             if twin is None:
                 self.next_index += 1
                 self.asked[trial_id] = ask_id
                 return job
-            value = final_value(twin["run_dir"], self.metric)
+            value = final_value(twin.run_dir, self.metric)
             self.searcher.on_trial_complete(
                 ask_id, None if value is None else {self.metric: value}, error=value is None
             )
@@ -141,7 +139,7 @@ class HydraSearch(Searcher):
         if trial_id in self.asked:
             self.searcher.on_trial_complete(self.asked.pop(trial_id), result, error)
         elif job is not None and result and isinstance(result.get(self.metric), (int, float)):  # a replayed trial
-            self.searcher.add_evaluated_point(job["params"], result[self.metric])
+            self.searcher.add_evaluated_point(job.params, result[self.metric])
 
     def get_state(self) -> dict[str, Any]:
         """Nothing of ours for Tune's experiment state: a re-run finds the sweep's trials in their run dirs."""

@@ -11,12 +11,15 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hydra_raytrain.sweep.job import Job
 
 TRIAL_FILE = "trial.json"
 
 
-def run_trial(config: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str, cwd: str, pythonpath: str) -> None:
+def run_trial(config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str, pythonpath: str) -> None:
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -29,17 +32,17 @@ def run_trial(config: dict[str, Any], jobs: list[dict[str, Any]], sweep_dir: str
     # they are suggested (the trial runs on the driver's node).
     job = jobs[config["index"]] if jobs else read_job(os.path.join(sweep_dir, config["name"]))
     _as_on_the_driver(cwd, pythonpath)
-    run_dir = job["run_dir"]
+    run_dir = job.run_dir
     os.makedirs(run_dir, exist_ok=True)
     finished = rundir.finished_summary(run_dir)
     if finished is not None:
         tune.report({**finished["final"], "already_complete": True})
         return
     with open(os.path.join(run_dir, TRIAL_FILE), "w") as file:
-        json.dump({"index": config["index"], "overrides": job["overrides"], "started": time.time()}, file)
+        json.dump({"index": config["index"], "overrides": job.overrides, "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
     train(
-        OmegaConf.create(job["cfg"]),
+        OmegaConf.create(job.cfg.to_dict()),
         run_dir=run_dir,
         extra_callbacks=[TuneReportCallback()],
         show_summary=False,
@@ -57,11 +60,11 @@ def _as_on_the_driver(cwd: str, pythonpath: str) -> None:
             sys.path.insert(0, entry)
 
 
-def _write_hydra_files(run_dir: str, job: dict[str, Any]) -> None:
+def _write_hydra_files(run_dir: str, job: Job) -> None:
     """The job's overrides, where Hydra keeps them (train() adds the composed config.yaml)."""
     import yaml
 
     folder = os.path.join(run_dir, ".hydra")
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "overrides.yaml"), "w") as file:
-        yaml.safe_dump(job["overrides"], file)
+        yaml.safe_dump(job.overrides, file)

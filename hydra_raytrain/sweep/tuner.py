@@ -7,6 +7,7 @@ again: completed and early-stopped trials are not re-run, interrupted ones resum
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -15,13 +16,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hydra.utils import get_object
 from omegaconf import DictConfig, open_dict
 
 from hydra_raytrain import rundir
-from hydra_raytrain.config import ConfigError, run_name, validate
+from hydra_raytrain.config import ConfigError, validate
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import drop_replaced_arguments
+from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.sweep import results
+from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
 from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
@@ -40,7 +44,7 @@ def compose_job(
     overrides: list[str],
     index: int,
     params: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Job:
     """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here: a config
     error stops the sweep before the trial starts, naming the trial."""
     composed = config_loader.load_sweep_config(sweep_config, list(overrides))
@@ -55,29 +59,21 @@ def compose_job(
     except ConfigError as error:
         trial = f"trial {index}" if index >= 0 else "the search space"
         raise error.within(f"{trial}: {' '.join(overrides)}") from None
-    name = run_name(resolved)
-    wandb = resolved["logger"].get("wandb")
+    name = resolved.run_name()
+    wandb = resolved.logger.get("wandb")
     if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
-        wandb["group"] = os.path.basename(sweep_dir)
-    return {
-        "index": index,
-        "overrides": list(overrides),
-        "params": params or {},
-        "cfg": resolved,
-        "name": name,
-        "run_dir": os.path.join(sweep_dir, name),
-    }
+        logger = {**resolved.logger, "wandb": {**wandb, "group": os.path.basename(sweep_dir)}}
+        resolved = dataclasses.replace(resolved, logger=logger)
+    return Job(index, list(overrides), params or {}, resolved, name, os.path.join(sweep_dir, name))
 
 
-def compose_jobs(
-    compose: Callable[..., dict[str, Any]], arguments: Sequence[str], settings: SweepSettings
-) -> list[dict[str, Any]]:
+def compose_jobs(compose: Callable[..., Job], arguments: Sequence[str], settings: SweepSettings) -> list[Job]:
     """The basic search: every trial of the grid (x num_samples draws), composed up front."""
     jobs = [
         compose(overrides, index)
         for index, overrides in enumerate(trial_overrides(arguments, settings.num_samples, settings.seed))
     ]
-    names = [job["name"] for job in jobs]
+    names = [job.name for job in jobs]
     if len(set(names)) != len(names):
         raise ConfigError(
             "sweep",
@@ -88,9 +84,7 @@ def compose_jobs(
     return jobs
 
 
-def probe_jobs(
-    compose: Callable[..., dict[str, Any]], fixed: list[str], space: dict[str, Parameter]
-) -> list[dict[str, Any]]:
+def probe_jobs(compose: Callable[..., Job], fixed: list[str], space: dict[str, Parameter]) -> list[Job]:
     """For a search algorithm, whose trials are not known up front: configs that check the space and size the
     cluster before anything starts: every combination of swept ``scaling.*`` choices, other categorical keys at
     their first choice, ranges at their middle."""
@@ -128,7 +122,7 @@ def run_sweep(
     finished = ("completed", "stopped")
     if settings.search_alg == "basic":
         jobs = compose_jobs(compose, arguments, settings)
-        todo = [job for job in jobs if previous.get(job["name"], {}).get("status") not in finished]
+        todo = [job for job in jobs if previous.get(job.name, {}).get("status") not in finished]
         probes, budget = jobs, len(todo)
     else:
         fixed, space = parameter_space(arguments)
@@ -139,14 +133,15 @@ def run_sweep(
                 "has nothing to search: no swept key.",
                 "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
             )
-        jobs = [compose(job["overrides"], job["index"], job["params"]) for job in earlier_jobs(sweep_dir)]
+        jobs = [compose(job.overrides, job.index, job.params) for job in earlier_jobs(sweep_dir)]
         done = [job for job in jobs if _status(job, previous) in finished]
         todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
         probes, budget = probe_jobs(compose, fixed, space), settings.num_samples - len(done)
-    cfg = probes[0]["cfg"]
-    metric, mode = monitored(cfg["trainer"], _task_class(cfg), settings.metric, settings.mode)
+    trainer = probes[0].cfg.trainer
+    task = get_object(probes[0].cfg.task["_target_"])
+    metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
 
-    requests = [cluster.resource_request(job["cfg"]["scaling"]) for job in probes]
+    requests = [cluster.resource_request(job.cfg.scaling) for job in probes]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
     if largest.num_workers == 0:
         raise ConfigError(
@@ -157,10 +152,10 @@ def run_sweep(
         )
     # A new local cluster gets one CPU per core (or the largest trial's CPUs, oversubscribed as for one run):
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
-    cluster.connect(probes[0]["cfg"]["ray"], largest)
+    cluster.connect(probes[0].cfg.ray, largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
     if settings.scheduler == "asha":
-        _check_asha_can_free_stopped_trials(probes[0]["cfg"]["ray"])
+        _check_asha_can_free_stopped_trials(probes[0].cfg.ray)
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
@@ -174,7 +169,7 @@ def run_sweep(
     if budget > 0:
         scheduler = None
         if settings.scheduler == "asha":
-            scheduler = asha_scheduler(settings, max(job["cfg"]["trainer"]["max_epochs"] for job in (todo or probes)))
+            scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (todo or probes)))
         searcher = None
         if settings.search_alg == "optuna":
             # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
@@ -201,7 +196,7 @@ def run_sweep(
             {"CPU": 0, "memory": 1, node: 0.001},
         )
         # Under ASHA the grid starts in a seeded random order (space.start_order says why).
-        order = start_order([job["index"] for job in todo], shuffle=scheduler is not None, seed=settings.seed)
+        order = start_order([job.index for job in todo], shuffle=scheduler is not None, seed=settings.seed)
         tuner = tune.Tuner(
             trainable,
             param_space={} if searcher else {"index": tune.grid_search(order)},
@@ -227,7 +222,7 @@ def run_sweep(
         grid = tuner.fit()
         errors = {result.config["index"]: result.error for result in grid if result.error is not None}
         if searcher is not None:
-            jobs = sorted(done + searcher.jobs, key=lambda job: job["index"])
+            jobs = sorted(done + searcher.jobs, key=lambda job: job.index)
     summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, scheduler=settings.scheduler)
     results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
     return summary
@@ -247,19 +242,19 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
     )
 
 
-def _check_asha_can_free_stopped_trials(ray_cfg: dict[str, Any]) -> None:
+def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig) -> None:
     """ASHA stops a trial by ending its process; Ray Train then frees that run's placement group (its workers'
     CPUs) through Ray's state API. Where the cluster's processes cannot reach it (no dashboard), every stopped
     trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
     from hydra_raytrain.driver import cluster
 
     problem: str | None
-    if not ray_cfg["address"] and ray_cfg["include_dashboard"] is False:
+    if not ray_cfg.address and ray_cfg.include_dashboard is False:
         problem = "ray.include_dashboard=false"  # (another cluster's dashboard on this machine may answer a probe)
     else:
         problem = cluster.state_api_problem()
     if problem is not None:
-        where = f"the cluster at ray.address={ray_cfg['address']}" if ray_cfg["address"] else "the local cluster"
+        where = f"the cluster at ray.address={ray_cfg.address}" if ray_cfg.address else "the local cluster"
         raise ConfigError(
             "hydra.sweeper.scheduler",
             "asha",
@@ -271,19 +266,19 @@ def _check_asha_can_free_stopped_trials(ray_cfg: dict[str, Any]) -> None:
         )
 
 
-def _status(job: dict[str, Any], previous: dict[str, dict[str, Any]]) -> str:
+def _status(job: Job, previous: dict[str, dict[str, Any]]) -> str:
     """An earlier trial's status: the earlier sweep summary's word (ASHA's "stopped" is only there), else its run's."""
-    if job["name"] in previous:
-        return previous[job["name"]]["status"]
-    summary = rundir.finished_summary(job["run_dir"])
+    if job.name in previous:
+        return previous[job.name]["status"]
+    summary = rundir.finished_summary(job.run_dir)
     return summary["status"] if summary else "interrupted"
 
 
-def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[dict[str, Any]]):
+def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[Job]):
     """Optuna's TPE over the space; the sweep's finished trials (earlier runs) told to it as evaluated points."""
     from ray.tune.search.optuna import OptunaSearch
 
-    told = [(job["params"], final_value(job["run_dir"], metric)) for job in done]
+    told = [(job.params, final_value(job.run_dir, metric)) for job in done]
     told = [(params, value) for params, value in told if value is not None]
     return OptunaSearch(
         space=optuna_distributions(space),
@@ -297,12 +292,6 @@ def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: in
 
 def _trial_dirname(trial) -> str:
     return f"trial_{trial.config.get('index', 'x')}_{trial.trial_id}"
-
-
-def _task_class(cfg: dict[str, Any]):
-    from hydra.utils import get_object
-
-    return get_object(cfg["task"]["_target_"])
 
 
 def _print_plan(total: int, budget: int, concurrent: int, cpus: float, sweep_dir: str) -> None:

@@ -27,9 +27,8 @@ def racy(port):
         return True
     return real(port)
 cluster.port_is_free = racy
-cfg = {"address": None, "num_cpus": None, "max_cpu_oversubscription": 4.0, "include_dashboard": None,
-       "runtime_env": {}, "logging_level": "ERROR"}
-cluster.connect(cfg, cluster.ResourceRequest(1, {"CPU": 1}))
+from hydra_raytrain.config.schema import RayConfig
+cluster.connect(RayConfig(logging_level="ERROR"), cluster.ResourceRequest(1, {"CPU": 1}))
 url = ray._private.worker.get_dashboard_url()
 assert url and os.environ["RAY_API_SERVER_ADDRESS"] == "http://" + url, (url, os.environ["RAY_API_SERVER_ADDRESS"])
 assert url.rsplit(":", 1)[1] != str(cluster.DASHBOARD_PORT)

@@ -3,7 +3,7 @@
 import pytest
 
 from hydra_raytrain import train
-from hydra_raytrain.config import run_name, validate
+from hydra_raytrain.config import validate
 from hydra_raytrain.driver.cluster import free_port
 from tests.conftest import WANDB_TEST_KEY, compose_config
 from tests.helpers.loggers import read_scalars
@@ -19,7 +19,7 @@ def test_wandb_and_tensorboard_log_from_rank_zero_and_keep_no_secret(ray_address
     )
     summary = train(cfg, run_dir=str(tmp_path))
     (run,) = wandb_runs(tmp_path)  # one W&B run: rank 0 only
-    assert run.name == f"run-{run_name(validate(cfg, str(tmp_path)))}.wandb"  # the id is the run's identity
+    assert run.name == f"run-{validate(cfg, str(tmp_path)).run_name()}.wandb"  # the id is the run's identity
     content = run.read_bytes()
     assert b"val_accuracy" in content and b"train_loss" in content and b"hydra_raytrain.models.SimpleCNN" in content
     scalars = read_scalars(tmp_path / "tensorboard")

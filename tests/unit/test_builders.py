@@ -13,13 +13,13 @@ def resolved(tmp_path, *overrides):
 
 def test_scaling_config_uses_rays_names(tmp_path):
     cfg = resolved(tmp_path, "scaling.num_workers=3", "scaling.resources_per_worker={CPU: 2}", "trainer.batch_size=63")
-    scaling = builders.scaling_config(cfg["scaling"])
+    scaling = builders.scaling_config(cfg.scaling)
     assert isinstance(scaling, ScalingConfig)
     assert (scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker) == (3, False, {"CPU": 2})
 
 
 def test_failure_config_has_a_finite_controller_limit(tmp_path):
-    failure = builders.failure_config(resolved(tmp_path, "failure.max_failures=2")["failure"])
+    failure = builders.failure_config(resolved(tmp_path, "failure.max_failures=2").failure)
     assert isinstance(failure, FailureConfig)
     assert failure.max_failures == 2 and failure.controller_failure_limit == 3
 
@@ -31,7 +31,7 @@ def test_checkpoint_config(tmp_path):
         "checkpoint.checkpoint_score_attribute=val_loss",
         "checkpoint.checkpoint_score_order=min",
     )
-    checkpoint = builders.checkpoint_config(cfg["checkpoint"])
+    checkpoint = builders.checkpoint_config(cfg.checkpoint)
     assert isinstance(checkpoint, CheckpointConfig)
     assert (checkpoint.num_to_keep, checkpoint.checkpoint_score_attribute, checkpoint.checkpoint_score_order) == (
         2,
@@ -44,30 +44,26 @@ def test_run_config(tmp_path):
     cfg = resolved(tmp_path)
     run = builders.run_config(cfg, str(tmp_path / "storage"), worker_env={"A": "1"})
     assert isinstance(run, RunConfig)
-    assert run.storage_path == str(tmp_path / "storage") and run.name == builders.run_name(cfg)
+    assert run.storage_path == str(tmp_path / "storage") and run.name == cfg.run_name()
     assert run.worker_runtime_env == {"env_vars": {"A": "1"}} and run.failure_config.controller_failure_limit == 3
 
 
 def test_run_name_is_deterministic_and_tracks_result_changing_keys(tmp_path):
-    name = builders.run_name(resolved(tmp_path))
-    assert name == builders.run_name(resolved(tmp_path))
+    name = resolved(tmp_path).run_name()
+    assert name == resolved(tmp_path).run_name()
     assert name.startswith("simplecnn-digits-")
-    assert builders.run_name(resolved(tmp_path, "optimizer.lr=0.01")) != name
-    assert builders.run_name(resolved(tmp_path, "trainer.seed=1")) != name
+    assert resolved(tmp_path, "optimizer.lr=0.01").run_name() != name
+    assert resolved(tmp_path, "trainer.seed=1").run_name() != name
     # Where results go and how Ray is reached do not change what is learned.
-    assert builders.run_name(resolved(tmp_path, "ray.address=auto", "storage.path=/elsewhere")) == name
-    assert builders.run_name(resolved(tmp_path, "storage.name=mine")) == "mine"
-    assert builders.run_name(resolved(tmp_path, "model=resnet18")).startswith("resnet18-digits-")
+    assert resolved(tmp_path, "ray.address=auto", "storage.path=/elsewhere").run_name() == name
+    assert resolved(tmp_path, "storage.name=mine").run_name() == "mine"
+    assert resolved(tmp_path, "model=resnet18").run_name().startswith("resnet18-digits-")
 
 
 def test_run_identity_ignores_resume_policy_and_checkpoint_retention(tmp_path):
-    name = builders.run_name(resolved(tmp_path))
-    assert (
-        builders.run_name(
-            resolved(tmp_path, "run.resume=never", "checkpoint.num_to_keep=1", "checkpoint.every_n_epochs=2")
-        )
-        == name
-    )
+    name = resolved(tmp_path).run_name()
+    same = resolved(tmp_path, "run.resume=never", "checkpoint.num_to_keep=1", "checkpoint.every_n_epochs=2")
+    assert same.run_name() == name
 
 
 def test_the_default_run_dir_is_the_run_name():
@@ -84,8 +80,8 @@ def test_the_default_run_dir_is_the_run_name():
 
 def test_elastic_scaling_maps_onto_rays_range(tmp_path):
     cfg = resolved(tmp_path, "scaling.num_workers=2", "scaling.max_workers=4", "trainer.batch_size=48")
-    assert builders.scaling_config(cfg["scaling"]).num_workers == (2, 4)
-    assert builders.scaling_config(resolved(tmp_path, "scaling.max_workers=2")["scaling"]).num_workers == 2
+    assert builders.scaling_config(cfg.scaling).num_workers == (2, 4)
+    assert builders.scaling_config(resolved(tmp_path, "scaling.max_workers=2").scaling).num_workers == 2
 
 
 def test_worker_env_merges_runner_path_determinism_and_user(tmp_path):

@@ -5,20 +5,15 @@ import os
 import pytest
 
 from hydra_raytrain.config import ConfigError
+from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver.cluster import ResourceRequest, check_fits, plan_local_cpus, resource_request
 
-RAY = {"num_cpus": None, "max_cpu_oversubscription": 4.0}
+RAY = RayConfig(num_cpus=None, max_cpu_oversubscription=4.0)
 GIB = 2**30
 
 
-def scaling(num_workers, use_gpu=False, resources=None):
-    return {
-        "num_workers": num_workers,
-        "max_workers": None,
-        "use_gpu": use_gpu,
-        "resources_per_worker": resources,
-        "placement_strategy": "PACK",
-    }
+def scaling(num_workers, use_gpu=False, resources=None, max_workers=None):
+    return ScalingConfig(num_workers, max_workers=max_workers, use_gpu=use_gpu, resources_per_worker=resources)
 
 
 def test_request_follows_rays_defaults():
@@ -50,7 +45,7 @@ def test_workers_that_would_not_fit_in_memory_are_refused():
 
 def test_explicit_num_cpus_must_cover_the_request():
     with pytest.raises(ConfigError, match="ray.num_cpus"):
-        plan_local_cpus(resource_request(scaling(4)), cores=2, free_memory=20 * GIB, ray_cfg={**RAY, "num_cpus": 2})
+        plan_local_cpus(resource_request(scaling(4)), cores=2, free_memory=20 * GIB, ray_cfg=RayConfig(num_cpus=2))
 
 
 def test_gpu_request_without_gpus_names_use_gpu():
@@ -66,7 +61,7 @@ def test_cluster_too_small():
 
 
 def test_elastic_local_cluster_is_sized_for_the_maximum_and_existing_ones_must_fit_the_minimum():
-    request = resource_request({**scaling(2), "max_workers": 6})
+    request = resource_request(scaling(2, max_workers=6))
     assert plan_local_cpus(request, cores=2, free_memory=20 * GIB, ray_cfg=RAY) == 6
     check_fits(request, {"CPU": 2.0}, "the cluster")  # 2 of at most 6 fit: enough to start
 

@@ -73,8 +73,8 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
         assert not (tmp_path / "data").joinpath("cifar10").exists()  # nothing downloaded or written on the driver
         return
     resolved = validate(cfg, str(tmp_path))
-    models = resolved["model"] if "_target_" not in resolved["model"] else {"model": resolved["model"]}
-    assert models and all(node["_target_"] for node in models.values()) and resolved["dataset"]["_target_"]
+    models = resolved.model if "_target_" not in resolved.model else {"model": resolved.model}
+    assert models and all(node["_target_"] for node in models.values()) and resolved.dataset["_target_"]
 
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -94,29 +94,29 @@ def test_every_model_runs_a_forward_pass_on_every_image_dataset(dataset, tmp_pat
     for option in MODELS:
         overrides = [*REQUIRED.get(("model", option), []), *REQUIRED.get(("dataset", dataset), [])]
         resolved = validate(compose_config(f"model={option}", f"dataset={dataset}", *overrides), str(tmp_path), False)
-        splits = build_dataset(resolved["dataset"])
+        splits = build_dataset(resolved.dataset)
         images = torch.stack([splits.train[i][0] for i in range(4)])
-        shape, classes = tuple(resolved["dataset"]["input_shape"]), resolved["dataset"]["num_outputs"]
+        shape, classes = tuple(resolved.dataset["input_shape"]), resolved.dataset["num_outputs"]
         assert images.shape == (4, *shape), (option, dataset)
         with torch.no_grad():
             if option == "dcgan":
-                generator = instantiate(resolved["model"]["generator"]).eval()
-                discriminator = instantiate(resolved["model"]["discriminator"]).eval()
-                drawn = generator(torch.randn(4, resolved["task"]["latent_dim"]))
+                generator = instantiate(resolved.model["generator"]).eval()
+                discriminator = instantiate(resolved.model["discriminator"]).eval()
+                drawn = generator(torch.randn(4, resolved.task["latent_dim"]))
                 assert drawn.shape == images.shape, (option, dataset)
                 scores = discriminator(torch.cat([images, drawn]))
                 assert scores.shape[0] == 8 and torch.isfinite(scores).all(), (option, dataset)
             else:
-                outputs = instantiate(resolved["model"]).eval()(images)
+                outputs = instantiate(resolved.model).eval()(images)
                 assert outputs.shape == (4, classes) and torch.isfinite(outputs).all(), (option, dataset)
 
 
 def test_the_tabular_dataset_fits_the_mlp():
     resolved = validate(compose_config("experiment=diabetes_regression"), ".", False)
-    rows = torch.stack([build_dataset(resolved["dataset"]).train[i][0] for i in range(4)])
+    rows = torch.stack([build_dataset(resolved.dataset).train[i][0] for i in range(4)])
     with torch.no_grad():
-        outputs = instantiate(resolved["model"]).eval()(rows)
-    assert outputs.shape == (4, resolved["dataset"]["num_outputs"]) and torch.isfinite(outputs).all()
+        outputs = instantiate(resolved.model).eval()(rows)
+    assert outputs.shape == (4, resolved.dataset["num_outputs"]) and torch.isfinite(outputs).all()
 
 
 def test_every_yaml_opens_with_a_usage_comment():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hydra_raytrain.config import ConfigError, run_name, validate
+from hydra_raytrain.config import ConfigError, validate
 from hydra_raytrain.config.identity import run_identity
 from hydra_raytrain.data.folders import class_count, image_shape
 from tests.conftest import compose_config
@@ -43,12 +43,12 @@ def test_imagefolder_needs_only_its_root(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     write_images(tmp_path / "pets", ["cat", "dog"], 3, size=(9, 11))
     resolved = validate(compose_config("dataset=imagefolder", "dataset.root=pets"), str(tmp_path))
-    assert resolved["dataset"]["num_outputs"] == 2 and resolved["dataset"]["input_shape"] == [3, 9, 11]
-    assert resolved["model"]["num_outputs"] == 2  # the model adapts to the inferred values
+    assert resolved.dataset["num_outputs"] == 2 and resolved.dataset["input_shape"] == [3, 9, 11]
+    assert resolved.model["num_outputs"] == 2  # the model adapts to the inferred values
     resized = validate(
         compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.input_shape=[1,16,16]"), str(tmp_path)
     )
-    assert resized["dataset"]["input_shape"] == [1, 16, 16]
+    assert resized.dataset["input_shape"] == [1, 16, 16]
 
 
 def test_one_identity_for_the_run_dir_and_the_driver_with_a_relative_root(tmp_path, monkeypatch):
@@ -57,9 +57,8 @@ def test_one_identity_for_the_run_dir_and_the_driver_with_a_relative_root(tmp_pa
     monkeypatch.chdir(tmp_path)
     write_images(tmp_path / "pets", ["cat", "dog"], 2)
     cfg = compose_config("dataset=imagefolder", "dataset.root=pets")
-    assert run_identity(cfg, str(tmp_path)) == run_name(
-        validate(compose_config("dataset=imagefolder", "dataset.root=pets"), str(tmp_path))
-    )
+    validated = validate(compose_config("dataset=imagefolder", "dataset.root=pets"), str(tmp_path))
+    assert run_identity(cfg, str(tmp_path)) == validated.run_name()
     (tmp_path / "other").mkdir()
     write_images(tmp_path / "other" / "pets", ["cat", "dog"], 2)
     assert run_identity(cfg, str(tmp_path / "other")) != run_identity(cfg, str(tmp_path))

@@ -1,9 +1,12 @@
 """DataLoaders as configured (Ray's prepare_data_loader would drop some options), seeded per rank and worker."""
 
+import dataclasses
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.recipe.loaders import build_loader
 
 
@@ -17,7 +20,7 @@ class Draws(Dataset):
         return torch.tensor([float(np.random.randint(1 << 30)), float(torch.randint(1 << 30, ()).item())])
 
 
-OPTIONS = {"num_workers": 2, "pin_memory": False, "persistent_workers": True, "prefetch_factor": 3}
+OPTIONS = DataLoaderConfig(num_workers=2, pin_memory=False, persistent_workers=True, prefetch_factor=3)
 
 
 def test_loader_options_are_honoured():
@@ -36,7 +39,7 @@ def test_loader_workers_draw_differently_per_rank_and_per_worker():
             rank=rank,
             world_size=2,
             seed=0,
-            options={**OPTIONS, "persistent_workers": False, "prefetch_factor": None},
+            options=dataclasses.replace(OPTIONS, persistent_workers=False, prefetch_factor=None),
         )
         draws += [tuple(batch[0].tolist()) for batch in loader]
     numpy_draws, torch_draws = [d[0] for d in draws], [d[1] for d in draws]

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from hydra_raytrain.config import run_name, validate
+from hydra_raytrain.config import validate
 from hydra_raytrain.logfiles import keep_process_logs, tee_output
 from tests.conftest import compose_config
 
@@ -46,12 +46,7 @@ def test_links_become_copies_and_dangling_links_stay(tmp_path):
 
 
 def test_display_and_profiling_switches_keep_the_run_identity(tmp_path):
-    plain = run_name(validate(compose_config(), str(tmp_path)))
-    shown = run_name(
-        validate(
-            compose_config("trainer.progress_bar=true", "trainer.profile=true", "trainer.profiler_steps=3"),
-            str(tmp_path),
-        )
-    )
-    assert plain == shown
-    assert run_name(validate(compose_config("trainer.precision=bf16-mixed"), str(tmp_path))) != plain
+    plain = validate(compose_config(), str(tmp_path)).run_name()
+    switches = ("trainer.progress_bar=true", "trainer.profile=true", "trainer.profiler_steps=3")
+    assert validate(compose_config(*switches), str(tmp_path)).run_name() == plain
+    assert validate(compose_config("trainer.precision=bf16-mixed"), str(tmp_path)).run_name() != plain

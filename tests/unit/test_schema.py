@@ -83,7 +83,7 @@ def test_defaults_match_the_schema_defaults():
 
 def test_resources_per_worker_from_the_command_line(tmp_path):
     resolved = validate(compose_config("scaling.resources_per_worker={CPU: 2, memory: 1000}"), str(tmp_path))
-    assert resolved["scaling"]["resources_per_worker"] == {"CPU": 2, "memory": 1000}
+    assert resolved.scaling.resources_per_worker == {"CPU": 2, "memory": 1000}
     with pytest.raises(ConfigError, match="scaling.resources_per_worker.CPU='two'"):
         validate(compose_config("scaling.resources_per_worker={CPU: two}"), str(tmp_path))
 

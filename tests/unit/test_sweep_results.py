@@ -1,16 +1,32 @@
 """Sweeps without a Ray cluster: Hydra's grammar as trials, trial status, the summary files."""
 
+import dataclasses
+import functools
 import json
 import math
 import os
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from hydra_raytrain.config import ConfigError
+from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.sweep import results, search, tuner
+from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
+from tests.conftest import compose_config
+
+
+@functools.cache
+def default_config() -> Resolved:
+    return Resolved.from_dict(OmegaConf.to_container(compose_config(), resolve=True))
+
+
+def config(**sections) -> Resolved:
+    """The default config with some component sections replaced (a job's config, without validating it)."""
+    return dataclasses.replace(default_config(), **sections)
 
 
 def test_comma_lists_choice_and_range_make_a_grid():
@@ -61,16 +77,8 @@ def test_summary_csv_best_config_and_plot(tmp_path):
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in history))
         if index < 2:
             (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "wall_seconds": 3.0}))
-        cfg = {"trainer": {"max_epochs": 2 if index < 2 else 4}, "optimizer": {"lr": lr}}
-        jobs.append(
-            {
-                "index": index,
-                "overrides": [f"optimizer.lr={lr}"],
-                "cfg": cfg,
-                "name": f"run{index}",
-                "run_dir": str(run_dir),
-            }
-        )
+        cfg = config(optimizer={"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr})
+        jobs.append(Job(index, [f"optimizer.lr={lr}"], {}, cfg, f"run{index}", str(run_dir)))
     errors[1] = RuntimeError(
         'Traceback ...\n  raise TrainingFailed(f"Training failed: {_first_cause(error)}")\n'
         "hydra_raytrain.driver.run.TrainingFailed: Training failed: worker 0: ValueError: bad\nRun dir: /x"
@@ -162,14 +170,7 @@ def fake_compose(tmp_path):
 
     def compose(overrides, index, params=None):
         name = "run-" + "-".join(o.replace("=", "_") for o in overrides)
-        return {
-            "index": index,
-            "overrides": list(overrides),
-            "params": params or {},
-            "cfg": {},
-            "name": name,
-            "run_dir": str(tmp_path / name),
-        }
+        return Job(index, list(overrides), params or {}, config(), name, str(tmp_path / name))
 
     return compose
 
@@ -179,7 +180,7 @@ def test_probe_jobs_cross_the_scaling_choices_and_pin_the_rest(tmp_path):
         ["scaling.num_workers=1,2", "model=mlp,simple_cnn", "optimizer.lr=tag(log,interval(1e-4,1e-2))"]
     )
     probes = tuner.probe_jobs(fake_compose(tmp_path), ["trainer.max_epochs=2"], space)
-    assert [p["overrides"] for p in probes] == [
+    assert [p.overrides for p in probes] == [
         ["trainer.max_epochs=2", "model=mlp", "optimizer.lr=0.001", "scaling.num_workers=1"],
         ["trainer.max_epochs=2", "model=mlp", "optimizer.lr=0.001", "scaling.num_workers=2"],
     ]  # the log range's middle is its geometric mean
@@ -197,22 +198,20 @@ def test_optuna_suggestions_become_jobs_and_earlier_trials_are_replayed_first(tm
         ["trainer.max_epochs=2", "optimizer.lr=0.01", "model=mlp"], 4, {"optimizer.lr": 0.01, "model": "mlp"}
     )
     wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[interrupted], replay=[interrupted], budget=3)
-    assert wrapper.suggest("t0") == {"index": 4, "name": interrupted["name"]}  # the interrupted trial first, as it was
+    assert wrapper.suggest("t0") == {"index": 4, "name": interrupted.name}  # the interrupted trial first, as it was
     second = wrapper.suggest("t1")
     job = search.read_job(str(tmp_path / second["name"]))  # what the trial reads
-    assert second["index"] == 5 and job["overrides"][0] == "trainer.max_epochs=2"
-    lr = job["params"]["optimizer.lr"]
+    assert second["index"] == 5 and job.overrides[0] == "trainer.max_epochs=2"
+    lr = job.params["optimizer.lr"]
     assert (
-        1e-4 <= lr <= 1e-1
-        and f"optimizer.lr={lr!r}" in job["overrides"]
-        and job["params"]["model"] in ("mlp", "simple_cnn")
+        1e-4 <= lr <= 1e-1 and f"optimizer.lr={lr!r}" in job.overrides and job.params["model"] in ("mlp", "simple_cnn")
     )
     wrapper.on_trial_complete("t0", {"val_accuracy": 0.9, "training_iteration": 2})  # a replayed trial: told as a point
     wrapper.on_trial_complete("t1", {"val_accuracy": 0.5, "training_iteration": 2})
     values = sorted(t.value for t in optuna._ot_study.trials if t.value is not None)
     assert values == [0.5, 0.9]
     assert wrapper.suggest("t2")["index"] == 6 and wrapper.suggest("t3") == search.Searcher.FINISHED  # budget: 3
-    assert [j["index"] for j in search.earlier_jobs(str(tmp_path))] == [4, 5, 6]  # a re-run finds them on disk
+    assert [j.index for j in search.earlier_jobs(str(tmp_path))] == [4, 5, 6]  # a re-run finds them on disk
 
 
 def test_a_suggestion_that_repeats_a_finished_trial_is_told_its_result_and_asked_again(tmp_path):
@@ -229,8 +228,8 @@ def test_a_suggestion_that_repeats_a_finished_trial_is_told_its_result_and_asked
     )
     compose = fake_compose(tmp_path)
     finished = compose(["model=mlp"], 0, {"model": "mlp"})
-    (tmp_path / finished["name"]).mkdir()
-    (tmp_path / finished["name"] / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "val_accuracy": 0.7}) + "\n")
+    (tmp_path / finished.name).mkdir()
+    (tmp_path / finished.name / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "val_accuracy": 0.7}) + "\n")
     wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[finished], replay=[], budget=1)
     suggestion = wrapper.suggest("t0")
     assert suggestion == {"index": 1, "name": "run-model_simple_cnn"}  # never the finished mlp trial again

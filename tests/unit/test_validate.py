@@ -7,6 +7,7 @@ import torch
 from omegaconf import open_dict
 
 from hydra_raytrain.config import ConfigError, ConfigErrors, validate
+from hydra_raytrain.config.resolved import Resolved
 from tests.conftest import compose_config
 from tests.helpers.data import write_images, write_mnist
 
@@ -88,23 +89,23 @@ def test_relative_paths_become_absolute_against_the_driver_cwd(tmp_path, monkeyp
         compose_config("dataset=imagefolder", "dataset.root=pets", "dataset.num_outputs=3", "storage.path=results"),
         str(tmp_path),
     )
-    assert resolved["dataset"]["root"] == str(tmp_path / "pets")
-    assert resolved["storage"]["path"] == str(tmp_path / "results")
+    assert resolved.dataset["root"] == str(tmp_path / "pets")
+    assert resolved.storage.path == str(tmp_path / "results")
     resolved = validate(compose_config("dataset=mnist"), str(tmp_path))
-    assert resolved["dataset"]["root"] == os.path.join(str(tmp_path), "data", "mnist")
+    assert resolved.dataset["root"] == os.path.join(str(tmp_path), "data", "mnist")
 
 
 def test_uris_are_left_alone(tmp_path):
     resolved = validate(compose_config("storage.path=s3://bucket/prefix"), str(tmp_path))
-    assert resolved["storage"]["path"] == "s3://bucket/prefix"
+    assert resolved.storage.path == "s3://bucket/prefix"
 
 
 def test_resolved_config_is_plain_and_interpolated(tmp_path):
     resolved = validate(
         compose_config("dataset=fake", "dataset.input_shape=[3,16,16]", "dataset.num_outputs=5"), str(tmp_path)
     )
-    assert resolved["model"]["input_shape"] == [3, 16, 16] and resolved["model"]["num_outputs"] == 5
-    assert type(resolved) is dict and type(resolved["model"]["input_shape"]) is list
+    assert resolved.model["input_shape"] == [3, 16, 16] and resolved.model["num_outputs"] == 5
+    assert isinstance(resolved, Resolved) and type(resolved.model["input_shape"]) is list
 
 
 def test_a_bad_ddp_option_gets_a_did_you_mean(tmp_path):
@@ -130,7 +131,7 @@ def test_optimizers_per_model_must_name_the_models(tmp_path):
         validate(cfg, str(tmp_path))
     with open_dict(cfg):
         cfg.optimizer = {"generator": adam, "discriminator": sgd}
-    assert validate(cfg, str(tmp_path))["optimizer"]["discriminator"]["lr"] == 0.1
+    assert validate(cfg, str(tmp_path)).optimizer["discriminator"]["lr"] == 0.1
 
 
 def test_a_config_error_survives_pickling_and_copying():
