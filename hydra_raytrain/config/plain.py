@@ -8,8 +8,5 @@ from omegaconf import OmegaConf
 
 
 def as_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
-    """A config mapping (DictConfig) as a plain dict, interpolations resolved unless ``resolve=False``; a plain
-    mapping is copied."""
-    if not OmegaConf.is_config(node):
-        return dict(node)
+    """A config mapping (DictConfig) as a plain dict, interpolations resolved unless ``resolve=False``."""
     return cast(dict[str, Any], OmegaConf.to_container(node, resolve=resolve))

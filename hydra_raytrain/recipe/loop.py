@@ -23,7 +23,6 @@ import torch
 from hydra.utils import instantiate
 
 from hydra_raytrain.config.monitor import monitored
-from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
@@ -86,7 +85,7 @@ class Recipe:
         self.start_epoch, self.global_step = 0, 0
         self.history: list[dict[str, Any]] = []
         self.tracker_ids: dict[str, str] = {}
-        self.loggers = build_loggers(as_dict(self.cfg.logger)) if self.rank == 0 else {}
+        self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
         self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name}
@@ -142,11 +141,11 @@ class Recipe:
             if trainer.channels_last:
                 module = module.to(memory_format=torch.channels_last)
             if trainer.compile:
-                module.compile(**as_dict(trainer.compile_kwargs or {}))  # in place: state_dict keys unchanged
+                module.compile(**(trainer.compile_kwargs or {}))  # in place: state_dict keys unchanged
             models[name] = ray.train.torch.prepare_model(
                 module,
                 parallel_strategy=trainer.parallel_strategy,
-                parallel_strategy_kwargs=as_dict(trainer.parallel_strategy_kwargs or {}) or None,
+                parallel_strategy_kwargs=trainer.parallel_strategy_kwargs or None,
             )
         return models
 
