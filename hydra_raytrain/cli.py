@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.driver.run import TrainingFailed, hydra_run_dir, train
+from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
 from hydra_raytrain.overrides import check_override_keys
 
 # What Hydra itself writes into a run dir before our code runs.
@@ -28,6 +29,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
     except TrainingFailed as error:
         print(error, file=sys.stderr)
         sys.exit(1)
+    if summary["status"] == "preempted":
+        sys.exit(PREEMPTED_EXIT_CODE)
     monitor = summary["monitor"]
     return summary["best"].get(monitor)  # what a Hydra sweeper optimises
 

@@ -33,7 +33,8 @@ class EpochLog(UserCallback):
         if not self.linked:  # the controller's own stdout / stderr, linked into <run dir>/logs
             link_process_logs(os.path.dirname(self.path), "controller")
             self.linked = True
-        self.write(metrics[0])
+        if is_epoch_report(metrics[0]):
+            self.write(metrics[0])
 
     def write(self, metrics: dict[str, Any]) -> None:
         """Append; an epoch a resumed run trains again (it failed after the last checkpoint) replaces the
@@ -46,6 +47,23 @@ class EpochLog(UserCallback):
         with open(self.path, "a") as file:
             file.write(json.dumps(metrics) + "\n")
         print(format_epoch(metrics, self.max_epochs), flush=True)
+
+
+class EpochReportsOnly(UserCallback):
+    """Another callback (Tune's ``TuneReportCallback`` in a sweep trial) given epoch reports only: a mid-epoch
+    checkpoint's report is not a result for Tune's schedulers to count."""
+
+    def __init__(self, callback: UserCallback):
+        self.callback = callback
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if is_epoch_report(metrics[0]):
+            self.callback.after_report(run_context, metrics, checkpoint)
+
+
+def is_epoch_report(metrics: dict[str, Any]) -> bool:
+    """An epoch's metrics, not a mid-epoch checkpoint's report (recipe/loop.py ``_save_mid_epoch``)."""
+    return "epoch" in metrics
 
 
 def format_epoch(metrics: dict[str, Any], max_epochs: int) -> str:

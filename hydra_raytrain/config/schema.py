@@ -119,20 +119,30 @@ class FailureConfig:
 @dataclass
 class CheckpointConfig:
     """Full-state checkpoints (models, optimizers, schedulers, epoch, every rank's RNG) every ``every_n_epochs``
-    epochs and at the end; the rest maps onto ``ray.train.CheckpointConfig`` (which of them Ray keeps)::
+    epochs and at the end, and mid-epoch ones every ``every_n_steps`` optimizer steps and/or ``every_n_minutes``
+    (rank 0's clock, decided the same on every rank); the rest maps onto ``ray.train.CheckpointConfig`` (which of
+    them Ray keeps)::
 
         python -m hydra_raytrain checkpoint.every_n_epochs=2 checkpoint.num_to_keep=2 \\
             checkpoint.checkpoint_score_attribute=val_accuracy
+        python -m hydra_raytrain checkpoint.every_n_steps=500 checkpoint.every_n_minutes=30
 
-    A restarted worker group, or a re-run of the command, resumes from the latest."""
+    A restarted worker group, or a re-run of the command, resumes from the latest; from a mid-epoch checkpoint, at
+    the same place in the same epoch (its position in the epoch's order, the epoch's partial metric sums, every
+    rank's RNG), so the run ends as the uninterrupted run would have."""
 
     every_n_epochs: int = 1
+    every_n_steps: int | None = None
+    every_n_minutes: float | None = None
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None  # a reported metric, e.g. val_accuracy
     checkpoint_score_order: str = "max"
 
     def __post_init__(self) -> None:
         _at_least("checkpoint.every_n_epochs", self.every_n_epochs, 1)
+        _at_least("checkpoint.every_n_steps", self.every_n_steps, 1)
+        if self.every_n_minutes is not None and self.every_n_minutes <= 0:
+            raise ConfigError("checkpoint.every_n_minutes", self.every_n_minutes, "must be > 0.", "e.g. 30, or null")
         _at_least("checkpoint.num_to_keep", self.num_to_keep, 1)
         if self.checkpoint_score_order not in ("max", "min"):
             raise ConfigError(

@@ -30,6 +30,7 @@ from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
+from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.recipe.loop import train_loop_per_worker
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
@@ -66,7 +67,8 @@ def train(
     Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
     instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``).
     Raises ``ConfigError`` before anything starts or is written when the config cannot work, ``TrainingFailed``
-    when the run fails.
+    when the run fails. A run stopped by a preemption notice (SIGTERM) returns a summary whose status is
+    ``preempted``: the same call resumes it.
     """
     started = time.time()
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
@@ -126,14 +128,17 @@ def _fit(
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name},
-        scaling_config=builders.scaling_config(resolved.scaling),
-        run_config=builders.run_config(
-            resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env
-        ),
-    )
+
+    def fit(notice: str | None) -> Any:
+        trainer = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name, "notice": notice},
+            scaling_config=builders.scaling_config(resolved.scaling),
+            run_config=builders.run_config(
+                resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env
+            ),
+        )
+        return trainer.fit()
 
     def finish(status: str, error: str | None = None) -> dict[str, Any]:
         history = rundir.read_history(run_dir)
@@ -153,7 +158,11 @@ def _fit(
         return summary
 
     try:
-        result = trainer.fit()
+        if local_mode:  # nothing persists a checkpoint: no notice to act on
+            result = fit(None)
+        else:
+            with posted_on_sigterm(f"hydra_raytrain.notice.{name}") as notice:
+                result = fit(notice)
     except TrainingFailedError as error:
         finish("failed", error=str(error))
         raise TrainingFailed(
@@ -163,6 +172,14 @@ def _fit(
     if local_mode:  # local mode runs no callbacks: write the epochs it returned
         for metrics in result.return_value["history"]:
             epoch_log.write(metrics)
+    if result.return_value["status"] == "preempted":
+        summary = finish("preempted")
+        print(
+            f"Preempted after optimizer step {result.return_value['steps']}: checkpointed; the same command resumes "
+            f"the run (exit code {PREEMPTED_EXIT_CODE}).\nRun dir: {run_dir}",
+            flush=True,
+        )
+        return summary
     with open(os.path.join(run_dir, rundir.MODEL_FILE), "wb") as file:
         file.write(result.return_value["weights"])
     summary = finish("completed")

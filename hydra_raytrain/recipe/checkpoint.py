@@ -134,12 +134,12 @@ def read(folder: str, rank: int) -> dict[str, Any]:
 
 
 def read_newest_loadable(checkpoints: list[Any], rank: int, warn) -> dict[str, Any] | None:
-    """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads; warns about each
-    one skipped (a truncated file, a missing part)."""
+    """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads, with its folder's
+    ``name``; warns about each one skipped (a truncated file, a missing part)."""
     for checkpoint in checkpoints:
         try:
             with checkpoint.as_directory() as folder:
-                return read(folder, rank)
+                return {**read(folder, rank), "name": os.path.basename(checkpoint.path.rstrip("/"))}
         except Exception as error:  # torch raises RuntimeError / EOFError / UnpicklingError on truncated files
             warn(
                 f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); "

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from hydra_raytrain.config.schema import DataLoaderConfig
-from hydra_raytrain.recipe.sampler import ShardedSampler
+from hydra_raytrain.recipe.sampler import SeededSamples, ShardedSampler
 
 
 def _seed_loader_worker(worker_id: int) -> None:
@@ -30,10 +30,13 @@ def build_loader(
     dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: DataLoaderConfig
 ) -> DataLoader:
     size = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length; torch's Dataset does not say so
-    sampler = ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train)
     num_workers = options.num_workers
+    # Training samples loaded in worker processes are seeded per position of the epoch (SeededSamples): their
+    # augmentations then resume exactly mid-epoch. In-process loading draws from the rank's checkpointed RNG.
+    seeded = train and num_workers > 0
+    sampler = ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train, seeds=seeded)
     return DataLoader(
-        dataset,
+        SeededSamples(dataset) if seeded else dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,

@@ -2,8 +2,10 @@
 
 Fixed phases, torchtune-style: ``setup`` (data, models, optimizers, then the latest checkpoint if Ray restarted
 us) -> ``train`` (one report per epoch, a full-state checkpoint every ``checkpoint.every_n_epochs`` and at
-the end, or when early stopping ends the run). The config arrives resolved from the driver (a plain dict, absolute
-paths): ``${hydra:...}`` and the driver's working directory mean nothing in a worker.
+the end, or when early stopping ends the run; mid-epoch ones every ``checkpoint.every_n_steps`` optimizer steps,
+``checkpoint.every_n_minutes``, and on a preemption notice, after which the run stops). The config arrives
+resolved from the driver (a plain dict, absolute paths): ``${hydra:...}`` and the driver's working directory mean
+nothing in a worker.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
+from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.recipe import checkpoint
+from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
 from hydra_raytrain.recipe.sampler import ShardedSampler
@@ -39,26 +43,28 @@ logger = logging.getLogger(__name__)
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
-    """Rank 0 returns the epoch history and the final weights as ``torch.save`` bytes (``Result.return_value``;
-    Ray refuses tensors there). Ray's local mode persists no checkpoint, so this is how the driver gets
-    ``model.pt`` in every mode."""
+    """Rank 0 returns the status (completed, or preempted after a notice), the epoch history, the optimizer steps
+    and the final weights as ``torch.save`` bytes (``Result.return_value``; Ray refuses tensors there). Ray's local
+    mode persists no checkpoint, so this is how the driver gets ``model.pt`` in every mode."""
     cfg = Resolved.from_dict(config["cfg"])
     quiet_ray_train(cfg.ray.logging_level)
     link_process_logs(config["run_dir"], f"rank{ray.train.get_context().get_world_rank()}")
-    recipe = Recipe(cfg, run_dir=config["run_dir"], run_name=config["run_name"])
+    recipe = Recipe(cfg, run_dir=config["run_dir"], run_name=config["run_name"], notice=config.get("notice"))
     status = "failed"
     try:
         recipe.setup()
         weights = recipe.train()
-        status = "completed"
+        status = recipe.status
     finally:
         recipe.cleanup(status)
-    return {"history": recipe.history, "weights": weights} if recipe.rank == 0 else None
+    if recipe.rank != 0:
+        return None
+    return {"status": status, "history": recipe.history, "steps": recipe.global_step, "weights": weights}
 
 
 class Recipe:
-    def __init__(self, cfg: Resolved, run_dir: str, run_name: str):
-        self.cfg, self.run_dir, self.run_name = cfg, run_dir, run_name
+    def __init__(self, cfg: Resolved, run_dir: str, run_name: str, notice: str | None = None):
+        self.cfg, self.run_dir, self.run_name, self.notice = cfg, run_dir, run_name, notice
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -82,7 +88,8 @@ class Recipe:
         self.step = self._setup_step(models)
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
-        self.start_epoch, self.global_step = 0, 0
+        self.start_epoch, self.global_step, self.status = 0, 0, "completed"  # global_step: optimizer steps
+        self.position: dict[str, Any] | None = None  # where in start_epoch a mid-epoch checkpoint left off
         self.history: list[dict[str, Any]] = []
         self.tracker_ids: dict[str, str] = {}
         self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
@@ -91,6 +98,11 @@ class Recipe:
         config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
         self.profiler = self._setup_profiler()
+        every = self.cfg.checkpoint
+        notice = NoticeReader(self.notice) if self.notice and self.rank == 0 else None
+        self.cadence = Cadence(
+            every.every_n_steps, every.every_n_minutes, notice, self.rank, self.world_size, self.notice is not None
+        )
 
     def cleanup(self, status: str) -> None:
         torch.set_default_dtype(self.default_dtype)
@@ -113,6 +125,14 @@ class Recipe:
         checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
         self.step.load_state_dict(train["step"])
         self.start_epoch, self.global_step = train["epoch"], train["global_step"]
+        self.position = train.get("position")
+        if self.rank == 0:
+            where = (
+                f"epoch {self.start_epoch + 1}, after batch {self.position['batches']}/{self.train_batches}"
+                if self.position
+                else f"the start of epoch {self.start_epoch + 1}"
+            )
+            print(f"Resuming from checkpoint {state['name']}: {where}, optimizer step {self.global_step}", flush=True)
         self.history = list(train["history"])
         self.tracker_ids = dict(train.get("tracker_ids") or {})
         if state["rng"] is not None:
@@ -121,7 +141,9 @@ class Recipe:
     def _setup_data(self) -> None:
         trainer = self.cfg.trainer
         splits = instantiate(self.cfg.dataset, _convert_="all")
-        batch = per_worker_batch_size(trainer.batch_size, trainer.batch_size_per_worker, self.world_size)
+        self.batch_size = batch = per_worker_batch_size(
+            trainer.batch_size, trainer.batch_size_per_worker, self.world_size
+        )
         shard = dict(rank=self.rank, world_size=self.world_size, seed=trainer.seed, options=trainer.dataloader)
         self.train_loader = build_loader(splits.train, batch, train=True, **shard)
         self.val_loader = build_loader(splits.val, trainer.val_batch_size_per_worker or batch, train=False, **shard)
@@ -202,26 +224,36 @@ class Recipe:
         return profiler
 
     def train(self) -> bytes | None:
+        """The epochs left; the final weights' bytes on rank 0, None when a preemption notice stopped the run."""
         max_epochs, weights = self.cfg.trainer.max_epochs, None
         for epoch in range(self.start_epoch, max_epochs):
             if self._stop_early():  # a resumed run that had already stopped
                 break
+            position, self.position = self.position or {"batches": 0, "sums": {}}, None
             # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
-            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch)
+            # A resumed epoch starts after what its ranks consumed before the checkpoint.
+            start = position["batches"] * self.batch_size * self.world_size
+            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=start)
             # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
             # draw exactly what the uninterrupted one drew.
             self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
             started = time.perf_counter()
-            train = self._train_epoch(epoch)
+            meter = SumMeter.resumed(position["sums"], self.rank, self.device)
+            train = self._train_epoch(epoch, position["batches"], meter)
+            if train is None:  # preempted: checkpointed, every rank stops here
+                self.status = "preempted"
+                break
             train_seconds = time.perf_counter() - started
             val = self._validate()
+            trained_here = train["count"] - position["sums"].get("count", 0)  # this attempt's share of the epoch
             metrics = {
                 "epoch": epoch + 1,
                 **{f"train_{k}": v for k, v in self.task.compute(train).items()},
                 **{f"val_{k}": v for k, v in self.task.compute(val).items()},
                 "lr": next(iter(self.step.optimizers.values())).param_groups[0]["lr"],
+                "step": self.global_step,
                 "world_size": self.world_size,
-                "samples_per_second": train["count"] / train_seconds,
+                "samples_per_second": trained_here / train_seconds,
                 "epoch_seconds": time.perf_counter() - started,
                 **self.step.timer.pop(),
             }
@@ -236,7 +268,7 @@ class Recipe:
                 break
         if self.profiler is not None:
             self.profiler.stop()
-        if weights is None:  # nothing left to train: the checkpoint we resumed from was the last one
+        if weights is None and self.status == "completed":  # nothing left to train: we resumed from the last one
             weights = self._weights()
         return weights
 
@@ -249,13 +281,15 @@ class Recipe:
         monitor, mode = monitored(self.task, (settings.monitor, settings.mode), (trainer.monitor, trainer.monitor_mode))
         return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
 
-    def _train_epoch(self, epoch: int) -> dict[str, float]:
+    def _train_epoch(self, epoch: int, done: int, meter: SumMeter) -> dict[str, float] | None:
+        """The epoch's batches from ``done`` on (0 unless resumed mid-epoch), their sums added to ``meter``; the
+        epoch's totals, or None when a preemption notice stopped it (after a mid-epoch checkpoint)."""
         for model in self.step.models.values():
             model.train()
-        meter, window = SumMeter(), self.cfg.trainer.accumulate_grad_batches
-        batches = itertools.islice(self.train_loader, self.train_batches)
-        bar = self._progress_bar(epoch)
-        for index in range(self.train_batches):
+        window = self.cfg.trainer.accumulate_grad_batches
+        batches = itertools.islice(self.train_loader, self.train_batches - done)
+        bar, stopped = self._progress_bar(epoch, done), False
+        for index in range(done, self.train_batches):
             with self.step.timer("data"):
                 batch = self._to_device(next(batches))
             # Gradients accumulate over `window` micro-batches; DDP all-reduces on the window's last one only.
@@ -263,23 +297,35 @@ class Recipe:
             with self.step.no_sync():
                 meter.add(self.task.train_batch(self.step, batch))
             self.step.end_iteration()
-            self.global_step += 1
             if self.profiler is not None:
                 self.profiler.step()
             if bar is not None:
                 bar.update(1)
+            if not self.step.sync:
+                continue
+            self.global_step += 1  # an accumulation window ended: every optimizer stepped
+            decision = self.cadence.after_step(self.global_step)
+            last = index + 1 == self.train_batches
+            if decision.checkpoint and not (last and self._epoch_checkpoint_due(epoch + 1) and not decision.stop):
+                self._save_mid_epoch(epoch, index + 1, meter)
+            if decision.stop:
+                stopped = True
+                break
         if bar is not None:
             bar.close()
-        return meter.totals()
+        return None if stopped else meter.totals()
 
-    def _progress_bar(self, epoch: int) -> Any:
+    def _progress_bar(self, epoch: int, done: int) -> Any:
         """Rank 0's bar over the epoch's batches, drawn by the driver (ray.experimental.tqdm_ray: worker bars
         render cleanly there instead of interleaving)."""
         if self.rank != 0 or not self.cfg.trainer.progress_bar:
             return None
         from ray.experimental.tqdm_ray import tqdm
 
-        return tqdm(total=self.train_batches, desc=f"epoch {epoch + 1}/{self.cfg.trainer.max_epochs}", unit="batch")
+        bar = tqdm(total=self.train_batches, desc=f"epoch {epoch + 1}/{self.cfg.trainer.max_epochs}", unit="batch")
+        if done:
+            bar.update(done)
+        return bar
 
     def _validate(self) -> dict[str, float]:
         # The unwrapped models: ranks hold different numbers of validation batches, and DDP's forward could
@@ -301,38 +347,60 @@ class Recipe:
         model_states, _ = checkpoint.gather(self.step.models, {})
         return _to_bytes(checkpoint.pack_models(model_states, self.several_models)) if self.rank == 0 else None
 
+    def _epoch_checkpoint_due(self, epochs_done: int) -> bool:
+        return epochs_done == self.cfg.trainer.max_epochs or epochs_done % self.cfg.checkpoint.every_n_epochs == 0
+
     def _report(self, metrics: dict[str, float], epochs_done: int, final: bool) -> bytes | None:
         """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
         adds its share of a full-state checkpoint; at the end rank 0 also returns the weights' bytes."""
-        if not (final or epochs_done % self.cfg.checkpoint.every_n_epochs == 0):
+        if not (final or self._epoch_checkpoint_due(epochs_done)):
             ray.train.report(metrics)
             return None
+        weights = self._checkpoint(metrics, f"epoch_{epochs_done:04d}", epochs_done, position=None)
+        return weights if final else None
+
+    def _save_mid_epoch(self, epoch: int, batches: int, meter: SumMeter) -> None:
+        """A checkpoint after ``batches`` batches of ``epoch`` (0-based): its report carries no epoch metrics (the
+        driver's metrics.jsonl and a sweep's Tune results take epoch reports only), and ranks last among the
+        best checkpoints when ``checkpoint.checkpoint_score_attribute`` orders them."""
+        position = {"batches": batches, "sums": meter.totals()}  # the epoch's partial sums, over every rank
+        metrics: dict[str, Any] = {"step": self.global_step, "epoch_progress": epoch + batches / self.train_batches}
+        score = self.cfg.checkpoint.checkpoint_score_attribute
+        if score is not None:
+            metrics[score] = -math.inf if self.cfg.checkpoint.checkpoint_score_order == "max" else math.inf
+        self._checkpoint(metrics, f"step_{self.global_step:08d}", epoch, position)
+
+    def _checkpoint(
+        self, metrics: dict[str, Any], name: str, epoch: int, position: dict[str, Any] | None
+    ) -> bytes | None:
+        """Every rank reports its share of a full-state checkpoint named ``name`` (a barrier); rank 0 returns the
+        weights' bytes. ``epoch`` is the epoch to train next (0-based), ``position`` how far into it."""
         model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
         weights = None
         with tempfile.TemporaryDirectory() as folder:
             if self.rank == 0:
                 packed = checkpoint.pack_models(model_states, self.several_models)
                 weights = _to_bytes(packed)
-                train_state = self._train_state(epochs_done, optimizer_states)
+                train_state = self._train_state(epoch, optimizer_states, position)
                 checkpoint.write(folder, self.rank, packed, train_state, self.cfg.to_dict())
             else:
                 checkpoint.write(folder, self.rank)
-            ray.train.report(
-                metrics,
-                checkpoint=ray.train.Checkpoint.from_directory(folder),
-                checkpoint_dir_name=f"epoch_{epochs_done:04d}",
-            )
-        return weights if final else None
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder), checkpoint_dir_name=name)
+        self.cadence.saved()
+        return weights
 
-    def _train_state(self, epochs_done: int, optimizer_states: dict[str, Any]) -> dict[str, Any]:
+    def _train_state(
+        self, epoch: int, optimizer_states: dict[str, Any], position: dict[str, Any] | None
+    ) -> dict[str, Any]:
         monitor, mode = monitored(self.task, (self.cfg.trainer.monitor, self.cfg.trainer.monitor_mode))
         scores = [m[monitor] for m in self.history if monitor in m]
         pick = max if mode == "max" else min
         return {
             "optimizers": optimizer_states,
             "step": self.step.state_dict(),  # LR schedules, warm-ups, the fp16 scaler
-            "epoch": epochs_done,  # the sampler's next epoch is this one (0-based)
-            "global_step": self.global_step,
+            "epoch": epoch,  # the epoch to train next (0-based): the sampler's
+            "position": position,  # None at an epoch's end; mid-epoch: batches done per rank, the partial sums
+            "global_step": self.global_step,  # optimizer steps
             "best": {"monitor": monitor, "value": pick(scores) if scores else None},
             "history": self.history,
             "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs

@@ -20,6 +20,17 @@ class SumMeter:
             value = value.detach().to(torch.float64)
             self._sums[name] = self._sums[name] + value if name in self._sums else value
 
+    @classmethod
+    def resumed(cls, totals: Mapping[str, float], rank: int, device: torch.device) -> SumMeter:
+        """A meter that continues an epoch from a mid-epoch checkpoint's all-reduced ``totals``: rank 0 holds
+        them, the other ranks zeros under the same names (so every rank's all-reduce has the same shape)."""
+        meter = cls()
+        meter._sums = {
+            name: torch.tensor(value if rank == 0 else 0.0, dtype=torch.float64, device=device)
+            for name, value in totals.items()
+        }
+        return meter
+
     def totals(self) -> dict[str, float]:
         """The sums over every batch of every worker. A collective: every rank must call it."""
         names = sorted(self._sums)  # the same order on every rank

@@ -44,7 +44,7 @@ def run_trial(config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str,
     train(
         OmegaConf.create(job.cfg.to_dict()),
         run_dir=run_dir,
-        extra_callbacks=[TuneReportCallback()],
+        extra_callbacks=[rundir.EpochReportsOnly(TuneReportCallback())],
         show_summary=False,
         rehearse=False,
     )

@@ -1,5 +1,6 @@
 """Tasks that misbehave or report on purpose, imported inside Ray workers (the repo root is on their path)."""
 
+import hashlib
 import json
 import os
 import signal
@@ -13,21 +14,29 @@ from hydra_raytrain.tasks.gan import GAN
 
 class _CrashOnce:
     """SIGKILLs its own worker process at micro-batch ``at_step`` on ``rank``, once: the marker file records
-    that it happened, so the restarted worker group trains on."""
+    that it happened, so the restarted worker group trains on. It first waits ``linger`` seconds: a checkpoint
+    counts once Ray Train's controller has collected its report (it polls the workers every 0.25 s here), and a
+    worker that dies before that loses it. With ``record`` (a folder), every rank appends each batch it trains
+    (its process id and an md5 of each sample) to ``<record>/rank<R>.jsonl``."""
 
-    def __init__(self, marker: str, at_step: int, rank: int = 1, **task_options):
+    def __init__(
+        self, marker: str, at_step: int, rank: int = 1, record: str | None = None, linger: float = 0, **task_options
+    ):
         super().__init__(**task_options)
-        self.marker, self.at_step, self.rank, self.calls = marker, at_step, rank, 0
+        self.marker, self.at_step, self.rank, self.calls, self.record = marker, at_step, rank, 0, record
+        self.linger = linger
 
     def train_batch(self, step, batch):
         self.calls += 1
-        if (
-            self.calls == self.at_step
-            and ray.train.get_context().get_world_rank() == self.rank
-            and not os.path.exists(self.marker)
-        ):
+        rank = ray.train.get_context().get_world_rank()
+        if self.calls == self.at_step and rank == self.rank and not os.path.exists(self.marker):
             open(self.marker, "w").close()
+            time.sleep(self.linger)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.record:
+            samples = [hashlib.md5(sample.cpu().numpy().tobytes()).hexdigest() for sample in batch[0]]
+            with open(os.path.join(self.record, f"rank{rank}.jsonl"), "a") as file:
+                file.write(json.dumps({"pid": os.getpid(), "samples": samples}) + "\n")
         return super().train_batch(step, batch)
 
 

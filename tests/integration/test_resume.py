@@ -18,17 +18,21 @@ from tests.helpers.loggers import read_scalars
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The GAN under fp16: two models, two optimizers, the GradScaler, and every rank's own noise (RNG) must all
-# come back for the resumed run to match. 8 micro-batches per epoch: micro-batch 20 is in epoch 3, after the
-# epoch-2 checkpoint.
+# come back for the resumed run to match. 8 micro-batches per epoch, a checkpoint every 3 optimizer steps: the
+# worker killed at micro-batch 20 (epoch 3) resumes from the mid-epoch checkpoint of step 18, 2 batches into
+# epoch 3, with the epoch's partial sums.
 EXACT = [
     "experiment=digits_gan",
     "trainer.max_epochs=4",
     "trainer.limit_train_batches=8",
     "trainer.precision=16-mixed",
+    "checkpoint.every_n_steps=3",
     "failure.max_failures=1",
     "task._target_=tests.helpers.tasks.CrashOnceGAN",
     "+task.at_step=20",
+    "+task.linger=2",
 ]
+RESUMED_AFTER = 18
 
 
 def epochs(run_dir):
@@ -40,15 +44,45 @@ def max_difference(a, b):
     return max((a[name][k].float() - b[name][k].float()).abs().max().item() for name in a for k in a[name])
 
 
-def test_a_killed_worker_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_address, tmp_path):
+def trained_batches(record, rank):
+    """The batches a rank trained, in order, grouped by attempt (worker process): lists of per-sample md5s."""
+    attempts = {}
+    for line in (record / f"rank{rank}.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        attempts.setdefault(entry["pid"], []).append(entry["samples"])
+    return list(attempts.values())
+
+
+def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_address, tmp_path):
     """The crashed run also logs to W&B (offline): its two attempts must be one W&B run."""
     (tmp_path / "no_crash").touch()
-    uninterrupted = train(compose_config(*EXACT, f"+task.marker={tmp_path / 'no_crash'}"), run_dir=str(tmp_path / "a"))
+    for record in ("record_a", "record_b"):
+        (tmp_path / record).mkdir()
+    uninterrupted = train(
+        compose_config(*EXACT, f"+task.marker={tmp_path / 'no_crash'}", f"+task.record={tmp_path / 'record_a'}"),
+        run_dir=str(tmp_path / "a"),
+    )
     crashed = train(
-        compose_config(*EXACT, f"+task.marker={tmp_path / 'crashed'}", "logger=wandb", "logger.wandb.mode=offline"),
+        compose_config(
+            *EXACT,
+            f"+task.marker={tmp_path / 'crashed'}",
+            f"+task.record={tmp_path / 'record_b'}",
+            "logger=wandb",
+            "logger.wandb.mode=offline",
+        ),
         run_dir=str(tmp_path / "b"),
     )
     assert (tmp_path / "crashed").exists()  # the worker really was killed
+    # Each rank trained exactly the uninterrupted run's batches: its first attempt's up to the mid-epoch
+    # checkpoint, then the rest of epoch 3 (no batch twice, none skipped) and epoch 4.
+    whole = {rank: trained_batches(tmp_path / "record_a", rank)[0] for rank in (0, 1)}
+    for rank in (0, 1):
+        first, second = trained_batches(tmp_path / "record_b", rank)
+        assert len(first) > RESUMED_AFTER and first[:RESUMED_AFTER] + second == whole[rank]
+    for epoch in range(4):  # and each epoch's samples are distinct: every sample seen once in an epoch
+        samples = [s for rank in (0, 1) for batch in whole[rank][8 * epoch : 8 * (epoch + 1)] for s in batch]
+        assert len(samples) == len(set(samples)) == 8 * 64
+    assert crashed["final"]["step"] == uninterrupted["final"]["step"] == 4 * 8  # optimizer steps
     attempts = sorted((tmp_path / "b").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(attempts) == 2 and len({run.name for run in attempts}) == 1  # a resumed run continues the same W&B run
     assert epochs(tmp_path / "b") == [1, 2, 3, 4]
@@ -66,41 +100,73 @@ def test_a_killed_worker_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_
     assert models["generator"](torch.randn(5, 32)).shape == (5, 1, 8, 8)
 
 
-def test_a_killed_driver_resumes_when_the_same_command_runs_again(ray_address, tmp_path):
+def start_driver(args, cwd, output):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hydra_raytrain", *args], cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT
+    )
+
+
+def wait_for(condition, driver, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and driver.poll() is None:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not reached in {timeout} s (driver exit code {driver.poll()})")
+
+
+def step_checkpoints(tmp_path):
+    return sorted(int(p.name.split("_")[1]) for p in tmp_path.glob("outputs/runs/*/ray_storage/*/step_*"))
+
+
+def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_command_runs_again(ray_address, tmp_path):
+    """23 optimizer steps per epoch (digits, 2 workers), a checkpoint every 4. SIGTERM mid-epoch 2: checkpoint,
+    status preempted, exit code 75. The same command resumes there; SIGKILL it mid-epoch 3; the same command
+    resumes from that epoch's last step checkpoint and ends with the uninterrupted run's steps and weights."""
     args = [
         f"ray.address={ray_address}",
         "trainer.max_epochs=4",
+        "checkpoint.every_n_steps=4",
         "task._target_=tests.helpers.tasks.Slow",
         "+task.seconds_per_batch=0.1",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "hydra_raytrain", *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    metrics = None
-    while time.time() < deadline and driver.poll() is None:
-        metrics = next(tmp_path.glob("outputs/runs/*/metrics.jsonl"), None)
-        if metrics and len(metrics.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.2)
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    run_dir = metrics.parent
-    killed_at = epochs(run_dir)
-    assert 2 <= len(killed_at) < 4 and not (run_dir / "summary.json").exists()
+    with open(tmp_path / "preempted.txt", "w") as output:
+        driver = start_driver(args, tmp_path, output)
+        metrics = wait_for(lambda: next(tmp_path.glob("outputs/runs/*/metrics.jsonl"), None), driver)
+        driver.send_signal(signal.SIGTERM)  # in epoch 2: the first epoch's row is written at its end
+        assert driver.wait(timeout=60) == 75
+    run_dir, printed = metrics.parent, (tmp_path / "preempted.txt").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and epochs(run_dir) == [1], printed[-3000:]
+    preempted_at = int(printed.split("Preempted after optimizer step ")[1].split(":")[0])
+    assert 23 < preempted_at < 46 and preempted_at in step_checkpoints(tmp_path)  # nothing trained after it
+
+    with open(tmp_path / "killed.txt", "w") as output:
+        driver = start_driver(args, tmp_path, output)  # the identical command resumes the preempted run
+        wait_for(lambda: [s for s in step_checkpoints(tmp_path) if s >= 52], driver)  # epoch 3: steps 47-69
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    printed = (tmp_path / "killed.txt").read_text()
+    assert f"Resuming from checkpoint step_{preempted_at:08d}: epoch 2, after batch {preempted_at - 23}/23" in printed
+    assert epochs(run_dir) == [1, 2] and json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
 
     done = run_cli(args, cwd=str(tmp_path))  # the identical command
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Run dir: {run_dir}" in done.stdout  # the same run dir, found from the config alone
-    trained_again = [n for n in range(1, 5) if f"epoch {n}/4" in done.stdout]
-    assert trained_again and min(trained_again) > max(killed_at) - 1  # nothing before the last checkpoint
+    resumed = done.stdout.split("Resuming from checkpoint step_")[1]
+    assert int(resumed[:8]) in (48, 52) and resumed[8:].startswith(": epoch 3, after batch ")
+    assert "epoch 1/4" not in done.stdout and "epoch 2/4" not in done.stdout
     assert epochs(run_dir) == [1, 2, 3, 4]
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final"]["step"] == 4 * 23
+    # The same weights as a run never interrupted (the same training without the sleeps).
+    uninterrupted = train(compose_config(*args[1:-1], "+task.seconds_per_batch=0"), run_dir=str(tmp_path / "whole"))
+    assert uninterrupted["final"]["step"] == 4 * 23
+    a = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
+    b = torch.load(run_dir / "model.pt", weights_only=True)
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) <= 1e-6
 
     again = run_cli(args, cwd=str(tmp_path))  # a finished run: reported, not retrained
     assert again.returncode == 0 and "Run already complete: 4 epochs" in again.stdout

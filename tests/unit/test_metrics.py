@@ -54,3 +54,18 @@ def test_meter_without_process_group_returns_local_sums():
     meter.add({"loss": torch.tensor(1.5), "count": torch.tensor(2)})
     meter.add({"loss": torch.tensor(0.5), "count": torch.tensor(3)})
     assert meter.totals() == {"count": 5.0, "loss": 2.0}
+
+
+def test_a_resumed_meter_continues_the_epochs_sums_on_rank_0_only():
+    import torch
+
+    from hydra_raytrain.recipe.metrics import SumMeter
+
+    partial = {"count": 64.0, "loss": 12.5}
+    rank0 = SumMeter.resumed(partial, rank=0, device=torch.device("cpu"))
+    rank1 = SumMeter.resumed(partial, rank=1, device=torch.device("cpu"))
+    for meter in (rank0, rank1):
+        meter.add({"count": torch.tensor(32.0), "loss": torch.tensor(1.5)})
+    assert rank0.totals() == {"count": 96.0, "loss": 14.0}  # one process: no all-reduce to add rank 1's
+    assert rank1.totals() == {"count": 32.0, "loss": 1.5}  # zeros under the same names: the same all-reduce shape
+    assert SumMeter.resumed({}, rank=1, device=torch.device("cpu")).totals() == {}

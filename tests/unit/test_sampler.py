@@ -51,3 +51,47 @@ def test_global_batches_do_not_depend_on_the_worker_count():
 
 def test_no_shuffle_keeps_the_data_order():
     assert shards(6, 2, shuffle=False, pad=False) == [[0, 2, 4], [1, 3, 5]]
+
+
+@pytest.mark.parametrize("size, world, batch, done", [(100, 2, 5, 3), (101, 3, 4, 8), (7, 4, 1, 1), (30, 1, 7, 4)])
+def test_a_mid_epoch_start_yields_exactly_the_rest_of_the_epoch(size, world, batch, done):
+    """Resuming after ``done`` batches: each rank continues its own sequence, no sample seen twice, none missed."""
+    whole = shards(size, world, epoch=2)
+    samplers = [ShardedSampler(size, world, rank) for rank in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(2, start=done * batch * world)
+    rest = [list(sampler) for sampler in samplers]
+    assert rest == [part[done * batch :] for part in whole]
+    assert [len(s) for s in samplers] == [len(r) for r in rest]
+    samplers[0].set_epoch(3)  # the next epoch starts from its beginning again
+    assert list(samplers[0]) == shards(size, world, epoch=3)[0]
+
+
+def test_seeded_positions_are_pairs_with_a_seed_per_position_and_epoch():
+    sampler = ShardedSampler(10, 2, 1, seed=4, seeds=True)
+    sampler.set_epoch(1)
+    pairs = list(sampler)
+    assert [index for index, _ in pairs] == shards(10, 2, epoch=1, seed=4)[1]
+    assert len({seed for _, seed in pairs}) == len(pairs)
+    sampler.set_epoch(1, start=4)  # a resumed epoch draws the same seeds for the same positions
+    assert list(sampler) == pairs[2:]
+    sampler.set_epoch(2)
+    assert {seed for _, seed in sampler}.isdisjoint(seed for _, seed in pairs)
+
+
+def test_seeded_samples_make_augmentations_depend_on_the_position_only():
+    import torch
+
+    from hydra_raytrain.recipe.sampler import SeededSamples
+
+    class Noisy(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            return index + torch.rand(())
+
+    data = SeededSamples(Noisy())
+    first = data[(2, 123)]
+    torch.rand(5)  # whatever ran before in this process
+    assert data[(2, 123)] == first and data[(2, 124)] != first

@@ -1,0 +1,89 @@
+"""A preemption notice from the driver to the workers.
+
+SIGTERM to the driver (what a scheduler or a spot instance's notice sends) posts a notice on a small Ray actor;
+rank 0 reads it between optimizer steps without waiting on it, and the workers checkpoint at the next step and
+stop (recipe/cadence.py decides it the same on every rank). The run's status is then ``preempted`` and the
+CLI exits with :data:`PREEMPTED_EXIT_CODE`; the identical command resumes the run. A second SIGTERM stops the
+driver at once (as does SIGINT, Ray Train's own abort).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import ray
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the command again
+
+
+class NoticeBoard:
+    """The actor (``num_cpus=0``) that holds the notice."""
+
+    def __init__(self) -> None:
+        self.notice: str | None = None
+
+    def post(self, notice: str) -> None:
+        self.notice = notice
+
+    def read(self) -> str | None:
+        return self.notice
+
+
+@contextlib.contextmanager
+def posted_on_sigterm(name: str) -> Iterator[str | None]:
+    """While training: SIGTERM posts a notice on a board named ``name`` (yielded for the workers), a second
+    SIGTERM kills the driver. Yields None where no signal handler can be installed (not the main thread: a
+    sweep trial), and there is then no board."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    board = ray.remote(num_cpus=0)(NoticeBoard).options(name=name).remote()
+    ray.get(board.read.remote())  # up before the workers look for it
+    received = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if received.is_set():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        received.set()
+        board.post.remote("SIGTERM")
+        print(
+            "SIGTERM: checkpointing at the next optimizer step, then stopping; the same command resumes the run. "
+            "Send SIGTERM again to stop at once.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield name
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        ray.kill(board)
+
+
+class NoticeReader:
+    """Rank 0's view of the board: a read is sent at most every ``interval`` seconds and collected when it has
+    arrived, so a training step never waits on it. True from the first notice on."""
+
+    def __init__(self, name: str, interval: float = 0.5):
+        self.board = ray.get_actor(name)
+        self.interval, self.pending, self.asked_at, self.received = interval, None, 0.0, False
+
+    def __call__(self) -> bool:
+        if self.received:
+            return True
+        if self.pending is not None:
+            ready, _ = ray.wait([self.pending], timeout=0)
+            if ready:
+                self.received, self.pending = ray.get(self.pending) is not None, None
+        elif time.monotonic() - self.asked_at >= self.interval:
+            self.pending, self.asked_at = self.board.read.remote(), time.monotonic()
+        return self.received

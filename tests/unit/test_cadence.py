@@ -1,0 +1,44 @@
+"""When a mid-epoch checkpoint is due (one rank: the decision is rank 0's; the integration tests cover the
+broadcast to the other ranks with two workers)."""
+
+from hydra_raytrain.recipe.cadence import Cadence, Decision
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_every_n_steps_counts_optimizer_steps():
+    cadence = Cadence(3, None, None, rank=0, world_size=1)
+    assert [cadence.after_step(step).checkpoint for step in range(1, 8)] == [False, False, True] * 2 + [False]
+
+
+def test_every_n_minutes_counts_from_the_last_checkpoint_of_either_kind():
+    clock = Clock()
+    cadence = Cadence(None, 0.5, None, rank=0, world_size=1, clock=clock)
+    clock.now += 29
+    assert cadence.after_step(1) == Decision()
+    clock.now += 1
+    assert cadence.after_step(2) == Decision(checkpoint=True)
+    cadence.saved()  # mid-epoch or epoch-end: the next is due 30 s from now
+    clock.now += 29
+    assert not cadence.after_step(3).checkpoint
+
+
+def test_a_preemption_notice_checkpoints_and_stops():
+    notices = iter([False, False, True])
+    cadence = Cadence(None, None, lambda: next(notices), rank=0, world_size=1, watch_notice=True)
+    assert [cadence.after_step(step) for step in (1, 2, 3)] == [
+        Decision(),
+        Decision(),
+        Decision(checkpoint=True, stop=True),
+    ]
+
+
+def test_nothing_is_due_without_settings():
+    cadence = Cadence(None, None, None, rank=0, world_size=1)
+    assert not any(cadence.after_step(step).checkpoint for step in range(1, 100))
