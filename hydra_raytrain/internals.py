@@ -12,6 +12,9 @@ from typing import Any
 # Ray 2.60, Train V2: a worker's "Error in training function:" log line with its traceback
 # (ray/train/v2/_internal/util.py), which the driver filters (logfiles.quiet_ray_train).
 RAY_TRAIN_USER_ERROR_LOGGER = "ray.train.v2._internal.util"
+# Ray 2.60, Train V2: the controller's loop, which logs "Error in control loop iteration" with a traceback when a
+# callback raises (driver/failures.py ends a run that way, and filters that line: the driver says it once).
+RAY_TRAIN_CONTROLLER_LOGGER = "ray.train.v2._internal.execution.controller.controller"
 # Ray 2.60, Train V2: the controller's placement-group cleaner, which warns every few seconds without a state API.
 RAY_TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 

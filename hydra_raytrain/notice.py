@@ -4,7 +4,7 @@ SIGTERM to the driver (what a scheduler or a spot instance's notice sends) posts
 rank 0 reads it between optimizer steps without waiting on it, and the workers checkpoint at the next step and
 stop (recipe/cadence.py decides it the same on every rank). The run's status is then ``preempted`` and the
 CLI exits with :data:`PREEMPTED_EXIT_CODE`; the identical command resumes the run. A second SIGTERM stops the
-driver at once (as does SIGINT, Ray Train's own abort).
+driver at once (as does SIGINT, Ray Train's own abort). The board lives on the driver's node.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import ray
 
@@ -36,19 +38,27 @@ class NoticeBoard:
 
 
 @contextlib.contextmanager
-def posted_on_sigterm(name: str) -> Iterator[str | None]:
-    """While training: SIGTERM posts a notice on a board named ``name`` (yielded for the workers), a second
-    SIGTERM kills the driver. Yields None where no signal handler can be installed (not the main thread: a
-    sweep trial), and there is then no board."""
+def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
+    """While training: SIGTERM posts a notice on a board (its name, ``prefix`` and a unique suffix, is yielded
+    for the workers), a second SIGTERM goes to the handler there was before (Ray's exits the driver). Yields
+    None where no signal handler can be installed (not the main thread: a sweep trial); there is then no board."""
     if threading.current_thread() is not threading.main_thread():
         yield None
         return
-    board = ray.remote(num_cpus=0)(NoticeBoard).options(name=name).remote()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    name = f"{prefix}.{uuid.uuid4().hex[:8]}"
+    on_this_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    board = ray.remote(num_cpus=0)(NoticeBoard).options(name=name, scheduling_strategy=on_this_node).remote()
     ray.get(board.read.remote())  # up before the workers look for it
     received = threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    def on_sigterm(signum: int, frame: Any) -> None:
         if received.is_set():
+            if callable(previous):
+                previous(signum, frame)
+                return
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
@@ -61,12 +71,13 @@ def posted_on_sigterm(name: str) -> Iterator[str | None]:
             flush=True,
         )
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield name
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        ray.kill(board)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        with contextlib.suppress(Exception):  # Ray may be gone already: the run's own error matters, not this
+            ray.kill(board)
 
 
 class NoticeReader:
@@ -83,7 +94,11 @@ class NoticeReader:
         if self.pending is not None:
             ready, _ = ray.wait([self.pending], timeout=0)
             if ready:
-                self.received, self.pending = ray.get(self.pending) is not None, None
+                try:
+                    self.received = ray.get(self.pending) is not None
+                except ray.exceptions.RayActorError:  # the driver is gone: Ray Train ends the run
+                    self.interval = float("inf")
+                self.pending = None
         elif time.monotonic() - self.asked_at >= self.interval:
             self.pending, self.asked_at = self.board.read.remote(), time.monotonic()
         return self.received

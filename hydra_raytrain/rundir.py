@@ -63,7 +63,7 @@ class EpochReportsOnly(UserCallback):
 
 def is_epoch_report(metrics: dict[str, Any]) -> bool:
     """An epoch's metrics, not a mid-epoch checkpoint's report (recipe/loop.py ``_save_mid_epoch``)."""
-    return "epoch" in metrics
+    return "epoch_progress" not in metrics
 
 
 def format_epoch(metrics: dict[str, Any], max_epochs: int) -> str:

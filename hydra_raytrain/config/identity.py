@@ -9,13 +9,13 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 # Keys that cannot change what is learned: how Ray is reached, where results go, what is logged, when and
-# which checkpoints are kept, whether to resume.
-NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint")
+# which checkpoints are kept, whether to resume, which failures are retried (a retry resumes exactly).
+NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure")
 # Trainer settings that only change what is shown or measured.
 NON_RESULT_TRAINER_KEYS = ("progress_bar", "profile", "profiler_steps")
 
@@ -25,6 +25,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         return cfg["storage"]["name"]
     identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
     identity["trainer"] = {k: v for k, v in identity["trainer"].items() if k not in NON_RESULT_TRAINER_KEYS}
+    if (cfg.get("run") or {}).get("init_from"):  # a warm start: another starting point, another run
+        identity["init_from"] = {k: v for k, v in cfg["run"].items() if k.startswith("init_")}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     model = (
         _label(cfg["model"]) if "_target_" in cfg["model"] else _label(cfg["task"])
@@ -54,6 +56,11 @@ def run_identity(cfg: DictConfig, cwd: str) -> str:
     resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in sections}
     for section in ("model", "dataset", "task", "optimizer", "scheduler"):
         absolute_target_paths(resolved.get(section), cwd)
+    run = cast(dict[str, Any], resolved.get("run") or {})
+    if run.get("init_from"):
+        from hydra_raytrain.recipe.warm_start import source_path
+
+        run["init_from"] = source_path(run["init_from"], cwd)
     return run_name(resolved)
 
 

@@ -36,16 +36,19 @@ REHEARSED_SAMPLES = 16
 WEIGHT_ARGUMENTS = ("weights", "pretrained")
 
 
-def rehearse(cfg: Mapping[str, Any], schedule: bool = True) -> set[str] | None:
+def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = True) -> set[str] | None:
     """Build and run what a worker would; return the metric names a run reports (None when the step could not be
     rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
-    optimizer's or the schedule's arguments were refused)."""
+    optimizer's or the schedule's arguments were refused); ``warm_start``: also load ``run.init_from``'s weights
+    (not when that setting was refused)."""
     from hydra_raytrain.tasks.base import Task
 
     on_gpu = cfg["scaling"]["use_gpu"]  # the workers' device is not the driver's CPU: what fails here may work there
     splits, models, task = _build_parts(cfg, on_gpu)
     if splits is None or models is None:
         return None
+    if warm_start and cfg["run"].get("init_from"):
+        check_warm_start(cfg, models)
     batch = _spread_samples(splits.train)
     model = models if "_target_" not in cfg["model"] else models["model"]
     try:
@@ -193,6 +196,16 @@ def _parameter_count(spec: Mapping[str, Any]) -> int:
 
 def warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def check_warm_start(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
+    """``run.init_from``'s weights loaded into the rehearsed models, as the workers load them: what does not fit
+    is named here, key by key, before any worker starts."""
+    from hydra_raytrain.recipe import checkpoint, warm_start
+
+    run, several = cfg["run"], "_target_" not in cfg["model"]
+    saved = checkpoint.unpack_models(warm_start.read(run["init_from"], False)["model"], several)
+    warm_start.check_fit(models, saved, run["init_from"], run["init_from_strict"])
 
 
 def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:

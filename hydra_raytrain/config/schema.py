@@ -13,6 +13,7 @@ These dataclasses are the one source of the typed sections' defaults: conf/ has 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,20 +101,46 @@ class StorageConfig:
     )
 
 
+# Errors that repeat when the same code meets the same config and data: retrying them costs a start-up each and
+# ends the same way. Regular expressions searched in "<ExceptionType>: <message>" of each worker's error.
+NOT_RETRIED = (
+    r"^(TypeError|ValueError|AttributeError|KeyError|IndexError|NameError|UnboundLocalError|NotImplementedError"
+    r"|AssertionError|ZeroDivisionError|ImportError|ModuleNotFoundError|SyntaxError|RecursionError"
+    r"|FileNotFoundError|IsADirectoryError|NotADirectoryError|PermissionError|InstantiationException"
+    r"|ConfigError):",
+    # torch's shape and dtype mismatches (RuntimeError)
+    r"^RuntimeError: .*(shapes cannot be multiplied|size mismatch|must match the size of tensor|Given groups="
+    r"|expected scalar type|Error\(s\) in loading state_dict|Expected all tensors to be on the same device)",
+    r"^OutOfMemoryError: CUDA out of memory",  # the same batch will not fit next time either
+)
+
+
 @dataclass
 class FailureConfig:
     """Worker-failure handling (``ray.train.FailureConfig``)::
 
         python -m hydra_raytrain failure.max_failures=3
+        python -m hydra_raytrain failure.max_failures=3 'failure.retry_on=[CUDA out of memory]'
 
-    Ray's default controller limit (-1) retries forever when resources never come; ours is finite."""
+    Ray's default controller limit (-1) retries forever when resources never come; ours is finite. A worker
+    that raises an error matching ``not_retried`` (and no ``retry_on`` pattern) ends the run at once instead of
+    being retried; a worker process that died (killed, out of host memory, its node lost) is always retried.
+    Both are lists of regular expressions searched in ``"<ExceptionType>: <message>"``."""
 
     max_failures: int = 0
     controller_failure_limit: int = 3
+    not_retried: list[str] = field(default_factory=lambda: list(NOT_RETRIED))
+    retry_on: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _at_least("failure.max_failures", self.max_failures, -1)
         _at_least("failure.controller_failure_limit", self.controller_failure_limit, 0)
+        for key in ("not_retried", "retry_on"):
+            for pattern in getattr(self, key):
+                try:
+                    re.compile(pattern)
+                except re.error as error:
+                    raise ConfigError(f"failure.{key}", pattern, f"not a regular expression ({error}).") from None
 
 
 @dataclass
@@ -317,9 +344,15 @@ class RunSettings:
         python -m hydra_raytrain run.resume=never    # discard that run's previous state and train from scratch
 
     The identical command finds the same run: an unfinished one resumes from its latest checkpoint, a finished one
-    is reported as complete."""
+    is reported as complete. ``init_from`` starts a new run from another run's weights (recipe/warm_start.py)::
+
+        python -m hydra_raytrain run.init_from=outputs/runs/<name> optimizer.lr=1e-4   # fine-tune
+    """
 
     resume: str = "auto"  # auto: resume an unfinished run, report a finished one; never: discard its state, start fresh
+    init_from: str | None = None  # a run dir or a checkpoint folder (local, or s3://...): its weights to start from
+    init_from_strict: bool = True  # the same keys (shapes must always match)
+    init_optimizer: bool = False  # the optimizers' state too (a checkpoint folder's train_state.pt)
 
     def __post_init__(self) -> None:
         if self.resume not in ("auto", "never"):

@@ -50,6 +50,12 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
             check_targets(section, resolved[section], cwd, problems)
     if resolved.get("storage", {}).get("path"):
         resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
+    run = resolved.get("run") or {}
+    if run.get("init_from"):
+        from hydra_raytrain.recipe.warm_start import locate
+
+        with problems.collect():
+            run["init_from"] = locate(run["init_from"], cwd, run["init_optimizer"])
     if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
         problems.raise_any()
     from hydra_raytrain.recipe.loaders import per_worker_batch_size
@@ -73,7 +79,9 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
         from hydra_raytrain.config.rehearsal import rehearse as rehearse_step
 
         with problems.collect():
-            rehearse_step(resolved, schedule=not problems.failed("scheduler", "optimizer"))
+            rehearse_step(
+                resolved, schedule=not problems.failed("scheduler", "optimizer"), warm_start=not problems.failed("run")
+            )
     problems.raise_any()
     return Resolved.from_dict(resolved)
 

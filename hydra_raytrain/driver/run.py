@@ -25,7 +25,7 @@ from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.driver import builders, cluster, report
+from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
@@ -125,6 +125,8 @@ def _fit(
     trainer = resolved.trainer
     monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
     epoch_log = rundir.EpochLog(run_dir, resolved.trainer.max_epochs)
+    failures.forget(run_dir)
+    failure_log = failures.FailureLog(run_dir, resolved.failure)
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
@@ -135,7 +137,7 @@ def _fit(
             train_loop_config={"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name, "notice": notice},
             scaling_config=builders.scaling_config(resolved.scaling),
             run_config=builders.run_config(
-                resolved, storage, callbacks=[epoch_log, *extra_callbacks], worker_env=worker_env
+                resolved, storage, callbacks=[epoch_log, failure_log, *extra_callbacks], worker_env=worker_env
             ),
         )
         return trainer.fit()
@@ -148,6 +150,7 @@ def _fit(
         summary["stopped_early"] = status == "completed" and len(history) < resolved.trainer.max_epochs
         summary["loggers"] = sorted(resolved.logger)  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
+        summary["failures"] = failures.read(run_dir)  # what failed in this command, what was retried and why
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
@@ -228,7 +231,7 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
     """``run.resume=never``: this run's earlier files and Ray state go, so nothing resumes from them."""
     removed = [
         f
-        for f in (rundir.METRICS_FILE, rundir.SUMMARY_FILE, rundir.MODEL_FILE)
+        for f in (rundir.METRICS_FILE, rundir.SUMMARY_FILE, rundir.MODEL_FILE, failures.FAILURES_FILE)
         if os.path.exists(os.path.join(run_dir, f))
     ]
     for file in removed:
@@ -256,8 +259,11 @@ def _save_composed(run_dir: str, cfg: DictConfig) -> None:
 
 def _first_cause(error: TrainingFailedError) -> str:
     """The lowest rank's error in one line (Hydra's instantiate wraps builder errors; its key line is noise)."""
-    failures = getattr(error, "worker_failures", None)
-    if not failures:
+    not_retried = getattr(error, "controller_failure", None)
+    if isinstance(not_retried, failures.NotRetried):
+        return str(not_retried)
+    worker_failures = getattr(error, "worker_failures", None)
+    if not worker_failures:
         return str(error).strip().splitlines()[-1]
-    rank, cause = sorted(failures.items())[0]
+    rank, cause = sorted(worker_failures.items())[0]
     return f"worker {rank}: {type(cause).__name__}: {one_line(cause)}"

@@ -87,9 +87,11 @@ def load(
     optimizers: dict[str, torch.optim.Optimizer],
     model_states: dict[str, Any],
     optimizer_states: dict[str, Any],
+    strict: bool = True,
 ) -> None:
-    """The inverse of :func:`gather`; every rank passes the full states it read from the checkpoint."""
-    options = StateDictOptions(full_state_dict=True)
+    """The inverse of :func:`gather`; every rank passes the full states it read from the checkpoint (a model's
+    state may leave keys out with ``strict=False``: a warm start)."""
+    options = StateDictOptions(full_state_dict=True, strict=strict)
     for name, model in models.items():
         set_model_state_dict(model, model_states[name], options=options)
     for name, optimizer in optimizers.items():

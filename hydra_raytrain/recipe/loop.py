@@ -15,6 +15,7 @@ import itertools
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
 from typing import Any, cast
@@ -29,7 +30,7 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
-from hydra_raytrain.recipe import checkpoint
+from hydra_raytrain.recipe import checkpoint, warm_start
 from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
@@ -93,7 +94,9 @@ class Recipe:
         self.history: list[dict[str, Any]] = []
         self.tracker_ids: dict[str, str] = {}
         self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
-        self._resume()
+        if self.cfg.run.init_from and ray.train.get_checkpoint() is None:  # a resumed run has newer weights
+            self._warm_start()
+        rng = self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
@@ -103,19 +106,24 @@ class Recipe:
         self.cadence = Cadence(
             every.every_n_steps, every.every_n_minutes, notice, self.rank, self.world_size, self.notice is not None
         )
+        if rng is not None:  # last: nothing above draws from the streams the checkpoint left
+            checkpoint.set_rng_state(rng)
 
     def cleanup(self, status: str) -> None:
         torch.set_default_dtype(self.default_dtype)
         for error in finish_all(getattr(self, "loggers", {}), status):
             logger.warning(f"a logger failed to finish: {error}")
 
-    def _resume(self) -> None:
+    def _resume(self) -> dict[str, Any] | None:
         """Continue from Ray's latest checkpoint (after a worker failure, or a re-run of the same run);
-        a checkpoint that does not load is skipped for the one before it."""
+        a checkpoint that does not load is skipped for the one before it. Returns this rank's RNG states to set
+        once setup is done (None: not resumed, or a rank the checkpoint did not have)."""
         latest = ray.train.get_checkpoint()
         if latest is None:
-            return
-        older = [reported.checkpoint for reported in reversed(ray.train.get_all_reported_checkpoints())]
+            return None
+        # Newest first: Ray lists them by score when checkpoint_score_attribute is set; every report has its step.
+        reported = sorted(ray.train.get_all_reported_checkpoints(), key=lambda r: -r.metrics.get("step", -1))
+        older = [r.checkpoint for r in reported]
         candidates = [latest] + [c for c in older if c.path != latest.path]
         state = checkpoint.read_newest_loadable(candidates, self.rank, warn=lambda message: logger.warning(message))
         if state is None:
@@ -125,7 +133,7 @@ class Recipe:
         checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
         self.step.load_state_dict(train["step"])
         self.start_epoch, self.global_step = train["epoch"], train["global_step"]
-        self.position = train.get("position")
+        self.position = self._position_now(train.get("position"))
         if self.rank == 0:
             where = (
                 f"epoch {self.start_epoch + 1}, after batch {self.position['batches']}/{self.train_batches}"
@@ -135,8 +143,40 @@ class Recipe:
             print(f"Resuming from checkpoint {state['name']}: {where}, optimizer step {self.global_step}", flush=True)
         self.history = list(train["history"])
         self.tracker_ids = dict(train.get("tracker_ids") or {})
-        if state["rng"] is not None:
-            checkpoint.set_rng_state(state["rng"])
+        return state["rng"]
+
+    def _position_now(self, position: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A mid-epoch position in this run's batches: the same unless the world size changed with a per-worker
+        batch size; an epoch whose consumed samples do not split into whole batches now starts again."""
+        if position is None:
+            return None
+        samples, per_step = position["samples"], self.batch_size * self.world_size
+        if samples % per_step:
+            logger.warning(
+                f"the checkpoint stopped {samples} samples into epoch {self.start_epoch + 1}, which is no whole number "
+                f"of this run's batches ({per_step} samples each): the epoch starts again"
+            )
+            return None
+        return {**position, "batches": samples // per_step}
+
+    def _warm_start(self) -> None:
+        """``run.init_from``: another run's weights (and optimizer state, ``run.init_optimizer``) as the start."""
+        run = self.cfg.run
+        assert run.init_from is not None
+        state = warm_start.read(run.init_from, run.init_optimizer)
+        saved = checkpoint.unpack_models(state["model"], self.several_models)
+        warm_start.check_fit(self.step.unwrapped, saved, run.init_from, run.init_from_strict)
+        models = {name: warm_start.fitting(m.state_dict(), saved[name]) for name, m in self.step.unwrapped.items()}
+        optimizers = self.step.optimizers if state["optimizers"] else {}
+        configured = {name: warm_start.hyperparameters(optimizer) for name, optimizer in optimizers.items()}
+        checkpoint.load(self.step.models, optimizers, models, state["optimizers"] or {}, strict=run.init_from_strict)
+        for name, optimizer in optimizers.items():  # the state (moments, step counts) came; the settings stay ours
+            for group, settings in zip(optimizer.param_groups, configured[name], strict=True):
+                group.update(settings)
+        if self.rank == 0:
+            loaded = sum(len(states) for states in models.values())
+            also = " and the optimizer state" if state["optimizers"] else ""
+            print(f"Starting from run.init_from={run.init_from}: {loaded} weights{also}", flush=True)
 
     def _setup_data(self) -> None:
         trainer = self.cfg.trainer
@@ -229,11 +269,10 @@ class Recipe:
         for epoch in range(self.start_epoch, max_epochs):
             if self._stop_early():  # a resumed run that had already stopped
                 break
-            position, self.position = self.position or {"batches": 0, "sums": {}}, None
+            position, self.position = self.position or {"samples": 0, "batches": 0, "sums": {}}, None
             # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
             # A resumed epoch starts after what its ranks consumed before the checkpoint.
-            start = position["batches"] * self.batch_size * self.world_size
-            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=start)
+            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=position["samples"])
             # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
             # draw exactly what the uninterrupted one drew.
             self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
@@ -266,6 +305,7 @@ class Recipe:
             weights = self._report(metrics, epoch + 1, final=final)
             if final:
                 break
+        self.cadence.close()
         if self.profiler is not None:
             self.profiler.stop()
         if weights is None and self.status == "completed":  # nothing left to train: we resumed from the last one
@@ -363,11 +403,14 @@ class Recipe:
         """A checkpoint after ``batches`` batches of ``epoch`` (0-based): its report carries no epoch metrics (the
         driver's metrics.jsonl and a sweep's Tune results take epoch reports only), and ranks last among the
         best checkpoints when ``checkpoint.checkpoint_score_attribute`` orders them."""
-        position = {"batches": batches, "sums": meter.totals()}  # the epoch's partial sums, over every rank
+        samples = batches * self.batch_size * self.world_size  # positions of the epoch's order consumed
+        position = {"samples": samples, "batches": batches, "sums": meter.totals()}  # sums: over every rank
         metrics: dict[str, Any] = {"step": self.global_step, "epoch_progress": epoch + batches / self.train_batches}
         score = self.cfg.checkpoint.checkpoint_score_attribute
-        if score is not None:
-            metrics[score] = -math.inf if self.cfg.checkpoint.checkpoint_score_order == "max" else math.inf
+        if score is not None and score not in metrics:  # the worst score there is, and finite: Ray saves it as JSON
+            metrics[score] = (
+                -sys.float_info.max if self.cfg.checkpoint.checkpoint_score_order == "max" else sys.float_info.max
+            )
         self._checkpoint(metrics, f"step_{self.global_step:08d}", epoch, position)
 
     def _checkpoint(

@@ -96,6 +96,13 @@ class CudaOnly(Classification):
         return super().validation_step(model, batch)
 
 
+class ShapeMismatch(Classification):
+    """A bug that repeats on every attempt: a matrix product of mismatched shapes in the training step."""
+
+    def train_batch(self, step, batch):
+        __import__("torch").zeros(2, 3) @ __import__("torch").zeros(2, 3)
+
+
 class FailsInTraining(Classification):
     """Raises in its first training step: a failure only a running worker can meet (the driver rehearses the
     validation step, not training)."""

@@ -131,6 +131,8 @@ def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["epochs_completed"] == 0
     assert "Traceback" in summary["error"] and "the loss diverged" in summary["error"]
+    [failure] = summary["failures"]
+    assert failure["retried"] is False and failure["why"] == "failure.max_failures=0 reached"
 
 
 BAD_INPUTS = [

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hydra_raytrain import load_model, train
+from hydra_raytrain.driver.run import TrainingFailed
 from tests.conftest import ROOT, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 
@@ -83,6 +84,8 @@ def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupte
         samples = [s for rank in (0, 1) for batch in whole[rank][8 * epoch : 8 * (epoch + 1)] for s in batch]
         assert len(samples) == len(set(samples)) == 8 * 64
     assert crashed["final"]["step"] == uninterrupted["final"]["step"] == 4 * 8  # optimizer steps
+    [failure] = crashed["failures"]
+    assert failure["retried"] is True and failure["why"] == "a worker process died", failure
     attempts = sorted((tmp_path / "b").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(attempts) == 2 and len({run.name for run in attempts}) == 1  # a resumed run continues the same W&B run
     assert epochs(tmp_path / "b") == [1, 2, 3, 4]
@@ -185,6 +188,23 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
     assert "Logged the finished run" not in once_more.stdout and len(list((run_dir / "tensorboard").iterdir())) == 1
 
 
+def test_an_error_that_would_repeat_is_not_retried_and_the_summary_says_why(ray_address, tmp_path):
+    """A shape mismatch in the training step, with 3 retries allowed: one attempt, not four."""
+    with pytest.raises(TrainingFailed) as caught:
+        train(
+            compose_config("debug=smoke", "failure.max_failures=3", "task._target_=tests.helpers.tasks.ShapeMismatch"),
+            run_dir=str(tmp_path),
+        )
+    message = str(caught.value)
+    assert "worker 0: RuntimeError: mat1 and mat2 shapes cannot be multiplied" in message, message
+    assert "not retried: worker 0's error would repeat (matches failure.not_retried" in message
+    assert "Traceback" not in (tmp_path / "driver.log").read_text()  # said once, by the driver's last line
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    [failure] = summary["failures"]  # a retry would have failed again, and been recorded
+    assert summary["status"] == "failed" and failure["retried"] is False
+    assert "shapes cannot be multiplied" in failure["errors"]["0"]
+
+
 def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ray_address, tmp_path):
     shared = [f"storage.path={tmp_path / 'storage'}", "storage.name=shared", "debug=smoke"]
     train(compose_config(*shared, "trainer.max_epochs=2"), run_dir=str(tmp_path / "first"))
@@ -195,18 +215,56 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ray_address,
     assert epochs(tmp_path / "second") == [2, 3]  # resumed after epoch 1, not after the broken epoch 2
 
 
-def test_top_k_retention_keeps_the_best_and_the_latest(ray_address, tmp_path):
-    overrides = [
-        "trainer.max_epochs=5",
-        "trainer.limit_train_batches=3",
-        "checkpoint.num_to_keep=2",
-        "checkpoint.checkpoint_score_attribute=val_accuracy",
-        "checkpoint.checkpoint_score_order=max",
-    ]
-    summary = train(compose_config(*overrides), run_dir=str(tmp_path))
+RETAINED = [
+    "trainer.max_epochs=5",
+    "trainer.limit_train_batches=3",
+    "checkpoint.num_to_keep=2",
+    "checkpoint.checkpoint_score_attribute=val_accuracy",
+    "checkpoint.checkpoint_score_order=max",
+]
+
+
+@pytest.fixture(scope="module")
+def retained_run(ray_address, tmp_path_factory):
+    """A 5-epoch run keeping its 2 best checkpoints (and the latest): the retention test's, and the warm
+    starts' source."""
+    run_dir = tmp_path_factory.mktemp("retained")
+    return run_dir, train(compose_config(*RETAINED), run_dir=str(run_dir))
+
+
+def test_top_k_retention_keeps_the_best_and_the_latest(retained_run):
+    tmp_path, summary = retained_run
     history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     best_two = sorted(history, key=lambda m: m["val_accuracy"], reverse=True)[:2]
     expected = {f"epoch_{m['epoch']:04d}" for m in best_two} | {"epoch_0005"}  # Ray never deletes the latest
     kept = {p.name for p in (tmp_path / "ray_storage").glob("*/epoch_*")}
     assert kept == expected, (kept, [(m["epoch"], m["val_accuracy"]) for m in history])
     assert os.path.isdir(summary["storage"])
+
+
+# A warm start trained with a learning rate of 0 keeps the weights it started from: its epoch shows them.
+WARM = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "optimizer.lr=0"]
+
+
+def test_a_warm_start_from_a_run_dir_starts_from_its_weights(retained_run, tmp_path):
+    source, finished = retained_run
+    summary = train(compose_config(*WARM, f"run.init_from={source}"), run_dir=str(tmp_path))
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 1  # a new run: its own identity
+    assert f"Starting from run.init_from={source}: " in (tmp_path / "driver.log").read_text()
+    a = torch.load(source / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) == 0
+    assert summary["final"]["val_loss"] == pytest.approx(finished["final"]["val_loss"], rel=1e-9)
+
+
+def test_a_warm_start_from_a_checkpoint_can_take_the_optimizer_state(retained_run, tmp_path):
+    source, _ = retained_run
+    [checkpoint] = source.glob("ray_storage/*/epoch_0005")
+    train(compose_config(*WARM, f"run.init_from={checkpoint}", "run.init_optimizer=true"), run_dir=str(tmp_path))
+    assert "weights and the optimizer state" in (tmp_path / "driver.log").read_text()
+    [warm] = tmp_path.glob("ray_storage/*/epoch_0001")
+    before = torch.load(checkpoint / "train_state.pt", weights_only=True)["optimizers"]["model"]
+    after = torch.load(warm / "train_state.pt", weights_only=True)["optimizers"]["model"]
+    steps = {name: float(state["step"]) for name, state in after["state"].items()}
+    assert set(steps.values()) == {5 * 3 + 1}  # Adam's step counts went on from the source's 15
+    assert after["param_groups"][0]["lr"] == 0 and before["param_groups"][0]["lr"] == 0.002  # our lr, its state

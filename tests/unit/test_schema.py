@@ -20,6 +20,7 @@ from tests.conftest import compose_config
         ("scaling.placement_strategy=NEAR", "scaling.placement_strategy", "NEAR"),
         ("checkpoint.checkpoint_score_order=up", "checkpoint.checkpoint_score_order", "up"),
         ("checkpoint.every_n_steps=0", "checkpoint.every_n_steps", "0"),
+        ("failure.retry_on=['(']", "failure.retry_on", "("),
         ("checkpoint.every_n_minutes=0", "checkpoint.every_n_minutes", "0"),
         ("trainer.dataloader.persistent_workers=true", "trainer.dataloader.num_workers", "0"),
         ("trainer.precision=fp8", "trainer.precision", "fp8"),

@@ -1,0 +1,127 @@
+"""``run.init_from``: a new run (its own identity) that starts from another run's weights — fine-tuning, or a
+longer schedule — instead of a fresh initialisation::
+
+    python -m hydra_raytrain run.init_from=outputs/runs/<name>                      # a run dir: its model.pt
+    python -m hydra_raytrain run.init_from=<storage>/<name>/epoch_0012 run.init_optimizer=true
+    python -m hydra_raytrain run.init_from=s3://bucket/runs/<name>/step_00004000 run.init_from_strict=false
+
+A run dir or a checkpoint folder, local or at a URI Ray Train's storage reads (``s3://``, ``gs://``). The weights
+must fit the model: every shape equal, and (``run.init_from_strict``, the default) the same keys. With
+``run.init_optimizer`` the optimizers' state comes too (a checkpoint folder's ``train_state.pt``: moments, step
+counts), while their settings (``optimizer.lr``...) stay the configured ones. A run that resumes from its own
+checkpoint ignores ``init_from``: its checkpoint is newer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.rundir import MODEL_FILE, SUMMARY_FILE
+
+STATE_FILE = "train_state.pt"  # recipe/checkpoint.py's
+KEY = "run.init_from"
+
+
+def locate(source: str, cwd: str, init_optimizer: bool) -> str:
+    """The source as workers read it (a local path made absolute against the driver's folder); a ConfigError
+    when it holds no model.pt, or no train_state.pt for ``run.init_optimizer``."""
+    source = source_path(source, cwd)
+    names = _listing(source)
+    if names is None or MODEL_FILE not in names:
+        raise ConfigError(
+            KEY,
+            source,
+            "no model.pt there." if names is not None else "not found.",
+            "a run dir (outputs/runs/<name>) or a checkpoint folder (<storage>/<name>/epoch_NNNN)",
+        )
+    if init_optimizer and STATE_FILE not in names:
+        kind = "a run dir" if SUMMARY_FILE in names else "a folder"
+        raise ConfigError(
+            "run.init_optimizer",
+            True,
+            f"needs a checkpoint folder (it holds {STATE_FILE}); {source} is {kind} without one.",
+            "run.init_from=<storage>/<name>/epoch_NNNN, or run.init_optimizer=false",
+        )
+    return source
+
+
+def source_path(source: str, cwd: str) -> str:
+    """A URI as it is; a local path absolute (against the driver's folder: workers run elsewhere)."""
+    return source if "://" in source else os.path.abspath(os.path.join(cwd, os.path.expanduser(source)))
+
+
+def _listing(source: str) -> list[str] | None:
+    if "://" not in source:
+        return sorted(os.listdir(source)) if os.path.isdir(source) else None
+    import pyarrow.fs
+
+    filesystem, path = pyarrow.fs.FileSystem.from_uri(source)
+    infos = filesystem.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True))
+    return sorted(os.path.basename(info.path) for info in infos) or None
+
+
+def read(source: str, init_optimizer: bool) -> dict[str, Any]:
+    """``model``: model.pt's state (one state_dict, or {name: state_dict}); ``optimizers``: the optimizers'
+    full states when asked."""
+    import ray.train
+    import torch
+
+    with ray.train.Checkpoint(path=source).as_directory() as folder:
+        model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True, map_location="cpu")
+        optimizers = None
+        if init_optimizer:
+            state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu")
+            optimizers = state["optimizers"]
+    return {"model": model, "optimizers": optimizers}
+
+
+def mismatches(expected: Mapping[str, Any], saved: Mapping[str, Any], strict: bool) -> list[str]:
+    """What keeps ``saved`` (a state_dict) from loading into a model whose state_dict is ``expected``: shapes that
+    differ (always), keys missing or unexpected (``strict``)."""
+    problems = [
+        f"{key} (saved {list(saved[key].shape)}, model {list(value.shape)})"
+        for key, value in expected.items()
+        if key in saved and hasattr(value, "shape") and tuple(saved[key].shape) != tuple(value.shape)
+    ]
+    if problems:
+        problems = ["shapes differ: " + ", ".join(problems)]
+    if strict:
+        missing = [key for key in expected if key not in saved]
+        unexpected = [key for key in saved if key not in expected]
+        problems += [f"missing: {', '.join(missing)}"] if missing else []
+        problems += [f"unexpected: {', '.join(unexpected)}"] if unexpected else []
+    return problems
+
+
+def fitting(expected: Mapping[str, Any], saved: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``saved`` that the model has (``run.init_from_strict=false`` skips the others)."""
+    return {key: value for key, value in saved.items() if key in expected}
+
+
+def hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
+    """Each param group's settings (lr, betas, weight decay, a schedule's initial_lr), without its parameters:
+    a warm start keeps the configured ones, and takes only the optimizer's state."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def check_fit(models: Mapping[str, Any], saved: Mapping[str, Any], source: str, strict: bool) -> None:
+    """A ConfigError naming the keys when ``saved`` ({name: state_dict}) does not fit ``models`` (unwrapped)."""
+    if set(saved) != set(models):
+        raise ConfigError(KEY, source, f"holds the models {sorted(saved)}, this run has {sorted(models)}.")
+    for name, model in models.items():
+        expected = model.state_dict()
+        problems = mismatches(expected, saved[name], strict)
+        if not any(key in saved[name] for key in expected):
+            problems = [f"no key in common (saved: {', '.join(list(saved[name])[:5])}, ...)"]
+        if problems:
+            where = "" if list(models) == ["model"] else f" {name}"
+            raise ConfigError(
+                KEY,
+                source,
+                f"its weights do not fit the model{where}: {'; '.join(problems)}"[:2000],
+                "a run of the same model"
+                + ("" if not strict else "; or run.init_from_strict=false to skip missing and unexpected keys"),
+            )
