@@ -127,11 +127,12 @@ def step_checkpoints(tmp_path):
 def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_command_runs_again(ray_address, tmp_path):
     """23 optimizer steps per epoch (digits, 2 workers), a checkpoint every 4. SIGTERM mid-epoch 2: checkpoint,
     status preempted, exit code 75. The same command resumes there; SIGKILL it mid-epoch 3; the same command
-    resumes from that epoch's last step checkpoint and ends with the uninterrupted run's steps and weights."""
+    resumes from that epoch's last step checkpoint and ends (epoch 3) with the uninterrupted run's steps and weights."""
     args = [
         f"ray.address={ray_address}",
-        "trainer.max_epochs=4",
+        "trainer.max_epochs=3",
         "checkpoint.every_n_steps=4",
+        "checkpoint.checkpoint_score_attribute=val_accuracy",  # mid-epoch checkpoints get a finite worst score
         "task._target_=tests.helpers.tasks.Slow",
         "+task.seconds_per_batch=0.1",
     ]
@@ -160,25 +161,25 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
     assert f"Run dir: {run_dir}" in done.stdout  # the same run dir, found from the config alone
     resumed = done.stdout.split("Resuming from checkpoint step_")[1]
     assert int(resumed[:8]) in (48, 52) and resumed[8:].startswith(": epoch 3, after batch ")
-    assert "epoch 1/4" not in done.stdout and "epoch 2/4" not in done.stdout
-    assert epochs(run_dir) == [1, 2, 3, 4]
+    assert "epoch 1/3" not in done.stdout and "epoch 2/3" not in done.stdout
+    assert epochs(run_dir) == [1, 2, 3]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["final"]["step"] == 4 * 23
+    assert summary["status"] == "completed" and summary["final"]["step"] == 3 * 23
     # The same weights as a run never interrupted (the same training without the sleeps).
     uninterrupted = train(compose_config(*args[1:-1], "+task.seconds_per_batch=0"), run_dir=str(tmp_path / "whole"))
-    assert uninterrupted["final"]["step"] == 4 * 23
+    assert uninterrupted["final"]["step"] == 3 * 23
     a = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
     b = torch.load(run_dir / "model.pt", weights_only=True)
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) <= 1e-6
 
     again = run_cli(args, cwd=str(tmp_path))  # a finished run: reported, not retrained
-    assert again.returncode == 0 and "Run already complete: 4 epochs" in again.stdout
-    assert "epoch 1/4" not in again.stdout and epochs(run_dir) == [1, 2, 3, 4]
+    assert again.returncode == 0 and "Run already complete: 3 epochs" in again.stdout
+    assert "epoch 1/3" not in again.stdout and epochs(run_dir) == [1, 2, 3]
 
     # A logger added to a finished run (loggers are not part of its identity) gets its epochs from metrics.jsonl.
     logged = run_cli([*args, "logger=tensorboard"], cwd=str(tmp_path))
-    assert logged.returncode == 0 and "Run already complete: 4 epochs" in logged.stdout, logged.stderr[-3000:]
-    assert "Logged the finished run's 4 epochs (metrics.jsonl) to: tensorboard" in logged.stdout
+    assert logged.returncode == 0 and "Run already complete: 3 epochs" in logged.stdout, logged.stderr[-3000:]
+    assert "Logged the finished run's 3 epochs (metrics.jsonl) to: tensorboard" in logged.stdout
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert read_scalars(run_dir / "tensorboard")["val_accuracy"] == [
         (m["epoch"], pytest.approx(m["val_accuracy"], rel=1e-6)) for m in history
