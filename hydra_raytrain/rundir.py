@@ -76,7 +76,11 @@ def format_epoch(metrics: dict[str, Any], max_epochs: int) -> str:
 
 
 def read_history(run_dir: str) -> list[dict[str, Any]]:
-    path = os.path.join(run_dir, METRICS_FILE)
+    return read_jsonl(os.path.join(run_dir, METRICS_FILE))
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """A JSON-lines file's objects; none when it does not exist (yet)."""
     if not os.path.exists(path):
         return []
     with open(path) as file:

@@ -22,6 +22,7 @@ from ray.train import UserCallback
 from hydra_raytrain.config import schema
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.internals import RAY_TRAIN_CONTROLLER_LOGGER
+from hydra_raytrain.rundir import read_jsonl
 
 FAILURES_FILE = "failures.jsonl"
 
@@ -96,11 +97,7 @@ def _without_not_retried(record: logging.LogRecord) -> bool:
 
 
 def read(run_dir: str) -> list[dict[str, Any]]:
-    path = os.path.join(run_dir, FAILURES_FILE)
-    if not os.path.exists(path):
-        return []
-    with open(path) as file:
-        return [json.loads(line) for line in file if line.strip()]
+    return read_jsonl(os.path.join(run_dir, FAILURES_FILE))
 
 
 def forget(run_dir: str) -> None:
