@@ -6,6 +6,7 @@ import sys
 
 import pyarrow.fs
 import pytest
+import torch
 
 from hydra_raytrain import ConfigError, evaluate, train
 from tests.conftest import ROOT, compose_config
@@ -41,6 +42,18 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
         destination_filesystem=pyarrow.fs.LocalFileSystem(),
     )
     assert abs(evaluate(str(local))["val_loss"] - summary["final"]["val_loss"]) <= 1e-5
+    # A new run warm-started from that checkpoint on S3 (weights and optimizer state), trained with lr=0, keeps its
+    # weights.
+    warm = [
+        "debug=smoke",
+        "optimizer.lr=0",
+        "run.init_from=s3://runs-bucket/team/s3run/epoch_0002",
+        "run.init_optimizer=true",
+    ]
+    train(compose_config(*warm), run_dir=str(tmp_path / "warm"))
+    a = torch.load(local / "model.pt", weights_only=True)
+    b = torch.load(tmp_path / "warm" / "model.pt", weights_only=True)
+    assert max((a[k] - b[k]).abs().max().item() for k in a) == 0
 
 
 def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endpoint, tmp_path):
