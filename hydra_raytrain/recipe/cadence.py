@@ -65,7 +65,7 @@ class Cadence:
     def _seen(self) -> torch.Tensor:
         """Rank 0's view: is a timed checkpoint due, has a notice come (zeros on the other ranks)."""
         flags = torch.zeros(2, dtype=torch.int32)
-        if self.rank == 0:
+        if self.rank == 0 and (self.every_seconds is not None or self.notice is not None):
             flags[0] = self.every_seconds is not None and self.clock() - self.saved_at >= self.every_seconds
             flags[1] = self.notice is not None and self.notice()
         return flags

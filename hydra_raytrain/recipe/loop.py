@@ -404,7 +404,7 @@ class Recipe:
         driver's metrics.jsonl and a sweep's Tune results take epoch reports only), and ranks last among the
         best checkpoints when ``checkpoint.checkpoint_score_attribute`` orders them."""
         samples = batches * self.batch_size * self.world_size  # positions of the epoch's order consumed
-        position = {"samples": samples, "batches": batches, "sums": meter.totals()}  # sums: over every rank
+        position = {"samples": samples, "sums": meter.totals()}  # sums: over every rank
         metrics: dict[str, Any] = {"step": self.global_step, "epoch_progress": epoch + batches / self.train_batches}
         score = self.cfg.checkpoint.checkpoint_score_attribute
         if score is not None and score not in metrics:  # the worst score there is, and finite: Ray saves it as JSON
@@ -442,7 +442,7 @@ class Recipe:
             "optimizers": optimizer_states,
             "step": self.step.state_dict(),  # LR schedules, warm-ups, the fp16 scaler
             "epoch": epoch,  # the epoch to train next (0-based): the sampler's
-            "position": position,  # None at an epoch's end; mid-epoch: batches done per rank, the partial sums
+            "position": position,  # None at an epoch's end; mid-epoch: samples of its order consumed, partial sums
             "global_step": self.global_step,  # optimizer steps
             "best": {"monitor": monitor, "value": pick(scores) if scores else None},
             "history": self.history,

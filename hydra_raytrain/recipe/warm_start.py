@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.recipe.checkpoint import STATE_FILE
 from hydra_raytrain.rundir import MODEL_FILE, SUMMARY_FILE
 
-STATE_FILE = "train_state.pt"  # recipe/checkpoint.py's
 KEY = "run.init_from"
 
 

@@ -1,7 +1,5 @@
 """run.init_from checked on the driver: the source found, and its weights fitting the model key by key."""
 
-import json
-
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -83,8 +81,8 @@ def test_mismatches_in_a_state_dict():
 
 
 def test_runs_without_a_warm_start_keep_their_names():
-    cfg = json.loads(json.dumps({"model": {"_target_": "m"}, "dataset": {"_target_": "d"}, "trainer": {}}))
-    cfg.update(storage={"name": None}, run={"resume": "auto", "init_from": None})
+    cfg = {"model": {"_target_": "m"}, "dataset": {"_target_": "d"}, "trainer": {}, "storage": {"name": None}}
+    cfg["run"] = {"resume": "auto", "init_from": None}
     plain = run_name(cfg)
     cfg["run"]["init_optimizer"] = True  # no init_from: not part of the identity
     assert run_name(cfg) == plain
