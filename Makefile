@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ bench-sweep: install
 
 bench-commands: install
 	$(BIN)/python benchmarks/commands.py
+
+bench-checkpoint: install
+	$(BIN)/python benchmarks/checkpoint_upload.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -143,6 +143,9 @@ class FailureConfig:
                     raise ConfigError(f"failure.{key}", pattern, f"not a regular expression ({error}).") from None
 
 
+UPLOAD_MODES = ("ASYNC", "SYNC")  # of ray.train.CheckpointUploadMode; NO_UPLOAD would store nothing
+
+
 @dataclass
 class CheckpointConfig:
     """Full-state checkpoints (models, optimizers, schedulers, epoch, every rank's RNG) every ``every_n_epochs``
@@ -156,7 +159,11 @@ class CheckpointConfig:
 
     A restarted worker group, or a re-run of the command, resumes from the latest; from a mid-epoch checkpoint, at
     the same place in the same epoch (its position in the epoch's order, the epoch's partial metric sums, every
-    rank's RNG), so the run ends as the uninterrupted run would have."""
+    rank's RNG), so the run ends as the uninterrupted run would have.
+
+    ``checkpoint_upload_mode`` is ``ray.train.report``'s: ``ASYNC`` (ours) stores a checkpoint in the background
+    while training goes on, one upload at a time; ``SYNC`` waits for it. Either way Ray counts a checkpoint only once
+    every rank's share is stored: complete or absent."""
 
     every_n_epochs: int = 1
     every_n_steps: int | None = None
@@ -164,6 +171,7 @@ class CheckpointConfig:
     num_to_keep: int | None = None
     checkpoint_score_attribute: str | None = None  # a reported metric, e.g. val_accuracy
     checkpoint_score_order: str = "max"
+    checkpoint_upload_mode: str = "ASYNC"  # ray.train.CheckpointUploadMode: ASYNC or SYNC
 
     def __post_init__(self) -> None:
         _at_least("checkpoint.every_n_epochs", self.every_n_epochs, 1)
@@ -174,6 +182,13 @@ class CheckpointConfig:
         if self.checkpoint_score_order not in ("max", "min"):
             raise ConfigError(
                 "checkpoint.checkpoint_score_order", self.checkpoint_score_order, "unknown order.", "max, min"
+            )
+        if self.checkpoint_upload_mode not in UPLOAD_MODES:
+            raise ConfigError(
+                "checkpoint.checkpoint_upload_mode",
+                self.checkpoint_upload_mode,
+                "unknown mode.",
+                ", ".join(UPLOAD_MODES),
             )
 
 

@@ -9,16 +9,24 @@ One Ray checkpoint folder per save, merged by Ray from every rank's files:
     rng_rank<R>.pt      every rank: its torch / numpy / python RNG states (they differ per rank)
 
 Everything is plain tensors and containers, so every file loads with ``torch.load(weights_only=True)``.
+
+:class:`Uploads` hands each rank's folder to ``ray.train.report``, which stores it (``checkpoint_upload_mode``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
+import ray.train
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -32,6 +40,8 @@ from torch.distributed.checkpoint.state_dict import (
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
 
 STATE_FILE = "train_state.pt"
+
+logger = logging.getLogger(__name__)
 
 
 def rng_file(rank: int) -> str:
@@ -148,3 +158,52 @@ def read_newest_loadable(checkpoints: list[Any], rank: int, warn) -> dict[str, A
                 "trying the previous one"
             )
     return None
+
+
+class Uploads:
+    """Every report of a run goes through here, in one ``checkpoint_upload_mode`` (Ray keeps reports in order).
+
+    SYNC: ``ray.train.report`` returns once this rank's share is stored; the folder is then deleted here. ASYNC: Ray
+    stores it in a background thread and deletes the folder afterwards, while training goes on; a worker's return
+    waits for it. Ray counts a checkpoint only once every rank's share is stored, so it is complete or absent in
+    both modes. One upload at a time: a checkpoint due while this rank's previous one is still uploading first
+    waits for it (storage slower than the checkpoints would otherwise pile full-state copies up on the local disk).
+    Ray's local mode stores nothing (and deletes nothing): SYNC there."""
+
+    def __init__(self, mode: str, local_mode: bool = False):
+        self.mode = ray.train.CheckpointUploadMode["SYNC" if local_mode else mode]
+        self.uploading: str | None = None  # ASYNC: the folder of the upload in flight, until Ray deletes it
+        self.warned = False
+
+    def report(self, metrics: dict[str, Any], write: Callable[[str], None] | None = None, name: str | None = None):
+        """Report ``metrics``; with ``write``, a checkpoint named ``name`` whose folder ``write`` fills."""
+        if write is None:
+            ray.train.report(metrics, checkpoint_upload_mode=self.mode)
+            return
+        if self.mode is ray.train.CheckpointUploadMode.SYNC:
+            with tempfile.TemporaryDirectory() as folder:
+                write(folder)
+                self._report(metrics, folder, name)
+            return
+        self._wait_for_previous(name)
+        self.uploading = tempfile.mkdtemp(prefix="hydra_raytrain-checkpoint-")
+        write(self.uploading)
+        self._report(metrics, self.uploading, name)
+
+    def _report(self, metrics: dict[str, Any], folder: str, name: str | None) -> None:
+        checkpoint = ray.train.Checkpoint.from_directory(folder)
+        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name, checkpoint_upload_mode=self.mode)
+
+    def _wait_for_previous(self, name: str | None) -> None:
+        if self.uploading is None or not os.path.exists(self.uploading):
+            return  # stored and deleted by Ray: the usual case, checked without a call
+        started = time.perf_counter()
+        # Returns once Ray has processed every report of this rank so far: the upload is stored (or its error raised).
+        ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+        shutil.rmtree(self.uploading, ignore_errors=True)  # Ray failed to delete it (it logged why): not ours to keep
+        if not self.warned:
+            self.warned = True
+            logger.warning(
+                f"checkpoint {name} waited {time.perf_counter() - started:.1f} s for the previous one's upload: "
+                "storage takes longer than checkpoint.every_n_steps / every_n_minutes leave between checkpoints"
+            )

@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import time
 from typing import Any, cast
 
@@ -102,9 +101,17 @@ class Recipe:
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
         self.profiler = self._setup_profiler()
         every = self.cfg.checkpoint
-        notice = NoticeReader(self.notice) if self.notice and self.rank == 0 else None
+        self.notice_reader = NoticeReader(self.notice) if self.notice and self.rank == 0 else None
+        self.uploads = checkpoint.Uploads(
+            self.cfg.checkpoint.checkpoint_upload_mode, local_mode=self.cfg.scaling.num_workers == 0
+        )
         self.cadence = Cadence(
-            every.every_n_steps, every.every_n_minutes, notice, self.rank, self.world_size, self.notice is not None
+            every.every_n_steps,
+            every.every_n_minutes,
+            self.notice_reader,
+            self.rank,
+            self.world_size,
+            self.notice is not None,
         )
         if rng is not None:  # last: nothing above draws from the streams the checkpoint left
             checkpoint.set_rng_state(rng)
@@ -394,7 +401,7 @@ class Recipe:
         """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
         adds its share of a full-state checkpoint; at the end rank 0 also returns the weights' bytes."""
         if not (final or self._epoch_checkpoint_due(epochs_done)):
-            ray.train.report(metrics)
+            self.uploads.report(metrics)
             return None
         weights = self._checkpoint(metrics, f"epoch_{epochs_done:04d}", epochs_done, position=None)
         return weights if final else None
@@ -420,15 +427,14 @@ class Recipe:
         weights' bytes. ``epoch`` is the epoch to train next (0-based), ``position`` how far into it."""
         model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
         weights = None
-        with tempfile.TemporaryDirectory() as folder:
-            if self.rank == 0:
-                packed = checkpoint.pack_models(model_states, self.several_models)
-                weights = _to_bytes(packed)
-                train_state = self._train_state(epoch, optimizer_states, position)
-                checkpoint.write(folder, self.rank, packed, train_state, self.cfg.to_dict())
-            else:
-                checkpoint.write(folder, self.rank)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder), checkpoint_dir_name=name)
+        if self.rank == 0:
+            packed = checkpoint.pack_models(model_states, self.several_models)
+            weights = _to_bytes(packed)
+            train_state = self._train_state(epoch, optimizer_states, position)
+            config = self.cfg.to_dict()
+            self.uploads.report(metrics, lambda folder: checkpoint.write(folder, 0, packed, train_state, config), name)
+        else:
+            self.uploads.report(metrics, lambda folder: checkpoint.write(folder, self.rank), name)
         self.cadence.saved()
         return weights
 

@@ -56,6 +56,50 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) == 0
 
 
+def test_a_worker_killed_during_an_asynchronous_upload_resumes_from_the_previous_complete_checkpoint(
+    ray_address, s3_endpoint, tmp_path
+):
+    """Checkpoints go to S3 in the background (checkpoint_upload_mode=ASYNC, the default), ~100 MB each (an MLP with
+    Adam's moments). Rank 0 is SIGKILLed at the micro-batch right after step 6's checkpoint was handed to Ray, while
+    it uploads: Ray never counted it, so the restarted workers resume from step 3's, and the run ends as planned."""
+    pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True).create_dir("async-bucket")
+    summary = train(
+        compose_config(
+            "model=mlp",
+            "model.hidden_sizes=[4096,2048]",
+            "storage.path=s3://async-bucket/runs",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=9",
+            "trainer.limit_val_batches=2",
+            "checkpoint.every_n_steps=3",
+            "failure.max_failures=1",
+            "task._target_=tests.helpers.tasks.CrashOnce",
+            f"+task.marker={tmp_path / 'crashed'}",
+            "+task.at_step=7",
+            "+task.rank=0",
+        ),
+        run_dir=str(tmp_path / "run"),
+    )
+    assert (tmp_path / "crashed").exists()  # the worker really was killed
+    assert (
+        "Resuming from checkpoint step_00000003: epoch 1, after batch 3/9"
+        in (tmp_path / "run" / "driver.log").read_text()
+    )
+    assert summary["status"] == "completed" and summary["final"]["step"] == 9
+    [failure] = summary["failures"]
+    assert failure["retried"] is True and failure["why"] == "a worker process died", failure
+    s3, _ = pyarrow.fs.FileSystem.from_uri("s3://async-bucket")
+    stored = {
+        info.path.split("/", 3)[3]
+        for info in s3.get_file_info(pyarrow.fs.FileSelector("async-bucket/runs", recursive=True))
+        if info.type == pyarrow.fs.FileType.File
+    }
+    for checkpoint in ("step_00000003", "step_00000006", "epoch_0001"):  # step 6's stored again after the resume
+        assert {
+            f"{checkpoint}/{name}" for name in ("model.pt", "train_state.pt", "rng_rank0.pt", "rng_rank1.pt")
+        } <= stored, sorted(stored)
+
+
 def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endpoint, tmp_path):
     with pytest.raises(ConfigError, match="storage.path='s3://no-such-bucket/x': cannot be written"):
         train(compose_config("storage.path=s3://no-such-bucket/x", "debug=smoke"), run_dir=str(tmp_path / "run"))

@@ -22,6 +22,7 @@ from tests.conftest import compose_config
         ("checkpoint.every_n_steps=0", "checkpoint.every_n_steps", "0"),
         ("failure.retry_on=['(']", "failure.retry_on", "("),
         ("checkpoint.every_n_minutes=0", "checkpoint.every_n_minutes", "0"),
+        ("checkpoint.checkpoint_upload_mode=LAZY", "checkpoint.checkpoint_upload_mode", "LAZY"),
         ("trainer.dataloader.persistent_workers=true", "trainer.dataloader.num_workers", "0"),
         ("trainer.precision=fp8", "trainer.precision", "fp8"),
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches", "0"),

@@ -1,0 +1,116 @@
+"""Step time with checkpoints every few steps to S3: synchronous against asynchronous upload.
+
+    .venv/bin/python benchmarks/checkpoint_upload.py            # or: make bench-checkpoint
+    .venv/bin/python benchmarks/checkpoint_upload.py --rounds 1
+
+An S3-compatible server (moto) on loopback; the same run three times per round, each a fresh CLI process on its own
+local cluster (2 workers): an MLP whose checkpoint is ~105 MB (8.7M weights and Adam's two moments), 3 epochs of
+the digits (23 optimizer steps each), a checkpoint every 5 optimizer steps stored to ``s3://`` with
+``checkpoint.checkpoint_upload_mode=SYNC`` and ``ASYNC``, and without mid-epoch checkpoints (the baseline: one at
+the end). Printed: the median time per optimizer step of the training phase (mid-epoch checkpoints happen there),
+over every epoch of every round, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = [
+    "model=mlp",
+    "model.hidden_sizes=[4096,2048]",
+    "trainer.max_epochs=3",
+    "trainer.limit_val_batches=2",
+    "checkpoint.every_n_epochs=3",
+    "trainer.progress_bar=false",
+]
+CONTENDERS = {
+    "no mid-epoch checkpoint": [],
+    "every 5 steps, SYNC": ["checkpoint.every_n_steps=5", "checkpoint.checkpoint_upload_mode=SYNC"],
+    "every 5 steps, ASYNC": ["checkpoint.every_n_steps=5", "checkpoint.checkpoint_upload_mode=ASYNC"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_s3() -> tuple[subprocess.Popen, dict[str, str]]:
+    port = free_port()
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    os.environ.update(env)
+    import pyarrow.fs
+
+    pyarrow.fs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir("bench")
+    return server, env
+
+
+def step_seconds(overrides: list[str], prefix: str) -> list[float]:
+    """Seconds per optimizer step of each epoch's training phase, from metrics.jsonl."""
+    with tempfile.TemporaryDirectory() as folder:
+        args = [*COMMON, *overrides, f"storage.path=s3://bench/{prefix}", "hydra.run.dir=run"]
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        done = subprocess.run(
+            [sys.executable, "-m", "hydra_raytrain", *args], cwd=folder, env=env, capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+        with open(os.path.join(folder, "run", "metrics.jsonl")) as file:
+            epochs = [json.loads(line) for line in file]
+    # samples_per_second counts the epoch's training phase (mid-epoch checkpoints included) over the global batch.
+    return [64 / epoch["samples_per_second"] for epoch in epochs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    rounds = parser.parse_args().rounds
+    server, _ = start_s3()
+    try:
+        times: dict[str, list[float]] = {label: [] for label in CONTENDERS}
+        for round_ in range(rounds):  # alternating, so that a slow minute of the machine hits every contender
+            for index, (label, overrides) in enumerate(CONTENDERS.items()):
+                times[label] += step_seconds(overrides, f"r{round_}-{index}")
+                print(
+                    f"round {round_ + 1}: {label}: {[f'{t * 1000:.0f}' for t in times[label][-3:]]} ms/step", flush=True
+                )
+    finally:
+        server.terminate()
+        server.wait()
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    base = medians["no mid-epoch checkpoint"]
+    for label, median in medians.items():
+        print(f"{label:26} median {median * 1000:7.1f} ms per optimizer step  ({median / base:.2f}x the baseline)")
+    sync, async_ = medians["every 5 steps, SYNC"], medians["every 5 steps, ASYNC"]
+    print(f"ASYNC / SYNC step time: {async_ / sync:.2f}")
+
+
+if __name__ == "__main__":
+    main()
