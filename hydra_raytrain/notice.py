@@ -1,10 +1,13 @@
-"""A preemption notice from the driver to the workers.
+"""A preemption notice to the workers: SIGTERM to the driver, or Ray draining a node of the run.
 
 SIGTERM to the driver (what a scheduler or a spot instance's notice sends) posts a notice on a small Ray actor;
 rank 0 reads it between optimizer steps without waiting on it, and the workers checkpoint at the next step and
 stop (recipe/cadence.py decides it the same on every rank). The run's status is then ``preempted`` and the
 CLI exits with :data:`PREEMPTED_EXIT_CODE`; the identical command resumes the run. A second SIGTERM stops the
 driver at once (as does SIGINT, Ray Train's own abort). The board lives on the driver's node.
+
+A node drain (a spot reclaim seen by Ray's autoscaler, ``ray drain-node``) reaches every worker through Ray
+Train's PreemptionWatcher; rank 0 reads it in the same look, and the run stops the same way, before the node goes.
 """
 
 from __future__ import annotations
@@ -81,24 +84,52 @@ def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
 
 
 class NoticeReader:
-    """Rank 0's view of the board: a read is sent at most every ``interval`` seconds and collected when it has
-    arrived, so a training step never waits on it. True from the first notice on."""
+    """Rank 0's view of the board and of node drains: a read of the board is sent at most every ``interval``
+    seconds and collected when it has arrived, so a training step never waits on it. True from the first notice
+    on; ``notice`` then says which ("SIGTERM", or the drain)."""
 
     def __init__(self, name: str, interval: float = 0.5):
         self.board = ray.get_actor(name)
-        self.interval, self.pending, self.asked_at, self.received = interval, None, 0.0, False
+        self.interval, self.pending, self.asked_at = interval, None, 0.0
+        self.notice: str | None = None
 
     def __call__(self) -> bool:
-        if self.received:
+        if self.notice is not None:
             return True
+        self.notice = node_drain()
         if self.pending is not None:
             ready, _ = ray.wait([self.pending], timeout=0)
             if ready:
                 try:
-                    self.received = ray.get(self.pending) is not None
+                    self.notice = self.notice or ray.get(self.pending)
                 except ray.exceptions.RayActorError:  # the driver is gone: Ray Train ends the run
                     self.interval = float("inf")
                 self.pending = None
         elif time.monotonic() - self.asked_at >= self.interval:
             self.pending, self.asked_at = self.board.read.remote(), time.monotonic()
-        return self.received
+        return self.notice is not None
+
+
+def node_drain() -> str | None:
+    """What Ray Train's PreemptionWatcher told this worker of a node of the run being drained, or None.
+
+    Read from the worker's own train context, which the watcher sets on every worker: the public
+    ``ray.train.get_preemption_info()`` is a barrier that every rank must join, where this is a look by rank 0
+    between steps, broadcast like the SIGTERM notice. Off where Ray's internals differ: the drain is then left to
+    Ray Train's restart from the latest checkpoint."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        return drain_notice(get_train_context().preemption_context.preemption_info)
+    except Exception:
+        return None
+
+
+def drain_notice(info: Any) -> str | None:
+    """The notice for a ``ray.train.PreemptionInfo`` (None: no drain)."""
+    if info is None:
+        return None
+    notice = f"Ray drains node {', '.join(info.preempted_node_ids)}"
+    if info.deadline_ms:
+        notice += f", deadline {time.strftime('%H:%M:%S', time.localtime(info.deadline_ms / 1000))}"
+    return notice

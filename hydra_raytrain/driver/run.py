@@ -142,7 +142,7 @@ def _fit(
         )
         return trainer.fit()
 
-    def finish(status: str, error: str | None = None) -> dict[str, Any]:
+    def finish(status: str, error: str | None = None, **extra: Any) -> dict[str, Any]:
         history = rundir.read_history(run_dir)
         summary = rundir.make_summary(
             status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error
@@ -151,6 +151,7 @@ def _fit(
         summary["loggers"] = sorted(resolved.logger)  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
         summary["failures"] = failures.read(run_dir)  # what failed in this command, what was retried and why
+        summary.update(extra)
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         if history:
             report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
@@ -176,10 +177,11 @@ def _fit(
         for metrics in result.return_value["history"]:
             epoch_log.write(metrics)
     if result.return_value["status"] == "preempted":
-        summary = finish("preempted")
+        notice = result.return_value["notice"]
+        summary = finish("preempted", preempted_by=notice)
         print(
-            f"Preempted after optimizer step {result.return_value['steps']}: checkpointed; the same command resumes "
-            f"the run (exit code {PREEMPTED_EXIT_CODE}).\nRun dir: {run_dir}",
+            f"Preempted ({notice}) after optimizer step {result.return_value['steps']}: checkpointed; the same "
+            f"command resumes the run (exit code {PREEMPTED_EXIT_CODE}).\nRun dir: {run_dir}",
             flush=True,
         )
         return summary

@@ -59,7 +59,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         recipe.cleanup(status)
     if recipe.rank != 0:
         return None
-    return {"status": status, "history": recipe.history, "steps": recipe.global_step, "weights": weights}
+    notice = recipe.notice_reader.notice if recipe.notice_reader is not None else None
+    return {
+        "status": status,
+        "notice": notice,
+        "history": recipe.history,
+        "steps": recipe.global_step,
+        "weights": weights,
+    }
 
 
 class Recipe:

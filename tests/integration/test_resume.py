@@ -143,8 +143,9 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
         assert driver.wait(timeout=60) == 75
     run_dir, printed = metrics.parent, (tmp_path / "preempted.txt").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "preempted" and epochs(run_dir) == [1], printed[-3000:]
-    preempted_at = int(printed.split("Preempted after optimizer step ")[1].split(":")[0])
+    assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM", printed[-3000:]
+    assert epochs(run_dir) == [1]
+    preempted_at = int(printed.split("Preempted (SIGTERM) after optimizer step ")[1].split(":")[0])
     assert 23 < preempted_at < 46 and preempted_at in step_checkpoints(tmp_path)  # nothing trained after it
 
     with open(tmp_path / "killed.txt", "w") as output:

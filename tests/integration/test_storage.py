@@ -107,8 +107,9 @@ def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endp
 
 
 MULTI_NODE = r"""
-import glob, json, sys
+import glob, json, os, sys, threading, time
 from ray.cluster_utils import Cluster
+from ray.core.generated import autoscaler_pb2
 import ray
 from hydra import compose, initialize_config_module
 import hydra_raytrain
@@ -136,6 +137,32 @@ cli.main()
 results = sorted(glob.glob(f"{tmp}/sweep/tune/**/result.json", recursive=True))
 out["trial_ips"] = [json.loads(open(path).readline())["node_ip"] for path in results]
 out["sweep"] = [row["status"] for row in json.load(open(f"{tmp}/sweep/sweep_summary.json"))["trials"]]
+
+# Ray drains a node of the run (what the autoscaler does on a spot reclaim's notice) in epoch 2 or 3: Ray Train's
+# PreemptionWatcher tells the workers, every rank checkpoints at the next step and the run stops, preempted. The
+# drained node's raylet exits once idle; the same call resumes the run on the node that replaces it.
+os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = "0.2"  # Ray's default is 5 s
+spot = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.3")
+cluster.wait_for_nodes()
+drained = ["scaling.num_workers=3", *shared, "trainer.max_epochs=3", "trainer.batch_size=48",
+           "trainer.limit_train_batches=20", "trainer.limit_val_batches=2", "logger=none",
+           "task._target_=tests.helpers.tasks.Slow", "+task.seconds_per_batch=0.1"]
+
+def drain_after_the_first_epoch():
+    while not os.path.exists(f"{tmp}/drained/metrics.jsonl"):
+        time.sleep(0.05)
+    gcs = ray._raylet.GcsClient(address=cluster.address)  # as `ray drain-node` does
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    out["drain_accepted"] = gcs.drain_node(spot.node_id, reason, "spot instance reclaimed", 0)[0]
+
+threading.Thread(target=drain_after_the_first_epoch, daemon=True).start()
+with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
+    out["drained"] = hydra_raytrain.train(compose("train", overrides=drained), run_dir=f"{tmp}/drained")
+    out["spot"] = spot.node_id
+    cluster.add_node(num_cpus=1, node_ip_address="127.0.0.4")
+    while not any(n["Alive"] and n["NodeManagerAddress"] == "127.0.0.4" for n in ray.nodes()):
+        time.sleep(0.1)
+    out["resumed"] = hydra_raytrain.train(compose("train", overrides=drained), run_dir=f"{tmp}/drained")
 ray.shutdown()
 cluster.shutdown()
 print("RESULT " + json.dumps(out))
@@ -143,11 +170,12 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
+def test_multi_node_cluster_needs_shared_storage_uses_every_node_and_stops_for_a_drained_node(tmp_path):
     """Ray's own multi-node test utility: two raylets on this machine, one CPU each, so two workers must
     land on both nodes; our package and tasks import there, and checkpoints land in the shared storage.
     The driver joins the second node (its own address, 127.0.0.2): a sweep's trials run there, beside the driver
-    and its sweep dir, where Ray would otherwise place them on the head node."""
+    and its sweep dir, where Ray would otherwise place them on the head node. Then a third node joins, Ray drains
+    it in the middle of a 3-worker run, which stops preempted and resumes on a fourth node."""
     done = subprocess.run(
         [sys.executable, "-c", MULTI_NODE, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
@@ -162,3 +190,13 @@ def test_two_node_cluster_needs_shared_storage_and_uses_both_nodes(tmp_path):
     assert list((tmp_path / "shared").glob("*/epoch_0001/model.pt"))
     assert out["driver_ip"] == "127.0.0.2" and out["sweep"] == ["completed", "completed"]
     assert out["trial_ips"] == ["127.0.0.2", "127.0.0.2"], out["trial_ips"]
+    # The drained node: a checkpoint at the next step, the run preempted; resumed there on the new node.
+    drained, resumed = out["drained"], out["resumed"]
+    assert out["drain_accepted"] is True
+    assert drained["status"] == "preempted" and drained["preempted_by"] == f"Ray drains node {out['spot']}", drained
+    [stopped_at] = [int(p.name[5:]) for p in (tmp_path / "shared").glob("*/step_*")]
+    assert 20 < stopped_at < 3 * 20 and drained["epochs_completed"] in (1, 2)
+    log = (tmp_path / "drained" / "driver.log").read_text()
+    assert f"Resuming from checkpoint step_{stopped_at:08d}: epoch " in log, log[-3000:]
+    assert resumed["status"] == "completed" and resumed["final"]["step"] == 3 * 20
+    assert resumed["final"]["world_size"] == 3

@@ -1,6 +1,8 @@
 """When a mid-epoch checkpoint is due (one rank: the decision is rank 0's; the integration tests cover the
 broadcast to the other ranks with two workers)."""
 
+import time
+
 from hydra_raytrain.recipe.cadence import Cadence, Decision
 
 
@@ -42,3 +44,15 @@ def test_a_preemption_notice_checkpoints_and_stops():
 def test_nothing_is_due_without_settings():
     cadence = Cadence(None, None, None, rank=0, world_size=1)
     assert not any(cadence.after_step(step).checkpoint for step in range(1, 100))
+
+
+def test_a_node_drain_is_a_notice_naming_the_node_and_its_deadline():
+    from ray.train import PreemptionInfo
+
+    from hydra_raytrain.notice import drain_notice
+
+    assert drain_notice(None) is None
+    assert drain_notice(PreemptionInfo(None, {"b2": [1], "a1": [0]})) == "Ray drains node a1, b2"
+    deadline = 1_700_000_000_000
+    clock = time.strftime("%H:%M:%S", time.localtime(deadline / 1000))
+    assert drain_notice(PreemptionInfo(deadline, {"a1": [0, 1]})) == f"Ray drains node a1, deadline {clock}"
