@@ -2,12 +2,14 @@
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 from PIL import Image
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from tests.helpers.data import write_images
 
 pytestmark = pytest.mark.integration
@@ -196,17 +198,59 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("overrides, named", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
-def test_bad_input_fails_fast_with_one_clear_message(overrides, named, tmp_path):
-    write_images(tmp_path / "pets", ["a", "b", "c"], 2)
+# Every bad input through the CLI's entry point (hydra_raytrain.cli.main, what `python -m hydra_raytrain` calls), one
+# after another in one fresh process, each in its own folder: one start-up (imports) instead of one per case.
+CLI_CASES = r"""
+import contextlib, io, json, os, sys
+from hydra.core.global_hydra import GlobalHydra
+from hydra_raytrain import cli
+
+results = []
+for folder, overrides in json.loads(sys.argv[1]):
+    os.chdir(folder)
+    sys.argv = ["hydra_raytrain", *overrides, "hydra.run.dir=run"]
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+    GlobalHydra.instance().clear()
+    results.append({"code": code, "stderr": stderr.getvalue()})
+print("RESULTS " + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_input_results(tmp_path_factory):
+    folders = [tmp_path_factory.mktemp("bad_input") for _ in BAD_INPUTS]
+    for folder in folders:
+        write_images(folder / "pets", ["a", "b", "c"], 2)
+    cases = [[str(folder), overrides] for folder, (overrides, _) in zip(folders, BAD_INPUTS, strict=True)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
     # The timeout guards against a hang (Ray's retries, a download); how fast a refusal comes is a figure of
     # benchmarks/README.md, not an assertion.
-    done = run_cli([*overrides, "hydra.run.dir=run"], cwd=str(tmp_path), timeout=60)
-    assert done.returncode != 0, done.stderr[-3000:]  # 2 for ours; Hydra's own composition errors exit with 1
+    done = subprocess.run(
+        [sys.executable, "-c", CLI_CASES, json.dumps(cases)], env=env, capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
+    assert lines, done.stderr[-3000:]
+    results = json.loads(lines[0][len("RESULTS ") :])
+    return {
+        " ".join(overrides): (folder, result)
+        for folder, (overrides, _), result in zip(folders, BAD_INPUTS, results, strict=True)
+    }
+
+
+@pytest.mark.parametrize("overrides, named", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
+def test_bad_input_fails_fast_with_one_clear_message(overrides, named, bad_input_results):
+    folder, done = bad_input_results[" ".join(overrides)]
+    assert done["code"] not in (0, None), done["stderr"][-3000:]  # 2 for ours; Hydra's composition errors exit 1
     for text in named:
-        assert text in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
-    assert not (tmp_path / "run").exists()  # nothing half-written
+        assert text in done["stderr"], done["stderr"]
+    assert "Traceback" not in done["stderr"]
+    assert not (folder / "run").exists()  # nothing half-written
 
 
 def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp_path):
