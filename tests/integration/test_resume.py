@@ -124,7 +124,9 @@ def step_checkpoints(tmp_path):
     return sorted(int(p.name.split("_")[1]) for p in tmp_path.glob("outputs/runs/*/ray_storage/*/step_*"))
 
 
-def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_command_runs_again(ray_address, tmp_path):
+def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_command_runs_again(
+    ray_address, tmp_path, capsys
+):
     """23 optimizer steps per epoch (digits, 2 workers), a checkpoint every 4. SIGTERM mid-epoch 2: checkpoint,
     status preempted, exit code 75. The same command resumes there; SIGKILL it mid-epoch 3; the same command
     resumes from that epoch's last step checkpoint and ends (epoch 3) with the uninterrupted run's steps and weights."""
@@ -178,16 +180,54 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
     assert "epoch 1/3" not in again.stdout and epochs(run_dir) == [1, 2, 3]
 
     # A logger added to a finished run (loggers are not part of its identity) gets its epochs from metrics.jsonl.
-    logged = run_cli([*args, "logger=tensorboard"], cwd=str(tmp_path))
-    assert logged.returncode == 0 and "Run already complete: 3 epochs" in logged.stdout, logged.stderr[-3000:]
-    assert "Logged the finished run's 3 epochs (metrics.jsonl) to: tensorboard" in logged.stdout
+    capsys.readouterr()
+    train(compose_config(*args, "logger=tensorboard"), run_dir=str(run_dir))
+    logged = capsys.readouterr().out
+    assert "Run already complete: 3 epochs" in logged
+    assert "Logged the finished run's 3 epochs (metrics.jsonl) to: tensorboard" in logged
     history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert read_scalars(run_dir / "tensorboard")["val_accuracy"] == [
         (m["epoch"], pytest.approx(m["val_accuracy"], rel=1e-6)) for m in history
     ]
     assert json.loads((run_dir / "summary.json").read_text())["loggers"] == ["tensorboard"]
-    once_more = run_cli([*args, "logger=tensorboard"], cwd=str(tmp_path))
-    assert "Logged the finished run" not in once_more.stdout and len(list((run_dir / "tensorboard").iterdir())) == 1
+    train(compose_config(*args, "logger=tensorboard"), run_dir=str(run_dir))
+    once_more = capsys.readouterr().out
+    assert "Run already complete" in once_more and "Logged the finished run" not in once_more
+    assert len(list((run_dir / "tensorboard").iterdir())) == 1
+
+
+def test_every_n_minutes_checkpoints_mid_epoch_and_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
+    ray_address, tmp_path
+):
+    """12 optimizer steps of 0.1 s or more, a checkpoint every 0.3 s (every_n_minutes=0.005) stored synchronously:
+    rank 0's clock decides, every rank checkpoints at the same step (one step after rank 0 saw it due). Then the
+    newest checkpoint (the epoch's) is truncated, as by a crash mid-copy: the run, continued to 2 epochs, resumes
+    from the newest mid-epoch checkpoint before it."""
+    shared = [
+        f"storage.path={tmp_path / 'storage'}",
+        "storage.name=shared",
+        "trainer.limit_train_batches=12",
+        "trainer.limit_val_batches=2",
+        "task._target_=tests.helpers.tasks.Slow",
+        "+task.seconds_per_batch=0.1",
+        "checkpoint.every_n_minutes=0.005",
+        "checkpoint.checkpoint_upload_mode=SYNC",
+    ]
+    summary = train(compose_config(*shared, "trainer.max_epochs=1"), run_dir=str(tmp_path / "first"))
+    assert summary["status"] == "completed" and epochs(tmp_path / "first") == [1]  # mid-epoch reports: no rows
+    steps = sorted(int(p.name.split("_")[1]) for p in (tmp_path / "storage" / "shared").glob("step_*"))
+    assert len(steps) >= 2 and all(b - a >= 2 for a, b in zip(steps, steps[1:], strict=False)), steps
+    for step in steps:  # complete: every rank's share
+        files = {p.name for p in (tmp_path / "storage" / "shared" / f"step_{step:08d}").iterdir()}
+        assert {"model.pt", "train_state.pt", "rng_rank0.pt", "rng_rank1.pt"} <= files
+
+    newest = tmp_path / "storage" / "shared" / "epoch_0001" / "model.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    summary = train(compose_config(*shared, "trainer.max_epochs=2"), run_dir=str(tmp_path / "second"))
+    assert summary["status"] == "completed" and summary["final"]["step"] == 2 * 12
+    log = (tmp_path / "second" / "driver.log").read_text()
+    assert f"Resuming from checkpoint step_{steps[-1]:08d}: epoch 1, after batch {steps[-1]}/12" in log, log[-3000:]
+    assert "epoch_0001 cannot be loaded" in log and epochs(tmp_path / "second") == [1, 2]
 
 
 def test_an_error_that_would_repeat_is_not_retried_and_the_summary_says_why(ray_address, tmp_path):
@@ -205,16 +245,6 @@ def test_an_error_that_would_repeat_is_not_retried_and_the_summary_says_why(ray_
     [failure] = summary["failures"]  # a retry would have failed again, and been recorded
     assert summary["status"] == "failed" and failure["retried"] is False
     assert "shapes cannot be multiplied" in failure["errors"]["0"]
-
-
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(ray_address, tmp_path):
-    shared = [f"storage.path={tmp_path / 'storage'}", "storage.name=shared", "debug=smoke"]
-    train(compose_config(*shared, "trainer.max_epochs=2"), run_dir=str(tmp_path / "first"))
-    newest = tmp_path / "storage" / "shared" / "epoch_0002" / "model.pt"
-    newest.write_bytes(newest.read_bytes()[:100])  # truncated, as by a crash mid-copy
-    summary = train(compose_config(*shared, "trainer.max_epochs=3"), run_dir=str(tmp_path / "second"))
-    assert summary["status"] == "completed"
-    assert epochs(tmp_path / "second") == [2, 3]  # resumed after epoch 1, not after the broken epoch 2
 
 
 RETAINED = [
