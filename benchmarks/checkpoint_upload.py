@@ -21,9 +21,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tests.helpers.s3 import start_moto_server  # noqa: E402  (the tests' loopback S3 server)
+
 COMMON = [
     "model=mlp",
     "model.hidden_sizes=[4096,2048]",
@@ -45,31 +47,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_s3() -> tuple[subprocess.Popen, dict[str, str]]:
+def start_s3() -> subprocess.Popen:
+    """The loopback S3 server, its endpoint and dummy credentials in this process's environment (which the CLI runs
+    and their Ray clusters inherit), and the benchmark's bucket."""
     port = free_port()
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    server = start_moto_server(port)
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
     )
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    os.environ.update(env)
     import pyarrow.fs
 
-    pyarrow.fs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir("bench")
-    return server, env
+    pyarrow.fs.S3FileSystem(endpoint_override=os.environ["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir(
+        "bench"
+    )
+    return server
 
 
 def step_seconds(overrides: list[str], prefix: str) -> list[float]:
@@ -92,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     rounds = parser.parse_args().rounds
-    server, _ = start_s3()
+    server = start_s3()
     try:
         times: dict[str, list[float]] = {label: [] for label in CONTENDERS}
         for round_ in range(rounds):  # alternating, so that a slow minute of the machine hits every contender

@@ -7,7 +7,6 @@ import random
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 
 import pytest
@@ -15,6 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
+from tests.helpers.s3 import start_moto_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
@@ -90,21 +90,7 @@ def session_environment() -> str:
 def s3_endpoint(session_environment):
     """A real S3-compatible server (moto) on loopback, at the endpoint the session's environment names; started
     by the first test that asks for it, so the Ray cluster and every other test do without it."""
-    port = int(session_environment.rsplit(":", 1)[1])
-    server = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert server.poll() is None, f"moto_server exited with {server.returncode}"
-            time.sleep(0.1)
-    else:
-        raise RuntimeError(f"moto_server did not listen on {port} within 30 s")
+    server = start_moto_server(int(session_environment.rsplit(":", 1)[1]))
     yield session_environment
     server.terminate()
     server.wait()
