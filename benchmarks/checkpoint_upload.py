@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from tests.helpers.s3 import start_moto_server  # noqa: E402  (the tests' loopback S3 server)
+from hydra_raytrain.driver.cluster import free_port  # noqa: E402
+from tests.helpers.s3 import s3_environment, start_moto_server  # noqa: E402  (the tests' loopback S3 server)
 
 COMMON = [
     "model=mlp",
@@ -41,26 +41,12 @@ CONTENDERS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_s3() -> subprocess.Popen:
     """The loopback S3 server, its endpoint and dummy credentials in this process's environment (which the CLI runs
     and their Ray clusters inherit), and the benchmark's bucket."""
     port = free_port()
     server = start_moto_server(port)
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
-    )
+    os.environ.update(s3_environment(f"http://127.0.0.1:{port}"))
     import pyarrow.fs
 
     pyarrow.fs.S3FileSystem(endpoint_override=os.environ["AWS_ENDPOINT_URL"], allow_bucket_creation=True).create_dir(
@@ -81,8 +67,10 @@ def step_seconds(overrides: list[str], prefix: str) -> list[float]:
             raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
         with open(os.path.join(folder, "run", "metrics.jsonl")) as file:
             epochs = [json.loads(line) for line in file]
-    # samples_per_second counts the epoch's training phase (mid-epoch checkpoints included) over the global batch.
-    return [64 / epoch["samples_per_second"] for epoch in epochs]
+        with open(os.path.join(folder, "run", "config.json")) as file:
+            batch = json.load(file)["trainer"]["batch_size"]  # global
+    # samples_per_second counts the epoch's training phase (mid-epoch checkpoints included).
+    return [batch / epoch["samples_per_second"] for epoch in epochs]
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ Train's PreemptionWatcher; rank 0 reads it in the same look, and the run stops t
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -92,11 +93,13 @@ class NoticeReader:
         self.board = ray.get_actor(name)
         self.interval, self.pending, self.asked_at = interval, None, 0.0
         self.notice: str | None = None
+        self.drains = preemption_context()
 
     def __call__(self) -> bool:
         if self.notice is not None:
             return True
-        self.notice = node_drain()
+        if self.drains is not None:
+            self.notice = drain_notice(self.drains.preemption_info)
         if self.pending is not None:
             ready, _ = ray.wait([self.pending], timeout=0)
             if ready:
@@ -110,18 +113,21 @@ class NoticeReader:
         return self.notice is not None
 
 
-def node_drain() -> str | None:
-    """What Ray Train's PreemptionWatcher told this worker of a node of the run being drained, or None.
+def preemption_context() -> Any:
+    """This worker's Ray Train preemption context, where Ray Train's PreemptionWatcher puts what it sees of a node
+    of the run being drained; None (with a warning) where Ray's internals differ: drains are then left to Ray
+    Train's restart from the latest checkpoint.
 
-    Read from the worker's own train context, which the watcher sets on every worker: the public
-    ``ray.train.get_preemption_info()`` is a barrier that every rank must join, where this is a look by rank 0
-    between steps, broadcast like the SIGTERM notice. Off where Ray's internals differ: the drain is then left to
-    Ray Train's restart from the latest checkpoint."""
+    Read from the worker's own train context: the public ``ray.train.get_preemption_info()`` is a barrier that
+    every rank must join, where this is a look by rank 0 between steps, broadcast like the SIGTERM notice."""
     try:
         from ray.train.v2._internal.execution.context import get_train_context
 
-        return drain_notice(get_train_context().preemption_context.preemption_info)
-    except Exception:
+        context = get_train_context().preemption_context
+        context.preemption_info  # noqa: B018  (the field read at every step)
+        return context
+    except (ImportError, AttributeError, RuntimeError) as error:
+        logging.getLogger(__name__).warning(f"node drains are not watched ({type(error).__name__}: {error})")
         return None
 
 

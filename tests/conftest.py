@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
-from tests.helpers.s3 import start_moto_server
+from tests.helpers.s3 import s3_environment, start_moto_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
@@ -72,17 +72,7 @@ def session_environment() -> str:
     environment (the logger tests prove it is never written), and the endpoint and dummy credentials of the S3
     server that ``s3_endpoint`` starts there when a test first needs it (Ray's processes read them at start)."""
     endpoint = f"http://127.0.0.1:{unused_port()}"
-    os.environ.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_EC2_METADATA_DISABLED": "true",
-            "WANDB_API_KEY": WANDB_TEST_KEY,
-            "WANDB_SILENT": "true",
-        }
-    )
+    os.environ.update({**s3_environment(endpoint), "WANDB_API_KEY": WANDB_TEST_KEY, "WANDB_SILENT": "true"})
     return endpoint
 
 

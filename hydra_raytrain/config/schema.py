@@ -161,9 +161,9 @@ class CheckpointConfig:
     the same place in the same epoch (its position in the epoch's order, the epoch's partial metric sums, every
     rank's RNG), so the run ends as the uninterrupted run would have.
 
-    ``checkpoint_upload_mode`` is ``ray.train.report``'s: ``ASYNC`` (ours) stores a checkpoint in the background
+    ``checkpoint_upload_mode`` is ``ray.train.report``'s: ``ASYNC`` (the default) stores a checkpoint in the background
     while training goes on, one upload at a time; ``SYNC`` waits for it. Either way Ray counts a checkpoint only once
-    every rank's share is stored: complete or absent."""
+    every rank's share is stored: complete or not counted."""
 
     every_n_epochs: int = 1
     every_n_steps: int | None = None

@@ -144,6 +144,7 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     common = dict(logging_level=ray_cfg.logging_level, include_dashboard=ray_cfg.include_dashboard)
     num_cpus = check_request(ray_cfg, request)
     if ray_cfg.address:
+        joined_cluster_environment()
         try:
             ray.init(address=ray_cfg.address, runtime_env=runtime_env, **common)
         except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
@@ -190,14 +191,26 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
       when free), and RAY_API_SERVER_ADDRESS names it.
     - One node and no autoscaler: nothing drains a node, so Ray Train's PreemptionWatcher has nothing to watch
       (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
-      RAY_TRAIN_ENABLE_PREEMPTION_WATCHER.
+      RAY_TRAIN_ENABLE_PREEMPTION_WATCHER. Ray Train reads the variable from this process's environment at each
+      run; a cluster joined later in the same process gets the watcher back (``connect``).
     """
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    global _watcher_turned_off
+    if WATCHER_ENV not in os.environ:
+        os.environ[WATCHER_ENV], _watcher_turned_off = "0", True
     if include_dashboard is False:
         return {}
     port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
     return {"dashboard_port": port}
+
+
+def joined_cluster_environment() -> None:
+    """A joined cluster has nodes to drain: Ray Train's PreemptionWatcher back on where a local cluster started
+    earlier in this process turned it off (a notebook, a multirun), not where the user did."""
+    global _watcher_turned_off
+    if _watcher_turned_off:
+        os.environ.pop(WATCHER_ENV, None)
+        _watcher_turned_off = False
 
 
 def local_runtime_env(runtime_env: dict[str, Any] | None, include_dashboard: bool | None) -> dict[str, Any] | None:
@@ -211,6 +224,8 @@ def local_runtime_env(runtime_env: dict[str, Any] | None, include_dashboard: boo
 
 
 DASHBOARD_PORT = 8265  # Ray's default
+WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+_watcher_turned_off = False  # this process set WATCHER_ENV for a local cluster (not the user)
 QUIET_CLEANER_HOOK = "hydra_raytrain.logfiles.quiet_placement_group_cleaner"
 
 

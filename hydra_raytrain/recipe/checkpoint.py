@@ -166,12 +166,16 @@ class Uploads:
     SYNC: ``ray.train.report`` returns once this rank's share is stored; the folder is then deleted here. ASYNC: Ray
     stores it in a background thread and deletes the folder afterwards, while training goes on; a worker's return
     waits for it. Ray counts a checkpoint only once every rank's share is stored, so it is complete or absent in
-    both modes. One upload at a time: a checkpoint due while this rank's previous one is still uploading first
-    waits for it (storage slower than the checkpoints would otherwise pile full-state copies up on the local disk).
-    Ray's local mode stores nothing (and deletes nothing): SYNC there."""
+    its list in both modes. One upload at a time: a checkpoint due while this rank's previous one is still uploading
+    first waits for it (storage slower than the checkpoints would otherwise pile full-state copies up on the local
+    disk). The folders live in ``staging`` (one per run and rank, emptied when the worker starts: what a killed
+    worker's upload left). Ray's local mode stores nothing (and deletes nothing): SYNC there."""
 
-    def __init__(self, mode: str, local_mode: bool = False):
+    def __init__(self, mode: str, staging: str, local_mode: bool = False):
         self.mode = ray.train.CheckpointUploadMode["SYNC" if local_mode else mode]
+        self.staging = staging
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
         self.uploading: str | None = None  # ASYNC: the folder of the upload in flight, until Ray deletes it
         self.warned = False
 
@@ -181,14 +185,19 @@ class Uploads:
             ray.train.report(metrics, checkpoint_upload_mode=self.mode)
             return
         if self.mode is ray.train.CheckpointUploadMode.SYNC:
-            with tempfile.TemporaryDirectory() as folder:
+            with tempfile.TemporaryDirectory(dir=self.staging) as folder:
                 write(folder)
                 self._report(metrics, folder, name)
             return
         self._wait_for_previous(name)
-        self.uploading = tempfile.mkdtemp(prefix="hydra_raytrain-checkpoint-")
-        write(self.uploading)
-        self._report(metrics, self.uploading, name)
+        folder = tempfile.mkdtemp(dir=self.staging)
+        try:
+            write(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self.uploading = folder
+        self._report(metrics, folder, name)
 
     def _report(self, metrics: dict[str, Any], folder: str, name: str | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(folder)
@@ -207,3 +216,9 @@ class Uploads:
                 f"checkpoint {name} waited {time.perf_counter() - started:.1f} s for the previous one's upload: "
                 "storage takes longer than checkpoint.every_n_steps / every_n_minutes leave between checkpoints"
             )
+
+
+def staging_folder(run_name: str, rank: int) -> str:
+    """Where a rank writes its checkpoint folders before Ray stores them: on the worker's local disk, one per run
+    and rank, so that a restarted worker finds (and removes) what its killed predecessor left."""
+    return os.path.join(tempfile.gettempdir(), f"hydra_raytrain-{run_name}-rank{rank}")

@@ -110,7 +110,9 @@ class Recipe:
         every = self.cfg.checkpoint
         self.notice_reader = NoticeReader(self.notice) if self.notice and self.rank == 0 else None
         self.uploads = checkpoint.Uploads(
-            self.cfg.checkpoint.checkpoint_upload_mode, local_mode=self.cfg.scaling.num_workers == 0
+            self.cfg.checkpoint.checkpoint_upload_mode,
+            checkpoint.staging_folder(self.run_name, self.rank),
+            local_mode=self.cfg.scaling.num_workers == 0,
         )
         self.cadence = Cadence(
             every.every_n_steps,

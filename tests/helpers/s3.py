@@ -24,3 +24,14 @@ def start_moto_server(port: int) -> subprocess.Popen:
             time.sleep(0.1)
     server.terminate()
     raise RuntimeError(f"moto_server did not listen on {port} within 30 s")
+
+
+def s3_environment(endpoint: str) -> dict[str, str]:
+    """The variables that point boto3, pyarrow and Ray's processes at ``endpoint``, with dummy credentials."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }

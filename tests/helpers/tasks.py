@@ -16,15 +16,23 @@ class _CrashOnce:
     """SIGKILLs its own worker process at micro-batch ``at_step`` on ``rank``, once: the marker file records
     that it happened, so the restarted worker group trains on. It first waits ``linger`` seconds: a checkpoint
     counts once Ray Train's controller has collected its report (it polls the workers every 0.25 s here), and a
-    worker that dies before that loses it. With ``record`` (a folder), every rank appends each batch it trains
-    (its process id and an md5 of each sample) to ``<record>/rank<R>.jsonl``."""
+    worker that dies before that loses it; or, with ``after`` (a checkpoint's name), until Ray has counted that
+    one (and maybe later ones). With ``record`` (a folder), every rank appends each batch it trains (its process
+    id and an md5 of each sample) to ``<record>/rank<R>.jsonl``."""
 
     def __init__(
-        self, marker: str, at_step: int, rank: int = 1, record: str | None = None, linger: float = 0, **task_options
+        self,
+        marker: str,
+        at_step: int,
+        rank: int = 1,
+        record: str | None = None,
+        linger: float = 0,
+        after: str | None = None,
+        **task_options,
     ):
         super().__init__(**task_options)
         self.marker, self.at_step, self.rank, self.calls, self.record = marker, at_step, rank, 0, record
-        self.linger = linger
+        self.linger, self.after = linger, after
 
     def train_batch(self, step, batch):
         self.calls += 1
@@ -32,6 +40,11 @@ class _CrashOnce:
         if self.calls == self.at_step and rank == self.rank and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             time.sleep(self.linger)
+            while self.after and not any(
+                reported.checkpoint.path.rstrip("/").endswith(self.after)
+                for reported in ray.train.get_all_reported_checkpoints(timeout_s=0.05)
+            ):
+                pass
             os.kill(os.getpid(), signal.SIGKILL)
         if self.record:
             samples = [hashlib.md5(sample.cpu().numpy().tobytes()).hexdigest() for sample in batch[0]]

@@ -201,21 +201,30 @@ BAD_INPUTS = [
 # Every bad input through the CLI's entry point (hydra_raytrain.cli.main, what `python -m hydra_raytrain` calls), one
 # after another in one fresh process, each in its own folder: one start-up (imports) instead of one per case.
 CLI_CASES = r"""
-import contextlib, io, json, os, sys
+import contextlib, io, json, os, signal, sys
 from hydra.core.global_hydra import GlobalHydra
 from hydra_raytrain import cli
 
+def hung(signum, frame):  # a case that hangs (Ray's retries, a download) fails alone, after 60 s
+    raise TimeoutError("no answer within 60 s")
+
+signal.signal(signal.SIGALRM, hung)
 results = []
 for folder, overrides in json.loads(sys.argv[1]):
     os.chdir(folder)
     sys.argv = ["hydra_raytrain", *overrides, "hydra.run.dir=run"]
     stderr = io.StringIO()
+    signal.alarm(60)
     with contextlib.redirect_stderr(stderr):
         try:
             cli.main()
             code = 0
         except SystemExit as exit:
             code = exit.code
+        except BaseException as error:
+            code = None
+            print(f"Traceback: the case raised {type(error).__name__}: {error}", file=sys.stderr)
+    signal.alarm(0)
     GlobalHydra.instance().clear()
     results.append({"code": code, "stderr": stderr.getvalue()})
 print("RESULTS " + json.dumps(results))
@@ -229,8 +238,7 @@ def bad_input_results(tmp_path_factory):
         write_images(folder / "pets", ["a", "b", "c"], 2)
     cases = [[str(folder), overrides] for folder, (overrides, _) in zip(folders, BAD_INPUTS, strict=True)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
-    # The timeout guards against a hang (Ray's retries, a download); how fast a refusal comes is a figure of
-    # benchmarks/README.md, not an assertion.
+    # Each case has 60 s against a hang; how fast a refusal comes is a figure of benchmarks/README.md, not an assertion.
     done = subprocess.run(
         [sys.executable, "-c", CLI_CASES, json.dumps(cases)], env=env, capture_output=True, text=True, timeout=600
     )

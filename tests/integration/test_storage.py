@@ -60,8 +60,9 @@ def test_a_worker_killed_during_an_asynchronous_upload_resumes_from_the_previous
     ray_address, s3_endpoint, tmp_path
 ):
     """Checkpoints go to S3 in the background (checkpoint_upload_mode=ASYNC, the default), ~100 MB each (an MLP with
-    Adam's moments). Rank 0 is SIGKILLed at the micro-batch right after step 6's checkpoint was handed to Ray, while
-    it uploads: Ray never counted it, so the restarted workers resume from step 3's, and the run ends as planned."""
+    Adam's moments). Rank 0 is SIGKILLed at the micro-batch right after step 6's checkpoint was handed to Ray (once
+    step 3's is counted), while it uploads (~2.5 s here): Ray never counted it, so the restarted workers resume from
+    step 3's, and the run ends as planned."""
     pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True).create_dir("async-bucket")
     summary = train(
         compose_config(
@@ -77,6 +78,7 @@ def test_a_worker_killed_during_an_asynchronous_upload_resumes_from_the_previous
             f"+task.marker={tmp_path / 'crashed'}",
             "+task.at_step=7",
             "+task.rank=0",
+            "+task.after=step_00000003",  # counted by Ray (it was, in every run measured: step 6 waited for it)
         ),
         run_dir=str(tmp_path / "run"),
     )
@@ -142,6 +144,7 @@ out["sweep"] = [row["status"] for row in json.load(open(f"{tmp}/sweep/sweep_summ
 # PreemptionWatcher tells the workers, every rank checkpoints at the next step and the run stops, preempted. The
 # drained node's raylet exits once idle; the same call resumes the run on the node that replaces it.
 os.environ["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] = "0.2"  # Ray's default is 5 s
+os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "1"  # the test session's local cluster set 0 in our environment
 spot = cluster.add_node(num_cpus=1, node_ip_address="127.0.0.3")
 cluster.wait_for_nodes()
 drained = ["scaling.num_workers=3", *shared, "trainer.max_epochs=3", "trainer.batch_size=48",

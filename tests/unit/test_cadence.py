@@ -56,3 +56,25 @@ def test_a_node_drain_is_a_notice_naming_the_node_and_its_deadline():
     deadline = 1_700_000_000_000
     clock = time.strftime("%H:%M:%S", time.localtime(deadline / 1000))
     assert drain_notice(PreemptionInfo(deadline, {"a1": [0, 1]})) == f"Ray drains node a1, deadline {clock}"
+
+
+def test_rank_zero_reads_a_drain_from_ray_trains_preemption_context(monkeypatch):
+    """Where Ray Train's PreemptionWatcher leaves a drain (its mark_preempt on every worker), by Ray's own names:
+    a Ray that renames them fails here, not silently in a run."""
+    import dataclasses
+    import types
+
+    from ray.train import PreemptionInfo
+    from ray.train.v2._internal.execution import context
+    from ray.train.v2._internal.execution.preemption import PreemptionContext
+
+    from hydra_raytrain.notice import drain_notice, preemption_context
+
+    assert "preemption_context" in {field.name for field in dataclasses.fields(context.TrainContext)}
+    assert preemption_context() is None  # outside a worker: no train context, drains not watched (a warning)
+    marked = PreemptionContext()
+    monkeypatch.setattr(context, "get_train_context", lambda: types.SimpleNamespace(preemption_context=marked))
+    seen = preemption_context()
+    assert drain_notice(seen.preemption_info) is None
+    marked.preemption_info = PreemptionInfo(None, {"n1": [1]})  # what the watcher's mark_preempt sets
+    assert drain_notice(seen.preemption_info) == "Ray drains node n1"

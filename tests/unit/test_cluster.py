@@ -66,10 +66,12 @@ def test_elastic_local_cluster_is_sized_for_the_maximum_and_existing_ones_must_f
     check_fits(request, {"CPU": 2.0}, "the cluster")  # 2 of at most 6 fit: enough to start
 
 
-def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_watcher(monkeypatch):
+def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_watcher_until_a_cluster_is_joined(
+    monkeypatch,
+):
     import socket
 
-    from hydra_raytrain.driver.cluster import DASHBOARD_PORT, local_cluster_environment
+    from hydra_raytrain.driver.cluster import DASHBOARD_PORT, joined_cluster_environment, local_cluster_environment
 
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
@@ -83,11 +85,12 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
     assert options["dashboard_port"] != DASHBOARD_PORT
     assert os.environ["RAY_API_SERVER_ADDRESS"] == f"http://127.0.0.1:{options['dashboard_port']}"
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
-    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")  # the user's choice stays
-    assert (
-        local_cluster_environment(include_dashboard=False) == {}
-        and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
-    )
+    joined_cluster_environment()  # a cluster joined later in the process: the watcher back on
+    assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in os.environ
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # the user's choice stays, either way
+    assert local_cluster_environment(include_dashboard=False) == {}
+    joined_cluster_environment()
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
 
 
 def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleaner_unless_the_user_has_a_hook():
