@@ -1,11 +1,11 @@
 """Step time with checkpoints every few steps to S3: synchronous against asynchronous upload.
 
     .venv/bin/python benchmarks/checkpoint_upload.py            # or: make bench-checkpoint
-    .venv/bin/python benchmarks/checkpoint_upload.py --rounds 1
+    .venv/bin/python benchmarks/checkpoint_upload.py --rounds 1 --every 20
 
 An S3-compatible server (moto) on loopback; the same run three times per round, each a fresh CLI process on its own
 local cluster (2 workers): an MLP whose checkpoint is ~105 MB (8.7M weights and Adam's two moments), 3 epochs of
-the digits (23 optimizer steps each), a checkpoint every 5 optimizer steps stored to ``s3://`` with
+the digits (23 optimizer steps each), a checkpoint every 5 optimizer steps (``--every``) stored to ``s3://`` with
 ``checkpoint.checkpoint_upload_mode=SYNC`` and ``ASYNC``, and without mid-epoch checkpoints (the baseline: one at
 the end). Printed: the median time per optimizer step of the training phase (mid-epoch checkpoints happen there),
 over every epoch of every round, and the ratios.
@@ -34,11 +34,14 @@ COMMON = [
     "checkpoint.every_n_epochs=3",
     "trainer.progress_bar=false",
 ]
-CONTENDERS = {
-    "no mid-epoch checkpoint": [],
-    "every 5 steps, SYNC": ["checkpoint.every_n_steps=5", "checkpoint.checkpoint_upload_mode=SYNC"],
-    "every 5 steps, ASYNC": ["checkpoint.every_n_steps=5", "checkpoint.checkpoint_upload_mode=ASYNC"],
-}
+
+
+def contenders(every: int) -> dict[str, list[str]]:
+    return {
+        "no mid-epoch checkpoint": [],
+        f"every {every} steps, SYNC": [f"checkpoint.every_n_steps={every}", "checkpoint.checkpoint_upload_mode=SYNC"],
+        f"every {every} steps, ASYNC": [f"checkpoint.every_n_steps={every}", "checkpoint.checkpoint_upload_mode=ASYNC"],
+    }
 
 
 def start_s3() -> subprocess.Popen:
@@ -76,12 +79,14 @@ def step_seconds(overrides: list[str], prefix: str) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    rounds = parser.parse_args().rounds
+    parser.add_argument("--every", type=int, default=5, help="checkpoint.every_n_steps (default 5)")
+    args = parser.parse_args()
+    rounds, runs = args.rounds, contenders(args.every)
     server = start_s3()
     try:
-        times: dict[str, list[float]] = {label: [] for label in CONTENDERS}
+        times: dict[str, list[float]] = {label: [] for label in runs}
         for round_ in range(rounds):  # alternating, so that a slow minute of the machine hits every contender
-            for index, (label, overrides) in enumerate(CONTENDERS.items()):
+            for index, (label, overrides) in enumerate(runs.items()):
                 times[label] += step_seconds(overrides, f"r{round_}-{index}")
                 print(
                     f"round {round_ + 1}: {label}: {[f'{t * 1000:.0f}' for t in times[label][-3:]]} ms/step", flush=True
@@ -93,7 +98,7 @@ def main() -> None:
     base = medians["no mid-epoch checkpoint"]
     for label, median in medians.items():
         print(f"{label:26} median {median * 1000:7.1f} ms per optimizer step  ({median / base:.2f}x the baseline)")
-    sync, async_ = medians["every 5 steps, SYNC"], medians["every 5 steps, ASYNC"]
+    sync, async_ = (medians[f"every {args.every} steps, {mode}"] for mode in ("SYNC", "ASYNC"))
     print(f"ASYNC / SYNC step time: {async_ / sync:.2f}")
 
 
