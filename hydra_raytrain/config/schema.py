@@ -131,10 +131,15 @@ class FailureConfig:
     controller_failure_limit: int = 3
     not_retried: list[str] = field(default_factory=lambda: list(NOT_RETRIED))
     retry_on: list[str] = field(default_factory=list)
+    # A drained node's workers gone before the run stopped (docs/resume.md#preemption): Ray's own restarts.
+    max_preemption_failures: int = -1  # Ray's default: every preemption restarts from the latest checkpoint
+    preemption_grace_s: float = 0.0  # past a drain's deadline, for the drain's checkpoint to finish storing
 
     def __post_init__(self) -> None:
         _at_least("failure.max_failures", self.max_failures, -1)
         _at_least("failure.controller_failure_limit", self.controller_failure_limit, 0)
+        _at_least("failure.max_preemption_failures", self.max_preemption_failures, -1)
+        _at_least("failure.preemption_grace_s", self.preemption_grace_s, 0)
         for key in ("not_retried", "retry_on"):
             for pattern in getattr(self, key):
                 try:

@@ -37,6 +37,8 @@ def failure_config(failure: schema.FailureConfig) -> FailureConfig:
     return FailureConfig(
         max_failures=failure.max_failures,
         controller_failure_limit=failure.controller_failure_limit,
+        max_preemption_failures=failure.max_preemption_failures,
+        preemption_grace_s=failure.preemption_grace_s,
     )
 
 

@@ -22,6 +22,11 @@ def test_failure_config_has_a_finite_controller_limit(tmp_path):
     failure = builders.failure_config(resolved(tmp_path, "failure.max_failures=2").failure)
     assert isinstance(failure, FailureConfig)
     assert failure.max_failures == 2 and failure.controller_failure_limit == 3
+    assert (failure.max_preemption_failures, failure.preemption_grace_s) == (-1, 0.0)  # Ray's defaults
+    failure = builders.failure_config(
+        resolved(tmp_path, "failure.max_preemption_failures=2", "failure.preemption_grace_s=30").failure
+    )
+    assert (failure.max_preemption_failures, failure.preemption_grace_s) == (2, 30.0)
 
 
 def test_checkpoint_config(tmp_path):

@@ -16,6 +16,7 @@ from tests.conftest import compose_config
         ("trainer.max_epochs=0", "trainer.max_epochs", "0"),
         ("trainer.batch_size=0", "trainer.batch_size", "0"),
         ("failure.max_failures=-2", "failure.max_failures", "-2"),
+        ("failure.preemption_grace_s=-1", "failure.preemption_grace_s", "-1"),
         ("scheduler.interval=sometimes", "scheduler.interval", "sometimes"),
         ("scaling.placement_strategy=NEAR", "scaling.placement_strategy", "NEAR"),
         ("checkpoint.checkpoint_score_order=up", "checkpoint.checkpoint_score_order", "up"),
