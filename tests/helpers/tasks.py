@@ -17,8 +17,9 @@ class _CrashOnce:
     that it happened, so the restarted worker group trains on. It first waits ``linger`` seconds: a checkpoint
     counts once Ray Train's controller has collected its report (it polls the workers every 0.25 s here), and a
     worker that dies before that loses it; or, with ``after`` (a checkpoint's name), until Ray has counted that
-    one (and maybe later ones). With ``record`` (a folder), every rank appends each batch it trains (its process
-    id and an md5 of each sample) to ``<record>/rank<R>.jsonl``."""
+    one (and maybe later ones), 60 s at most: a wait that never ends would hang the test instead of failing it.
+    With ``record`` (a folder), every rank appends each batch it trains (its process id and an md5 of each
+    sample) to ``<record>/rank<R>.jsonl``."""
 
     def __init__(
         self,
@@ -40,9 +41,14 @@ class _CrashOnce:
         if self.calls == self.at_step and rank == self.rank and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             time.sleep(self.linger)
-            while self.after and not any(
-                reported.checkpoint.path.rstrip("/").endswith(self.after)
-                for reported in ray.train.get_all_reported_checkpoints(timeout_s=0.05)
+            deadline = time.monotonic() + 60  # never counted: killed anyway, and the test fails on what it resumed
+            while (
+                self.after
+                and time.monotonic() < deadline
+                and not any(
+                    reported.checkpoint.path.rstrip("/").endswith(self.after)
+                    for reported in ray.train.get_all_reported_checkpoints(timeout_s=0.05)
+                )
             ):
                 pass
             os.kill(os.getpid(), signal.SIGKILL)
