@@ -26,7 +26,7 @@ from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.config.validate import check_targets
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
-from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
+from hydra_raytrain.rundir import CONFIG_FILE, SUMMARY_FILE, write_json
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -85,7 +85,9 @@ def load_model(path: str) -> torch.nn.Module | dict[str, torch.nn.Module]:
 
 
 def _load_model(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
-    state = torch.load(os.path.join(path, MODEL_FILE), weights_only=True, map_location="cpu")
+    from hydra_raytrain.recipe.checkpoint import read_weights  # model.pt, or a sharded (FSDP) checkpoint
+
+    state = read_weights(path)["model"]
     if "_target_" not in spec:
         return {name: _build(node, state[name]) for name, node in spec.items()}
     return _build(spec, state)

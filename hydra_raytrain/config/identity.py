@@ -14,10 +14,18 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 # Keys that cannot change what is learned: how Ray is reached, where results go, what is logged, when and
-# which checkpoints are kept, whether to resume, which failures are retried (a retry resumes exactly).
-NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure")
-# Trainer settings that only change what is shown or measured.
-NON_RESULT_TRAINER_KEYS = ("progress_bar", "profile", "profiler_steps")
+# which checkpoints are kept, whether to resume, which failures are retried (a retry resumes exactly), how FSDP
+# groups and places the shards (each element's reduction is the same).
+NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure", "fsdp")
+# Trainer settings that only change what is shown or measured, or the memory it takes (activation checkpointing
+# recomputes the same activations): a run that ran out of memory resumes with them changed.
+NON_RESULT_TRAINER_KEYS = (
+    "progress_bar",
+    "profile",
+    "profiler_steps",
+    "activation_checkpointing",
+    "activation_checkpointing_modules",
+)
 
 
 def run_name(cfg: Mapping[str, Any]) -> str:

@@ -24,7 +24,15 @@ from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, on
 from hydra_raytrain.config.monitor import monitored
 
 # What every epoch's metrics hold besides the task's own train_*/val_* (see recipe/loop.py).
-RUNNER_METRICS = ("epoch", "lr", "world_size", "samples_per_second", "epoch_seconds")
+RUNNER_METRICS = (
+    "epoch",
+    "lr",
+    "world_size",
+    "samples_per_second",
+    "epoch_seconds",
+    "param_bytes",
+    "optimizer_state_bytes",
+)
 PROFILE_METRICS = ("time_data", "time_forward", "time_backward", "time_optimizer")
 
 
@@ -47,6 +55,7 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     splits, models, task = _build_parts(cfg, on_gpu)
     if splits is None or models is None:
         return None
+    check_module_classes(cfg, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
     batch = _spread_samples(splits.train)
@@ -196,6 +205,29 @@ def _parameter_count(spec: Mapping[str, Any]) -> int:
 
 def warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def check_module_classes(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
+    """The module classes that FSDP shards and activation checkpointing recomputes: each in some model."""
+    from hydra_raytrain.recipe.parallel import matching_modules, module_classes
+
+    trainer, recomputed = cfg["trainer"], cfg["trainer"]["activation_checkpointing_modules"]
+    full = trainer["activation_checkpointing"] == "full"
+    named = {}
+    if trainer["parallel_strategy"] == "fsdp" or (full and recomputed is None):
+        named["fsdp.shard_modules"] = cfg["fsdp"]["shard_modules"]
+    if full and recomputed is not None:
+        named["trainer.activation_checkpointing_modules"] = recomputed
+    for key, names in named.items():
+        for name in names:
+            if not any(matching_modules(model, [name]) for model in models.values()):
+                classes = sorted({c for model in models.values() for c in module_classes(model)})
+                raise ConfigError(
+                    key,
+                    name,
+                    f"no submodule of the model is a {name}{did_you_mean(name, classes)}.",
+                    ", ".join(classes),
+                )
 
 
 def check_warm_start(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:

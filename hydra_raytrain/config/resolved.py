@@ -17,6 +17,7 @@ from typing import Any
 from hydra_raytrain.config.schema import (
     CheckpointConfig,
     FailureConfig,
+    FSDPConfig,
     RayConfig,
     RunSettings,
     ScalingConfig,
@@ -39,6 +40,7 @@ class Resolved:
     failure: FailureConfig
     checkpoint: CheckpointConfig
     trainer: TrainerConfig
+    fsdp: FSDPConfig
     ray: RayConfig
     run: RunSettings
 

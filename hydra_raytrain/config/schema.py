@@ -237,6 +237,25 @@ class EarlyStoppingConfig:
 
 PRECISIONS = ("32", "64", "bf16-mixed", "16-mixed")
 PARALLEL_STRATEGIES = ("ddp", "fsdp")
+ACTIVATION_CHECKPOINTING = ("none", "full")
+
+
+@dataclass
+class FSDPConfig:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``), with ``trainer.parallel_strategy=fsdp``: every rank holds
+    1/N of each parameter, gradient and optimizer state, and gathers a unit's parameters for its forward and
+    backward only (docs/sharding.md)::
+
+        python -m hydra_raytrain model=resnet18 trainer.parallel_strategy=fsdp 'fsdp.shard_modules=[BasicBlock]'
+
+    Each module whose class ``shard_modules`` names (``BasicBlock``, or a dotted path) becomes a shard unit, then
+    the root takes the rest; with none named the whole model is one unit. The mixed precision policy follows
+    ``trainer.precision`` (bf16-mixed: bfloat16 parameters in forward and backward, float32 gradient reduction).
+    Checkpoints are sharded (every rank writes its own part) and resume on any number of workers."""
+
+    shard_modules: list[str] = field(default_factory=list)
+    reshard_after_forward: bool = True  # free a unit's gathered parameters after its forward (gather again in backward)
+    cpu_offload: bool = False  # keep sharded parameters, gradients and optimizer state in host memory (GPU workers)
 
 
 @dataclass
@@ -273,9 +292,12 @@ class TrainerConfig:
     channels_last: bool = False  # model and 4-D inputs in channels-last memory format
     # Reproducibility: seed seeds python, numpy, torch (per rank) and every loader worker
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) as well
-    # Distribution: Ray's prepare_model(parallel_strategy, parallel_strategy_kwargs)
-    parallel_strategy: str = "ddp"  # ddp or fsdp (fsdp needs GPU workers)
-    parallel_strategy_kwargs: Any = None  # e.g. {find_unused_parameters: true, bucket_cap_mb: 50}
+    # Distribution: DDP (Ray's prepare_model, with parallel_strategy_kwargs) or FSDP2 (the fsdp section)
+    parallel_strategy: str = "ddp"  # ddp or fsdp
+    parallel_strategy_kwargs: Any = None  # DDP's, e.g. {find_unused_parameters: true, bucket_cap_mb: 50}
+    # Memory: "full" recomputes the named modules' activations in the backward pass instead of keeping them
+    activation_checkpointing: str = "none"  # none or full
+    activation_checkpointing_modules: list[str] | None = None  # module classes; None: fsdp.shard_modules
     # Profiling
     progress_bar: bool | None = (
         None  # rank 0's per-epoch bar (ray.experimental.tqdm_ray), drawn by the driver; None: when it has a terminal
@@ -302,6 +324,13 @@ class TrainerConfig:
             raise ConfigError(
                 "trainer.parallel_strategy", self.parallel_strategy, "unknown strategy.", ", ".join(PARALLEL_STRATEGIES)
             )
+        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+            raise ConfigError(
+                "trainer.activation_checkpointing",
+                self.activation_checkpointing,
+                "unknown mode.",
+                ", ".join(ACTIVATION_CHECKPOINTING),
+            )
         _at_least("trainer.batch_size", self.batch_size, 1)
         _at_least("trainer.batch_size_per_worker", self.batch_size_per_worker, 1)
         _at_least("trainer.val_batch_size_per_worker", self.val_batch_size_per_worker, 1)
@@ -317,6 +346,12 @@ class TrainerConfig:
             )
         if self.monitor_mode not in (None, "max", "min"):
             raise ConfigError("trainer.monitor_mode", self.monitor_mode, "unknown mode.", "max, min")
+
+
+def checkpointed_modules(activation_checkpointing_modules: list[str] | None, shard_modules: list[str]) -> list[str]:
+    """The module classes whose activations are recomputed: trainer.activation_checkpointing_modules, or else (None)
+    FSDP's shard units."""
+    return list(shard_modules if activation_checkpointing_modules is None else activation_checkpointing_modules)
 
 
 @dataclass
@@ -393,13 +428,14 @@ class TrainConfig:
     failure: FailureConfig = field(default_factory=FailureConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     logger: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
     ray: RayConfig = field(default_factory=RayConfig)
     run: RunSettings = field(default_factory=RunSettings)
 
 
 # The typed sections, in the order validation reports them.
-TYPED_SECTIONS = ("scaling", "storage", "failure", "checkpoint", "trainer", "scheduler", "ray", "run")
+TYPED_SECTIONS = ("scaling", "storage", "failure", "checkpoint", "trainer", "fsdp", "scheduler", "ray", "run")
 
 
 def register_configs() -> None:

@@ -21,7 +21,7 @@ from omegaconf.errors import InterpolationResolutionError, InterpolationToMissin
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 from hydra_raytrain.config.paths import PathArg
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.config.schema import TYPED_SECTIONS
+from hydra_raytrain.config.schema import TYPED_SECTIONS, checkpointed_modules
 from hydra_raytrain.config.typecheck import wrong_type
 from hydra_raytrain.internals import child_node
 
@@ -30,7 +30,7 @@ COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "log
 HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
 # What the runner passes to a section's `_partial_` node at run time: a node without `_partial_: true` misses it.
 RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
-CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "scaling", "checkpoint")
+CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "fsdp", "scaling", "checkpoint")
 
 
 def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
@@ -67,9 +67,9 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
             check_models_and_optimizers(
                 resolved["model"], resolved["optimizer"], resolved["task"], values=not problems.failed("optimizer")
             )
-    if not problems.failed("trainer", "scaling"):
+    if not problems.failed("trainer", "scaling", "fsdp"):
         with problems.collect():
-            check_trainer_switches(trainer, scaling)
+            check_trainer_switches(trainer, scaling, resolved["fsdp"])
         with problems.collect():
             for world_size in range(
                 max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1
@@ -152,31 +152,48 @@ def _keyword_names(function: Callable) -> list[str]:
     return [name for name in inspect.signature(function).parameters if name not in ("self", "model", "module")]
 
 
-def check_trainer_switches(trainer: dict[str, Any], scaling: dict[str, Any]) -> None:
+def check_fsdp(trainer: dict[str, Any], fsdp: dict[str, Any], on_gpu: bool) -> None:
+    if trainer["parallel_strategy_kwargs"]:
+        name = next(iter(trainer["parallel_strategy_kwargs"]))
+        raise ConfigError(
+            f"trainer.parallel_strategy_kwargs.{name}",
+            trainer["parallel_strategy_kwargs"][name],
+            "these are DDP's arguments; FSDP's settings are the fsdp section.",
+            "fsdp.shard_modules, fsdp.reshard_after_forward, fsdp.cpu_offload",
+        )
+    if fsdp["cpu_offload"] and not on_gpu:
+        raise ConfigError(
+            "fsdp.cpu_offload",
+            True,
+            "moves sharded state from GPU memory to host memory; these workers have no GPU (scaling.use_gpu=false).",
+            "scaling.use_gpu=true, or fsdp.cpu_offload=false",
+        )
+
+
+def check_trainer_switches(trainer: dict[str, Any], scaling: dict[str, Any], fsdp: dict[str, Any]) -> None:
     import torch
 
     on_gpu = scaling["use_gpu"]
-    if trainer["parallel_strategy"] == "fsdp" and not on_gpu:
-        raise ConfigError(
-            "trainer.parallel_strategy",
-            "fsdp",
-            "FSDP shards a model over GPUs; these workers have none (scaling.use_gpu=false).",
-            "scaling.use_gpu=true, or trainer.parallel_strategy=ddp",
-        )
-    strategy: type[torch.nn.Module] = torch.nn.parallel.DistributedDataParallel
     if trainer["parallel_strategy"] == "fsdp":
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        strategy = FullyShardedDataParallel
-    accepted = _keyword_names(strategy.__init__)
+        check_fsdp(trainer, fsdp, on_gpu)
+    accepted = _keyword_names(torch.nn.parallel.DistributedDataParallel.__init__)
     for name, value in (trainer["parallel_strategy_kwargs"] or {}).items():
         if name not in accepted:
             raise ConfigError(
                 f"trainer.parallel_strategy_kwargs.{name}",
                 value,
-                f"{strategy.__name__} has no argument {name!r}{did_you_mean(name, accepted)}.",
+                f"DistributedDataParallel has no argument {name!r}{did_you_mean(name, accepted)}.",
                 ", ".join(accepted),
             )
+    named = trainer["activation_checkpointing_modules"]
+    if trainer["activation_checkpointing"] == "full" and not checkpointed_modules(named, fsdp["shard_modules"]):
+        raise ConfigError(
+            "trainer.activation_checkpointing_modules",
+            named,
+            "trainer.activation_checkpointing=full needs the module classes whose activations are recomputed"
+            + (" (fsdp.shard_modules names none either)." if named is None else "."),
+            "e.g. 'trainer.activation_checkpointing_modules=[BasicBlock]' (the model's repeated blocks)",
+        )
     accepted = _keyword_names(torch.compile)
     for name, value in (trainer["compile_kwargs"] or {}).items():
         if name not in accepted:

@@ -4,11 +4,16 @@ One Ray checkpoint folder per save, merged by Ray from every rank's files:
 
     model.pt            rank 0: the full model state_dict (also the run dir's model.pt format); a task with
                         several models (config.model names them) stores {name: state_dict}
+    sharded/            FSDP instead of model.pt: a torch.distributed.checkpoint of the models and optimizers,
+                        {"model": {name: state_dict}, "optimizers": {name: state}}; every rank writes its own
+                        shards (__<R>_0.distcp), rank 0 the .metadata. Nothing is gathered on one rank, and it
+                        loads into any number of ranks (DCP reshards)
     config.json         rank 0: the resolved config, so a checkpoint alone rebuilds its model (load_model)
-    train_state.pt      rank 0: optimizers, LR schedules, fp16 scaler, epoch, global step, best metric, history
+    train_state.pt      rank 0: optimizers (unless sharded), LR schedules, fp16 scaler, epoch, global step, best
+                        metric, history
     rng_rank<R>.pt      every rank: its torch / numpy / python RNG states (they differ per rank)
 
-Everything is plain tensors and containers, so every file loads with ``torch.load(weights_only=True)``.
+Everything else is plain tensors and containers, so every file loads with ``torch.load(weights_only=True)``.
 
 :class:`Uploads` hands each rank's folder to ``ray.train.report``, which stores it (``checkpoint_upload_mode``).
 """
@@ -22,7 +27,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 import numpy as np
@@ -40,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import (
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
 
 STATE_FILE = "train_state.pt"
+SHARDED_DIR = "sharded"
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +114,80 @@ def load(
         set_optimizer_state_dict(models[name], optimizer, optimizer_states[name], options=options)
 
 
+def _sharded_states(models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> dict[str, Any]:
+    """This rank's shards of every model and optimizer state (DTensors under FSDP), as DCP saves and loads them."""
+    return {
+        "model": {name: get_model_state_dict(model) for name, model in models.items()},
+        "optimizers": {
+            name: get_optimizer_state_dict(models[name], optimizer) for name, optimizer in optimizers.items()
+        },
+    }
+
+
+def write_sharded(folder: str, models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    """Every rank's shards into ``<folder>/sharded`` (a collective: every rank calls it, each with its own folder;
+    Ray merges the folders into one checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_sharded_states(models, optimizers), checkpoint_id=os.path.join(folder, SHARDED_DIR))
+
+
+def load_sharded(path: str, models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> None:
+    """The inverse of :func:`write_sharded`, into models sharded over any number of ranks (a collective; an error
+    reading any rank's part is raised on every rank)."""
+    import torch.distributed.checkpoint as dcp
+
+    states = _sharded_states(models, optimizers)
+    dcp.load(states, checkpoint_id=path)
+    for name, model in models.items():
+        set_model_state_dict(model, states["model"][name])
+    for name, optimizer in optimizers.items():
+        set_optimizer_state_dict(models[name], optimizer, states["optimizers"][name])
+
+
+def check_sharded(path: str) -> None:
+    """Raise unless every file a sharded checkpoint's metadata names is there, whole. The same verdict on every rank
+    without a collective (each reads the same files), before the collective load."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    ends: dict[str, int] = {}
+    for info in FileSystemReader(path).read_metadata().storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        size = os.path.getsize(os.path.join(path, name)) if os.path.exists(os.path.join(path, name)) else None
+        if size is None or size < end:
+            raise EOFError(f"{SHARDED_DIR}/{name} is {'missing' if size is None else f'{size} bytes'}, {end} expected")
+
+
+def read_weights(folder: str, optimizers: bool = False) -> dict[str, Any]:
+    """A checkpoint folder's (or run dir's) full weights in model.pt's layout, whichever way it was written
+    (``model``), and with ``optimizers`` the optimizers' full states (``optimizers``; None in a run dir). No model
+    is needed: a sharded checkpoint is read whole into this process (a collective inside a worker group)."""
+    if os.path.exists(os.path.join(folder, MODEL_FILE)):
+        model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True, map_location="cpu")
+        state = None
+        if optimizers and os.path.exists(os.path.join(folder, STATE_FILE)):
+            state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu")["optimizers"]
+        return {"model": model, "optimizers": state}
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    keys = {"model", "optimizers"} if optimizers else {"model"}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message=".*single process", category=UserWarning)
+        loaded = _load_state_dict_from_keys(keys, checkpoint_id=os.path.join(folder, SHARDED_DIR))
+    return {
+        "model": pack_models(loaded["model"], several=list(loaded["model"]) != ["model"]),
+        "optimizers": loaded.get("optimizers"),
+    }
+
+
+def has_weights(names: Iterable[str]) -> bool:
+    """Whether a folder's file names include weights (model.pt, or a sharded checkpoint)."""
+    return MODEL_FILE in names or SHARDED_DIR in names
+
+
 def pack_models(model_states: dict[str, Any], several: bool) -> dict[str, Any]:
     """model.pt's layout: the state_dict itself for one model, {name: state_dict} for several."""
     return model_states if several else model_states["model"]
@@ -124,34 +204,57 @@ def write(
     train_state: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
 ) -> None:
-    """This rank's share of a checkpoint: its RNG states; rank 0 also passes the model, train state and config."""
+    """This rank's share of a checkpoint: its RNG states; rank 0 also passes the train state and config, and the
+    model's full state unless the checkpoint is sharded (see :func:`write_sharded`)."""
     torch.save(rng_state(), os.path.join(folder, rng_file(rank)))
     if model_state is not None:
         torch.save(model_state, os.path.join(folder, MODEL_FILE))
+    if train_state is not None:
         torch.save(train_state, os.path.join(folder, STATE_FILE))
         with open(os.path.join(folder, CONFIG_FILE), "w") as file:
             json.dump(config, file)
 
 
-def read(folder: str, rank: int) -> dict[str, Any]:
+def read(
+    folder: str,
+    rank: int,
+    models: dict[str, nn.Module] | None = None,
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
+) -> dict[str, Any]:
     """Load a whole checkpoint folder, every rank's RNG file included, so that every rank judges the same
-    folder complete or broken (they must agree on which checkpoint to resume from)."""
+    folder complete or broken (they must agree on which checkpoint to resume from). A sharded checkpoint loads
+    into ``models`` and ``optimizers`` here, a collective (``model`` is then None)."""
     names = sorted(name for name in os.listdir(folder) if name.startswith("rng_rank"))
     rngs = {name: torch.load(os.path.join(folder, name), weights_only=True) for name in names}
+    train = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
+    model = None
+    if os.path.exists(os.path.join(folder, MODEL_FILE)) or models is None:
+        model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True)
+    else:
+        check_sharded(os.path.join(folder, SHARDED_DIR))
+        load_sharded(os.path.join(folder, SHARDED_DIR), models, optimizers or {})
     return {
-        "model": torch.load(os.path.join(folder, MODEL_FILE), weights_only=True),
-        "train": torch.load(os.path.join(folder, STATE_FILE), weights_only=True),
+        "model": model,
+        "train": train,
         "rng": rngs.get(rng_file(rank)),  # None when the world size grew (elastic): the caller reseeds
     }
 
 
-def read_newest_loadable(checkpoints: list[Any], rank: int, warn) -> dict[str, Any] | None:
+def read_newest_loadable(
+    checkpoints: list[Any],
+    rank: int,
+    warn,
+    models: dict[str, nn.Module] | None = None,
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
+) -> dict[str, Any] | None:
     """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads, with its folder's
-    ``name``; warns about each one skipped (a truncated file, a missing part)."""
+    ``name``; warns about each one skipped (a truncated file, a missing part). A sharded one loads into ``models``
+    and ``optimizers`` (see :func:`read`)."""
     for checkpoint in checkpoints:
         try:
             with checkpoint.as_directory() as folder:
-                return {**read(folder, rank), "name": os.path.basename(checkpoint.path.rstrip("/"))}
+                state = read(folder, rank, models, optimizers)
+                return {**state, "name": os.path.basename(checkpoint.path.rstrip("/"))}
         except Exception as error:  # torch raises RuntimeError / EOFError / UnpicklingError on truncated files
             warn(
                 f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); "

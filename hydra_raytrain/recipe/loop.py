@@ -10,6 +10,7 @@ nothing in a worker.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import logging
@@ -26,16 +27,18 @@ from hydra.utils import instantiate
 
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
+from hydra_raytrain.config.schema import checkpointed_modules
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
-from hydra_raytrain.recipe import checkpoint, warm_start
+from hydra_raytrain.recipe import checkpoint, parallel, warm_start
 from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
 from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
 from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep, build_lr_scheduler
+from hydra_raytrain.tasks.base import Task
 
 PROFILER_DIR = "profiler"
 
@@ -93,6 +96,8 @@ class Recipe:
         if self.float_dtype is not None:  # after the models: float64 weights start from float32's initial values
             torch.set_default_dtype(self.float_dtype)
         self.step = self._setup_step(models)
+        self.sharded = any(parallel.is_sharded(model) for model in models.values())
+        self.val_steps = self._lockstep_val_batches() if self.sharded else self.val_batches
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
         self.start_epoch, self.global_step, self.status = 0, 0, "completed"  # global_step: optimizer steps
@@ -141,12 +146,15 @@ class Recipe:
         reported = sorted(ray.train.get_all_reported_checkpoints(), key=lambda r: -r.metrics.get("step", -1))
         older = [r.checkpoint for r in reported]
         candidates = [latest] + [c for c in older if c.path != latest.path]
-        state = checkpoint.read_newest_loadable(candidates, self.rank, warn=lambda message: logger.warning(message))
+        state = checkpoint.read_newest_loadable(
+            candidates, self.rank, lambda message: logger.warning(message), self.step.models, self.step.optimizers
+        )
         if state is None:
             raise RuntimeError(f"None of the run's {len(candidates)} checkpoints loads; see the warnings above.")
         train = state["train"]
-        models = checkpoint.unpack_models(state["model"], self.several_models)
-        checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
+        if state["model"] is not None:  # a full-state checkpoint (a sharded one loaded in read_newest_loadable)
+            models = checkpoint.unpack_models(state["model"], self.several_models)
+            checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
         self.step.load_state_dict(train["step"])
         self.start_epoch, self.global_step = train["epoch"], train["global_step"]
         self.position = self._position_now(train.get("position"))
@@ -207,10 +215,11 @@ class Recipe:
         self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
 
     def _setup_models(self) -> dict[str, torch.nn.Module]:
-        """Each model: built, channels-last and compiled if asked, then Ray's prepare_model (device; DDP or FSDP
-        with more than one worker)."""
+        """Each model: built, channels-last, activation checkpointing and compiled if asked, then spread over the
+        workers: FSDP2 (``recipe/parallel.py``), or Ray's prepare_model (device; DDP with more than one worker)."""
         trainer = self.cfg.trainer
         specs = dict(self.cfg.model) if self.several_models else {"model": self.cfg.model}
+        sharding = trainer.parallel_strategy == "fsdp" and torch.distributed.is_initialized()  # not in local mode
         models = {}
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
@@ -218,11 +227,26 @@ class Recipe:
                 module = module.to(self.float_dtype)
             if trainer.channels_last:
                 module = module.to(memory_format=torch.channels_last)
+            if trainer.activation_checkpointing == "full":
+                parallel.checkpoint_activations(
+                    module, checkpointed_modules(trainer.activation_checkpointing_modules, self.cfg.fsdp.shard_modules)
+                )
             if trainer.compile:
                 module.compile(**(trainer.compile_kwargs or {}))  # in place: state_dict keys unchanged
+            if sharding:
+                fsdp = self.cfg.fsdp
+                models[name] = parallel.fully_shard(
+                    module,
+                    self.device,
+                    fsdp.shard_modules,
+                    fsdp.reshard_after_forward,
+                    trainer.precision,
+                    fsdp.cpu_offload,
+                )
+                continue
             models[name] = ray.train.torch.prepare_model(
                 module,
-                parallel_strategy=trainer.parallel_strategy,
+                parallel_strategy="ddp",
                 parallel_strategy_kwargs=trainer.parallel_strategy_kwargs or None,
             )
         return models
@@ -281,7 +305,7 @@ class Recipe:
 
     def train(self) -> bytes | None:
         """The epochs left; the final weights' bytes on rank 0, None when a preemption notice stopped the run."""
-        max_epochs, weights = self.cfg.trainer.max_epochs, None
+        max_epochs, weights, reported_final = self.cfg.trainer.max_epochs, None, False
         for epoch in range(self.start_epoch, max_epochs):
             if self._stop_early():  # a resumed run that had already stopped
                 break
@@ -310,22 +334,23 @@ class Recipe:
                 "world_size": self.world_size,
                 "samples_per_second": trained_here / train_seconds,
                 "epoch_seconds": time.perf_counter() - started,
+                **parallel.memory(self.step.models.values(), self.step.optimizers.values()),  # rank 0's share
                 **self.step.timer.pop(),
             }
             self.step.end_epoch()
             log_all(self.loggers, metrics, step=epoch + 1)
             self.history.append(metrics)
-            if self.rank == 0:
-                self.task.on_epoch_end(self._eval_models(), epoch + 1, self.run_dir)
+            self._on_epoch_end(epoch + 1)
             final = epoch + 1 == max_epochs or self._stop_early()
             weights = self._report(metrics, epoch + 1, final=final)
             if final:
+                reported_final = True
                 break
         self.cadence.close()
         if self.profiler is not None:
             self.profiler.stop()
-        if weights is None and self.status == "completed":  # nothing left to train: we resumed from the last one
-            weights = self._weights()
+        if not reported_final and self.status == "completed":  # resumed from the last one: nothing left to train
+            weights = self._weights()  # on every rank (a collective under FSDP)
         return weights
 
     def _stop_early(self) -> bool:
@@ -385,10 +410,35 @@ class Recipe:
 
     def _validate(self) -> dict[str, float]:
         # The unwrapped models: ranks hold different numbers of validation batches, and DDP's forward could
-        # start a collective (buffer broadcast) that the other ranks never join.
+        # start a collective (buffer broadcast) that the other ranks never join. FSDP's forward all-gathers each
+        # unit's parameters: there every rank runs as many forwards (``val_steps``), the extra ones uncounted.
         batches = itertools.islice(self.val_loader, self.val_batches)
+        extra = self.val_steps - self.val_batches
         with self.step.precision.autocast():
-            return validation_totals(self.task, self._eval_models(), batches, self._to_device)
+            return validation_totals(self.task, self._eval_models(), batches, self._to_device, extra)
+
+    def _lockstep_val_batches(self) -> int:
+        """The most validation batches any rank holds (a collective): under FSDP every rank runs that many."""
+        most = torch.tensor(self.val_batches, device=self.device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        if self.val_batches == 0 and most.item() > 0:
+            raise ValueError(
+                f"rank {self.rank} holds no validation batch of dataset.val while others hold {most.item()}: FSDP "
+                "needs every rank in every forward. Use fewer workers or a larger validation split."
+            )
+        return int(most.item())
+
+    def _on_epoch_end(self, epochs_done: int) -> None:
+        """The task's hook, on rank 0, with the unwrapped models (under FSDP, every unit's parameters gathered on
+        every rank first: rank 0's forwards then need no collective)."""
+        if type(self.task).on_epoch_end is Task.on_epoch_end:  # the default does nothing
+            return
+        with contextlib.ExitStack() as stack:
+            if self.sharded:  # FSDP's units gathered; its low-precision weights need autocast, as in training
+                stack.enter_context(parallel.gathered(self.step.models.values(), self.cfg.fsdp.reshard_after_forward))
+                stack.enter_context(self.step.precision.autocast())
+            if self.rank == 0:
+                self.task.on_epoch_end(self._eval_models(), epochs_done, self.run_dir)
 
     def _eval_models(self) -> Any:
         return dict(self.step.unwrapped) if self.several_models else self.step.unwrapped["model"]
@@ -412,7 +462,7 @@ class Recipe:
         if not (final or self._epoch_checkpoint_due(epochs_done)):
             self.uploads.report(metrics)
             return None
-        weights = self._checkpoint(metrics, f"epoch_{epochs_done:04d}", epochs_done, position=None)
+        weights = self._checkpoint(metrics, f"epoch_{epochs_done:04d}", epochs_done, position=None, final=final)
         return weights if final else None
 
     def _save_mid_epoch(self, epoch: int, batches: int, meter: SumMeter) -> None:
@@ -430,17 +480,28 @@ class Recipe:
         self._checkpoint(metrics, f"step_{self.global_step:08d}", epoch, position)
 
     def _checkpoint(
-        self, metrics: dict[str, Any], name: str, epoch: int, position: dict[str, Any] | None
+        self, metrics: dict[str, Any], name: str, epoch: int, position: dict[str, Any] | None, final: bool = False
     ) -> bytes | None:
         """Every rank reports its share of a full-state checkpoint named ``name`` (a barrier); rank 0 returns the
-        weights' bytes. ``epoch`` is the epoch to train next (0-based), ``position`` how far into it."""
+        weights' bytes (sharded: only when ``final``). ``epoch`` is the epoch to train next (0-based), ``position``
+        how far into it."""
+        config, weights = self.cfg.to_dict(), None
+        if self.sharded:  # every rank writes its shards; the full weights only for the final model.pt
+            weights = self._weights() if final else None
+            train_state = self._train_state(epoch, None, position) if self.rank == 0 else None
+
+            def write(folder: str) -> None:
+                checkpoint.write_sharded(folder, self.step.models, self.step.optimizers)  # a collective
+                checkpoint.write(folder, self.rank, None, train_state, config)
+
+            self.uploads.report(metrics, write, name)
+            self.cadence.saved()
+            return weights
         model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
-        weights = None
         if self.rank == 0:
             packed = checkpoint.pack_models(model_states, self.several_models)
             weights = _to_bytes(packed)
             train_state = self._train_state(epoch, optimizer_states, position)
-            config = self.cfg.to_dict()
             self.uploads.report(metrics, lambda folder: checkpoint.write(folder, 0, packed, train_state, config), name)
         else:
             self.uploads.report(metrics, lambda folder: checkpoint.write(folder, self.rank), name)
@@ -448,13 +509,13 @@ class Recipe:
         return weights
 
     def _train_state(
-        self, epoch: int, optimizer_states: dict[str, Any], position: dict[str, Any] | None
+        self, epoch: int, optimizer_states: dict[str, Any] | None, position: dict[str, Any] | None
     ) -> dict[str, Any]:
         monitor, mode = monitored(self.task, (self.cfg.trainer.monitor, self.cfg.trainer.monitor_mode))
         scores = [m[monitor] for m in self.history if monitor in m]
         pick = max if mode == "max" else min
         return {
-            "optimizers": optimizer_states,
+            "optimizers": optimizer_states,  # None in a sharded checkpoint: they are in sharded/
             "step": self.step.state_dict(),  # LR schedules, warm-ups, the fp16 scaler
             "epoch": epoch,  # the epoch to train next (0-based): the sampler's
             "position": position,  # None at an epoch's end; mid-epoch: samples of its order consumed, partial sums

@@ -45,14 +45,19 @@ class SumMeter:
 
 @torch.no_grad()
 def validation_totals(
-    task: Any, model: Any, batches: Iterable[Any], to_device: Callable[[Any], Any]
+    task: Any, model: Any, batches: Iterable[Any], to_device: Callable[[Any], Any], extra: int = 0
 ) -> dict[str, float]:
-    """The task's validation sums over ``batches``, added over workers (a collective when distributed)."""
+    """The task's validation sums over ``batches``, added over workers (a collective when distributed). ``extra``
+    more steps on the last batch, uncounted, keep this rank in step with ranks that hold more batches (FSDP's
+    forward is a collective)."""
     for module in model.values() if isinstance(model, dict) else [model]:
         module.eval()
-    meter = SumMeter()
+    meter, batch = SumMeter(), None
     for batch in batches:
-        meter.add(task.validation_step(model, to_device(batch)))
+        batch = to_device(batch)
+        meter.add(task.validation_step(model, batch))
+    for _ in range(extra):
+        task.validation_step(model, batch)
     return meter.totals()
 
 

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hydra_raytrain.recipe.parallel import set_gradient_sync, unwrap
+
 AUTOCAST_DTYPES = {"64": None, "32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 # The dtype of parameters and floating inputs; the mixed precisions keep float32 weights under autocast.
 PARAM_DTYPES = {"64": torch.float64}
@@ -97,8 +99,8 @@ class TrainStep:
         warmups: dict[str, Any] | None = None,
         timer: StepTimer | None = None,
     ):
-        self.models = models  # DDP-wrapped when there is more than one worker
-        self.unwrapped = {name: getattr(model, "module", model) for name, model in models.items()}
+        self.models = models  # DDP-wrapped when there is more than one worker, or sharded by FSDP2
+        self.unwrapped = {name: unwrap(model) for name, model in models.items()}
         self.optimizers, self.lr_schedulers, self.warmups = optimizers, lr_schedulers, warmups or {}
         self.precision, self.accumulate, self.clip = precision, accumulate_grad_batches, gradient_clip_val
         self.step_scheduler_per_batch = step_scheduler_per_batch
@@ -127,13 +129,11 @@ class TrainStep:
         return stack
 
     def no_sync(self) -> contextlib.ExitStack:
-        """DDP's ``no_sync`` on every model while ``sync`` is False: gradients accumulate locally, no all-reduce."""
+        """While ``sync`` is False, gradients accumulate locally on every model: no all-reduce (DDP's ``no_sync``),
+        no reduce-scatter (FSDP's ``set_requires_gradient_sync``)."""
         stack = contextlib.ExitStack()
-        if not self.sync:
-            for model in self.models.values():
-                no_sync = getattr(model, "no_sync", None)  # DDP's (none with one worker)
-                if no_sync is not None:
-                    stack.enter_context(no_sync())
+        for model in self.models.values():
+            stack.enter_context(set_gradient_sync(model, self.sync))
         return stack
 
     def optimize(self, loss: torch.Tensor, name: str | None = None) -> None:

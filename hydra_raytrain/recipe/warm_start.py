@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.recipe.checkpoint import STATE_FILE
-from hydra_raytrain.rundir import MODEL_FILE, SUMMARY_FILE
+from hydra_raytrain.recipe.checkpoint import STATE_FILE, has_weights
+from hydra_raytrain.rundir import SUMMARY_FILE
 
 KEY = "run.init_from"
 
@@ -30,11 +30,11 @@ def locate(source: str, cwd: str, init_optimizer: bool) -> str:
     when it holds no model.pt, or no train_state.pt for ``run.init_optimizer``."""
     source = source_path(source, cwd)
     names = _listing(source)
-    if names is None or MODEL_FILE not in names:
+    if names is None or not has_weights(names):
         raise ConfigError(
             KEY,
             source,
-            "no model.pt there." if names is not None else "not found.",
+            "no model.pt (or sharded checkpoint) there." if names is not None else "not found.",
             "a run dir (outputs/runs/<name>) or a checkpoint folder (<storage>/<name>/epoch_NNNN)",
         )
     if init_optimizer and STATE_FILE not in names:
@@ -67,15 +67,11 @@ def read(source: str, init_optimizer: bool) -> dict[str, Any]:
     """``model``: model.pt's state (one state_dict, or {name: state_dict}); ``optimizers``: the optimizers'
     full states when asked."""
     import ray.train
-    import torch
+
+    from hydra_raytrain.recipe.checkpoint import read_weights
 
     with ray.train.Checkpoint(path=source).as_directory() as folder:
-        model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True, map_location="cpu")
-        optimizers = None
-        if init_optimizer:
-            state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu")
-            optimizers = state["optimizers"]
-    return {"model": model, "optimizers": optimizers}
+        return read_weights(folder, optimizers=init_optimizer)
 
 
 def mismatches(expected: Mapping[str, Any], saved: Mapping[str, Any], strict: bool) -> list[str]:

@@ -31,7 +31,7 @@ from tests.conftest import compose_config
         ("trainer.early_stopping.patience=0", "trainer.early_stopping.patience", "0"),
         ("trainer.early_stopping.mode=up", "trainer.early_stopping.mode", "up"),
         ("trainer.parallel_strategy=zero3", "trainer.parallel_strategy", "zero3"),
-        ("trainer.parallel_strategy=fsdp", "trainer.parallel_strategy", "fsdp"),
+        ("trainer.activation_checkpointing=some", "trainer.activation_checkpointing", "some"),
         ("+trainer.parallel_strategy_kwargs.bucket_cap=5", "trainer.parallel_strategy_kwargs.bucket_cap", "5"),
         ("trainer.compile_kwargs={backnd: eager}", "trainer.compile_kwargs.backnd", "eager"),
         ("trainer.compile_kwargs=3", "trainer.compile_kwargs", "3"),

@@ -113,6 +113,42 @@ def test_a_bad_ddp_option_gets_a_did_you_mean(tmp_path):
         validate(compose_config("trainer.parallel_strategy_kwargs={bucket_cap: 5}"), str(tmp_path))
 
 
+FSDP = "trainer.parallel_strategy=fsdp"
+FULL = "trainer.activation_checkpointing=full"
+
+
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        ([FSDP, "fsdp.shard_modules=[Linea]"], "fsdp.shard_modules", "did you mean 'Linear'"),
+        ([FSDP, "fsdp.cpu_offload=true"], "fsdp.cpu_offload", "scaling.use_gpu=true"),
+        (
+            [FSDP, "trainer.parallel_strategy_kwargs={bucket_cap_mb: 5}"],
+            "trainer.parallel_strategy_kwargs.bucket_cap_mb",
+            "fsdp.",
+        ),
+        ([FULL], "trainer.activation_checkpointing_modules", "BasicBlock"),
+        (
+            [FULL, "trainer.activation_checkpointing_modules=[Block]"],
+            "trainer.activation_checkpointing_modules",
+            "Valid: Flatten, Linear, ReLU",
+        ),
+    ],
+)
+def test_fsdp_and_activation_checkpointing_settings_are_checked(tmp_path, overrides, key, words):
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("model=mlp", *overrides), str(tmp_path))
+    assert caught.value.key == key and words in str(caught.value), str(caught.value)
+
+
+def test_the_modules_fsdp_shards_are_named_by_class_or_dotted_path(tmp_path):
+    for name in ("Linear", "torch.nn.modules.linear.Linear"):
+        resolved = validate(
+            compose_config("model=mlp", "trainer.parallel_strategy=fsdp", f"fsdp.shard_modules=[{name}]"), str(tmp_path)
+        )
+        assert resolved.fsdp.shard_modules == [name] and resolved.fsdp.reshard_after_forward
+
+
 def test_several_models_need_a_task_that_steps_them(tmp_path):
     with pytest.raises(ConfigError) as caught:
         validate(compose_config("model=dcgan", "model.generator.latent_dim=32"), str(tmp_path))

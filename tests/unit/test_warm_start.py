@@ -62,7 +62,7 @@ def test_a_missing_source_or_optimizer_state_is_named(tmp_path):
     with pytest.raises(ConfigError, match="run.init_from=.*nowhere'?: not found"):
         validate(compose_config("run.init_from=nowhere"), str(tmp_path))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="no model.pt there"):
+    with pytest.raises(ConfigError, match=r"no model.pt \(or sharded checkpoint\) there"):
         validate(compose_config("run.init_from=empty"), str(tmp_path))
     source(tmp_path / "run", default_weights(), "summary.json")
     with pytest.raises(ConfigError) as caught:
