@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-commands: install
 
 bench-checkpoint: install
 	$(BIN)/python benchmarks/checkpoint_upload.py
+
+bench-memory: install
+	$(BIN)/python benchmarks/memory.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
