@@ -215,26 +215,22 @@ def write(
             json.dump(config, file)
 
 
-def read(
-    folder: str,
-    rank: int,
-    models: dict[str, nn.Module] | None = None,
-    optimizers: dict[str, torch.optim.Optimizer] | None = None,
-) -> dict[str, Any]:
+def read(folder: str, rank: int, sharded: bool = False) -> dict[str, Any]:
     """Load a whole checkpoint folder, every rank's RNG file included, so that every rank judges the same
-    folder complete or broken (they must agree on which checkpoint to resume from). A sharded checkpoint loads
-    into ``models`` and ``optimizers`` here, a collective (``model`` is then None)."""
+    folder complete or broken (they must agree on which checkpoint to resume from). With ``sharded``, a sharded
+    checkpoint is only checked complete here (``model`` None, ``sharded`` its path): :func:`load_sharded` loads it."""
     names = sorted(name for name in os.listdir(folder) if name.startswith("rng_rank"))
     rngs = {name: torch.load(os.path.join(folder, name), weights_only=True) for name in names}
     train = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
-    model = None
-    if os.path.exists(os.path.join(folder, MODEL_FILE)) or models is None:
+    model, shards = None, None
+    if os.path.exists(os.path.join(folder, MODEL_FILE)) or not sharded:
         model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True)
     else:
-        check_sharded(os.path.join(folder, SHARDED_DIR))
-        load_sharded(os.path.join(folder, SHARDED_DIR), models, optimizers or {})
+        shards = os.path.join(folder, SHARDED_DIR)
+        check_sharded(shards)
     return {
         "model": model,
+        "sharded": shards,
         "train": train,
         "rng": rngs.get(rng_file(rank)),  # None when the world size grew (elastic): the caller reseeds
     }
@@ -247,15 +243,26 @@ def read_newest_loadable(
     models: dict[str, nn.Module] | None = None,
     optimizers: dict[str, torch.optim.Optimizer] | None = None,
 ) -> dict[str, Any] | None:
-    """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads, with its folder's
-    ``name``; warns about each one skipped (a truncated file, a missing part). A sharded one loads into ``models``
-    and ``optimizers`` (see :func:`read`)."""
+    """The newest of ``checkpoints`` (Ray Checkpoint objects, newest first) that loads on every rank, with its
+    folder's ``name``; warns about each one skipped (a truncated file, a missing part, a failed download on one
+    node: the ranks agree before going on). A sharded one loads into ``models`` and ``optimizers`` here (a
+    collective; ``model`` is then None)."""
+    from hydra_raytrain.recipe.parallel import every_rank
+
     for checkpoint in checkpoints:
         try:
             with checkpoint.as_directory() as folder:
-                state = read(folder, rank, models, optimizers)
+                try:
+                    state, error = read(folder, rank, sharded=models is not None), None
+                except Exception as caught:  # torch raises RuntimeError / EOFError / UnpicklingError on truncation
+                    state, error = None, caught
+                if not every_rank(error is None):
+                    raise error or RuntimeError("another rank could not read it")
+                assert state is not None
+                if state["sharded"] is not None:
+                    load_sharded(state["sharded"], models or {}, optimizers or {})  # its errors reach every rank
                 return {**state, "name": os.path.basename(checkpoint.path.rstrip("/"))}
-        except Exception as error:  # torch raises RuntimeError / EOFError / UnpicklingError on truncated files
+        except Exception as error:
             warn(
                 f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); "
                 "trying the previous one"

@@ -419,13 +419,13 @@ class Recipe:
 
     def _lockstep_val_batches(self) -> int:
         """The most validation batches any rank holds (a collective): under FSDP every rank runs that many."""
+        if not parallel.every_rank(self.val_batches > 0):  # every rank raises, none waits for the others
+            raise ValueError(
+                f"a rank holds no batch of the validation split (over {self.world_size} workers): FSDP needs "
+                "every rank in every forward. Use fewer workers or a larger validation split."
+            )
         most = torch.tensor(self.val_batches, device=self.device)
         torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-        if self.val_batches == 0 and most.item() > 0:
-            raise ValueError(
-                f"rank {self.rank} holds no validation batch of dataset.val while others hold {most.item()}: FSDP "
-                "needs every rank in every forward. Use fewer workers or a larger validation split."
-            )
         return int(most.item())
 
     def _on_epoch_end(self, epochs_done: int) -> None:

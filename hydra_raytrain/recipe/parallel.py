@@ -42,13 +42,28 @@ def module_classes(model: nn.Module) -> list[str]:
 def checkpoint_activations(model: nn.Module, names: Iterable[str]) -> int:
     """Activation checkpointing of every submodule whose class is one of ``names``: its forward keeps only its
     inputs, and runs again in the backward pass. Composable (hooks, no wrapper): the module tree, its state_dict keys
-    and FSDP's units stay as they are. Returns how many modules it applies to."""
+    and FSDP's units stay as they are. The recomputation leaves batch norm's running statistics as the forward left
+    them (else they would be updated twice a step). Returns how many modules it applies to."""
     from torch.distributed._composable import checkpoint
 
     modules = matching_modules(model, names)
     for module in modules:
-        checkpoint(module)
+        checkpoint(module, context_fn=lambda module=module: (contextlib.nullcontext(), _statistics_kept(module)))
     return len(modules)
+
+
+@contextlib.contextmanager
+def _statistics_kept(module: nn.Module) -> Iterator[None]:
+    """Batch norm's buffers (running mean and variance, batches tracked) under ``module`` as they were on entry."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    saved = [[buffer.clone() for buffer in norm.buffers(recurse=False)] for norm in norms]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for norm, buffers in zip(norms, saved, strict=True):
+                for buffer, value in zip(norm.buffers(recurse=False), buffers, strict=True):
+                    buffer.copy_(value)
 
 
 def fully_shard(
@@ -59,7 +74,9 @@ def fully_shard(
     precision: str = "32",
     cpu_offload: bool = False,
 ) -> nn.Module:
-    """FSDP2 over every rank of the default process group: the named submodules' units, then the root."""
+    """FSDP2 over every rank of the default process group: the named submodules' units, then the root. The model
+    stays where it was built (the host): FSDP moves each unit's shard to ``device`` (kept on the host with
+    ``cpu_offload``), so no device ever holds the whole model."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
@@ -73,7 +90,6 @@ def fully_shard(
         "mp_policy": MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }
-    model = model.to(device)
     if low is not None:
         # Batch norm stays float32, in units of its own that cast their inputs (FSDP1's MixedPrecision did this by
         # default): its running statistics need the precision, and its kernels refuse float32 inputs with
@@ -83,8 +99,10 @@ def fully_shard(
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 shard(module, **{**options, "mp_policy": full})
     for module in matching_modules(model, shard_modules):
-        shard(module, **options)
-    shard(model, **options)
+        if not is_sharded(module):  # a batch norm class named in shard_modules is a unit already
+            shard(module, **options)
+    # The root: FSDP's default keeps its parameters from the forward to the backward, which follows at once
+    shard(model, **{**options, "reshard_after_forward": None if reshard_after_forward else False})
     return model
 
 
@@ -113,19 +131,35 @@ def set_gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContex
 @contextlib.contextmanager
 def gathered(models: Iterable[nn.Module], reshard_after_forward: bool = True) -> Iterator[None]:
     """Every FSDP unit's full parameters on every rank, kept through forwards, for code that runs on one rank only
-    (a task's ``on_epoch_end``): a collective on entry, none in between. Nothing for other models."""
+    (a task's ``on_epoch_end``): a collective on entry, none in between. Nothing for other models. A root never
+    reshards after its forward (FSDP's default for it): only the units under it are switched, and back."""
     from torch.distributed.fsdp import FSDPModule
 
-    units = [unit for model in models for unit in model.modules() if isinstance(unit, FSDPModule)]
+    roots = [model for model in models if isinstance(model, FSDPModule)]
+    units = [unit for root in roots for unit in root.modules() if isinstance(unit, FSDPModule) and unit is not root]
     for unit in units:
-        unit.set_reshard_after_forward(False)
+        unit.set_reshard_after_forward(False, recurse=False)
+    for unit in roots + units:
         unit.unshard()
     try:
         yield
     finally:
-        for unit in units:
+        for unit in roots + units:
             unit.reshard()
-            unit.set_reshard_after_forward(reshard_after_forward)
+        for unit in units:
+            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)
+
+
+def every_rank(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (a collective when distributed): ranks that must take the same path agree."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    flag = torch.tensor(int(ok), device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def local_bytes(tensors: Iterable[torch.Tensor]) -> int:

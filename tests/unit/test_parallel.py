@@ -29,7 +29,7 @@ def test_a_class_is_named_by_its_name_or_dotted_path_and_the_root_is_never_picke
     assert unwrap(model) is model
 
 
-def test_activation_checkpointing_keeps_the_keys_and_the_gradients():
+def test_activation_checkpointing_keeps_the_keys_the_gradients_and_batch_norm_statistics():
     torch.manual_seed(0)
     plain = torchvision_resnet("resnet18", [3, 16, 16], 10)
     recomputed = torchvision_resnet("resnet18", [3, 16, 16], 10)
@@ -41,6 +41,9 @@ def test_activation_checkpointing_keeps_the_keys_and_the_gradients():
         nn.functional.cross_entropy(model(images), labels).backward()
     for (name, a), b in zip(plain.named_parameters(), recomputed.parameters(), strict=True):
         assert torch.equal(a.grad, b.grad), name
+    # The recomputed forward must not update batch norm's running statistics a second time.
+    for (name, a), b in zip(plain.named_buffers(), recomputed.buffers(), strict=True):
+        assert torch.equal(a, b), name
 
 
 def test_local_bytes_counts_plain_tensors_whole():
