@@ -101,8 +101,9 @@ def fully_shard(
     for module in matching_modules(model, shard_modules):
         if not is_sharded(module):  # a batch norm class named in shard_modules is a unit already
             shard(module, **options)
-    # The root: FSDP's default keeps its parameters from the forward to the backward, which follows at once
-    shard(model, **{**options, "reshard_after_forward": None if reshard_after_forward else False})
+    # The root too as configured (FSDP's auto setting keeps the root's parameters gathered from one forward to the
+    # next: a GAN's generator, run first under no_grad, then lost its gradients).
+    shard(model, **options)
     return model
 
 
@@ -131,23 +132,19 @@ def set_gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContex
 @contextlib.contextmanager
 def gathered(models: Iterable[nn.Module], reshard_after_forward: bool = True) -> Iterator[None]:
     """Every FSDP unit's full parameters on every rank, kept through forwards, for code that runs on one rank only
-    (a task's ``on_epoch_end``): a collective on entry, none in between. Nothing for other models. A root never
-    reshards after its forward (FSDP's default for it): only the units under it are switched, and back."""
+    (a task's ``on_epoch_end``): a collective on entry, none in between. Nothing for other models."""
     from torch.distributed.fsdp import FSDPModule
 
-    roots = [model for model in models if isinstance(model, FSDPModule)]
-    units = [unit for root in roots for unit in root.modules() if isinstance(unit, FSDPModule) and unit is not root]
+    units = [unit for model in models for unit in model.modules() if isinstance(unit, FSDPModule)]
     for unit in units:
         unit.set_reshard_after_forward(False, recurse=False)
-    for unit in roots + units:
         unit.unshard()
     try:
         yield
     finally:
-        for unit in roots + units:
-            unit.reshard()
         for unit in units:
-            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)
+            unit.reshard()
+            unit.set_reshard_after_forward(reshard_after_forward, recurse=False)  # as fully_shard set it
 
 
 def every_rank(ok: bool) -> bool:
