@@ -14,15 +14,14 @@ over every epoch of every round, and the ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.cli_run import epoch_metrics  # noqa: E402
 from hydra_raytrain.driver.cluster import free_port  # noqa: E402
 from tests.helpers.s3 import s3_environment, start_moto_server  # noqa: E402  (the tests' loopback S3 server)
 
@@ -60,18 +59,8 @@ def start_s3() -> subprocess.Popen:
 
 def step_seconds(overrides: list[str], prefix: str) -> list[float]:
     """Seconds per optimizer step of each epoch's training phase, from metrics.jsonl."""
-    with tempfile.TemporaryDirectory() as folder:
-        args = [*COMMON, *overrides, f"storage.path=s3://bench/{prefix}", "hydra.run.dir=run"]
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        done = subprocess.run(
-            [sys.executable, "-m", "hydra_raytrain", *args], cwd=folder, env=env, capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-        with open(os.path.join(folder, "run", "metrics.jsonl")) as file:
-            epochs = [json.loads(line) for line in file]
-        with open(os.path.join(folder, "run", "config.json")) as file:
-            batch = json.load(file)["trainer"]["batch_size"]  # global
+    epochs, config = epoch_metrics([*COMMON, *overrides, f"storage.path=s3://bench/{prefix}"])
+    batch = config["trainer"]["batch_size"]  # global
     # samples_per_second counts the epoch's training phase (mid-epoch checkpoints included).
     return [batch / epoch["samples_per_second"] for epoch in epochs]
 

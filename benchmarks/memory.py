@@ -15,16 +15,14 @@ checkpointing frees.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import weakref
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.cli_run import epoch_metrics  # noqa: E402
 
 COMMON = [
     "model=resnet18",
@@ -46,16 +44,7 @@ MIB = 2**20
 
 
 def per_rank_bytes(overrides: list[str]) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as folder:
-        args = [*COMMON, *overrides, "hydra.run.dir=run"]
-        env = {**os.environ, "PYTHONPATH": ROOT}
-        done = subprocess.run(
-            [sys.executable, "-m", "hydra_raytrain", *args], cwd=folder, env=env, capture_output=True, text=True
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-        with open(os.path.join(folder, "run", "metrics.jsonl")) as file:
-            last = [json.loads(line) for line in file][-1]
+    last = epoch_metrics([*COMMON, *overrides])[0][-1]
     return {name: last[name] for name in ("param_bytes", "optimizer_state_bytes")}
 
 
