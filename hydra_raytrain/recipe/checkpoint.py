@@ -215,22 +215,21 @@ def write(
             json.dump(config, file)
 
 
-def read(folder: str, rank: int, sharded: bool = False) -> dict[str, Any]:
+def read(folder: str, rank: int) -> dict[str, Any]:
     """Load a whole checkpoint folder, every rank's RNG file included, so that every rank judges the same
-    folder complete or broken (they must agree on which checkpoint to resume from). With ``sharded``, a sharded
-    checkpoint is only checked complete here (``model`` None, ``sharded`` its path): :func:`load_sharded` loads it."""
+    folder complete or broken (they must agree on which checkpoint to resume from). A sharded checkpoint is only
+    checked complete here (``model`` None, ``sharded`` its path): :func:`load_sharded` loads it."""
     names = sorted(name for name in os.listdir(folder) if name.startswith("rng_rank"))
     rngs = {name: torch.load(os.path.join(folder, name), weights_only=True) for name in names}
     train = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
-    model, shards = None, None
-    if os.path.exists(os.path.join(folder, MODEL_FILE)) or not sharded:
-        model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True)
-    else:
-        shards = os.path.join(folder, SHARDED_DIR)
-        check_sharded(shards)
+    sharded = os.path.join(folder, SHARDED_DIR)
+    full = os.path.exists(os.path.join(folder, MODEL_FILE)) or not os.path.isdir(sharded)
+    model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True) if full else None
+    if not full:
+        check_sharded(sharded)
     return {
         "model": model,
-        "sharded": shards,
+        "sharded": None if full else sharded,
         "train": train,
         "rng": rngs.get(rng_file(rank)),  # None when the world size grew (elastic): the caller reseeds
     }
@@ -253,7 +252,7 @@ def read_newest_loadable(
         try:
             with checkpoint.as_directory() as folder:
                 try:
-                    state, error = read(folder, rank, sharded=models is not None), None
+                    state, error = read(folder, rank), None
                 except Exception as caught:  # torch raises RuntimeError / EOFError / UnpicklingError on truncation
                     state, error = None, caught
                 if not every_rank(error is None):

@@ -96,7 +96,7 @@ class Recipe:
         if self.float_dtype is not None:  # after the models: float64 weights start from float32's initial values
             torch.set_default_dtype(self.float_dtype)
         self.step = self._setup_step(models)
-        self.sharded = any(parallel.is_sharded(model) for model in models.values())
+        self.sharded = bool(self.step.gradient_sync)  # some model is sharded by FSDP
         self.val_steps = self._lockstep_val_batches() if self.sharded else self.val_batches
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
@@ -485,26 +485,23 @@ class Recipe:
         """Every rank reports its share of a full-state checkpoint named ``name`` (a barrier); rank 0 returns the
         weights' bytes (sharded: only when ``final``). ``epoch`` is the epoch to train next (0-based), ``position``
         how far into it."""
-        config, weights = self.cfg.to_dict(), None
-        if self.sharded:  # every rank writes its shards; the full weights only for the final model.pt
+        sharded, weights, model_state, optimizer_states = self.sharded, None, None, None
+        if sharded:  # every rank writes its shards; the full weights are gathered only for the final model.pt
             weights = self._weights() if final else None
-            train_state = self._train_state(epoch, None, position) if self.rank == 0 else None
-
-            def write(folder: str) -> None:
-                checkpoint.write_sharded(folder, self.step.models, self.step.optimizers)  # a collective
-                checkpoint.write(folder, self.rank, None, train_state, config)
-
-            self.uploads.report(metrics, write, name)
-            self.cadence.saved()
-            return weights
-        model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
-        if self.rank == 0:
-            packed = checkpoint.pack_models(model_states, self.several_models)
-            weights = _to_bytes(packed)
-            train_state = self._train_state(epoch, optimizer_states, position)
-            self.uploads.report(metrics, lambda folder: checkpoint.write(folder, 0, packed, train_state, config), name)
         else:
-            self.uploads.report(metrics, lambda folder: checkpoint.write(folder, self.rank), name)
+            model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
+            if self.rank == 0:
+                model_state = checkpoint.pack_models(model_states, self.several_models)
+                weights = _to_bytes(model_state)
+        train_state = self._train_state(epoch, optimizer_states, position) if self.rank == 0 else None
+        config = self.cfg.to_dict() if self.rank == 0 else None
+
+        def write(folder: str) -> None:
+            if sharded:
+                checkpoint.write_sharded(folder, self.step.models, self.step.optimizers)  # a collective
+            checkpoint.write(folder, self.rank, model_state, train_state, config)
+
+        self.uploads.report(metrics, write, name)
         self.cadence.saved()
         return weights
 

@@ -118,17 +118,6 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def set_gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """Gradient accumulation without communication: DDP's ``no_sync()``, FSDP2's ``set_requires_gradient_sync``
-    (gradients then stay unsharded until the window's last micro-batch reduce-scatters them)."""
-    if is_sharded(model):
-        model.set_requires_gradient_sync(sync)  # type: ignore[operator]
-        return contextlib.nullcontext()
-    if not sync and isinstance(model, DistributedDataParallel):
-        return model.no_sync()
-    return contextlib.nullcontext()
-
-
 @contextlib.contextmanager
 def gathered(models: Iterable[nn.Module], reshard_after_forward: bool = True) -> Iterator[None]:
     """Every FSDP unit's full parameters on every rank, kept through forwards, for code that runs on one rank only

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from hydra_raytrain.recipe.parallel import set_gradient_sync, unwrap
+from hydra_raytrain.recipe.parallel import is_sharded, unwrap
 
 AUTOCAST_DTYPES = {"64": None, "32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 # The dtype of parameters and floating inputs; the mixed precisions keep float32 weights under autocast.
@@ -101,6 +102,8 @@ class TrainStep:
     ):
         self.models = models  # DDP-wrapped when there is more than one worker, or sharded by FSDP2
         self.unwrapped = {name: unwrap(model) for name, model in models.items()}
+        # FSDP's gradient sync is a setting, not a context: each sharded model's current one, changed only on change
+        self.gradient_sync = {name: True for name, model in models.items() if is_sharded(model)}
         self.optimizers, self.lr_schedulers, self.warmups = optimizers, lr_schedulers, warmups or {}
         self.precision, self.accumulate, self.clip = precision, accumulate_grad_batches, gradient_clip_val
         self.step_scheduler_per_batch = step_scheduler_per_batch
@@ -132,8 +135,13 @@ class TrainStep:
         """While ``sync`` is False, gradients accumulate locally on every model: no all-reduce (DDP's ``no_sync``),
         no reduce-scatter (FSDP's ``set_requires_gradient_sync``)."""
         stack = contextlib.ExitStack()
-        for model in self.models.values():
-            stack.enter_context(set_gradient_sync(model, self.sync))
+        for name, model in self.models.items():
+            if name in self.gradient_sync:
+                if self.gradient_sync[name] != self.sync:
+                    model.set_requires_gradient_sync(self.sync)  # type: ignore[operator]
+                    self.gradient_sync[name] = self.sync
+            elif not self.sync and isinstance(model, DistributedDataParallel):
+                stack.enter_context(model.no_sync())
         return stack
 
     def optimize(self, loss: torch.Tensor, name: str | None = None) -> None:

@@ -22,11 +22,17 @@ CRASH = [
     "+task.after=step_00000030",
 ]
 RUNS = {
-    ("DDP", "64"): [],
-    ("DDP", "32"): [],
-    ("DDP, activations recomputed", "32"): FULL_RECOMPUTE,
-    ("FSDP", "32"): FSDP,
-    ("FSDP, a worker killed", "64"): [*FSDP, *CRASH, "failure.max_failures=1"],
+    ("DDP", "64"): GLOBAL_48,
+    ("DDP", "32"): GLOBAL_48,
+    ("DDP, activations recomputed", "32"): [*GLOBAL_48, *FULL_RECOMPUTE],
+    # Accumulating 2 micro-batches of 12 per worker: the same global batch of 48, gradients reduce-scattered once.
+    ("FSDP", "32"): [
+        *FSDP,
+        "trainer.batch_size=24",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.limit_train_batches=58",
+    ],
+    ("FSDP, a worker killed", "64"): [*GLOBAL_48, *FSDP, *CRASH, "failure.max_failures=1"],
 }
 
 
@@ -41,7 +47,6 @@ def runs(ray_address, tmp_path_factory):
         extra = [marker] if "task._target_=tests.helpers.tasks.CrashOnce" in overrides else []
         config = [
             *SAME_RESULT,
-            *GLOBAL_48,
             "scaling.num_workers=2",
             *overrides,
             *extra,
@@ -64,7 +69,8 @@ def _compared(runs, a, b):
 
 def test_fsdp_trains_to_ddps_result_and_resumes_exactly_after_a_killed_worker(runs):
     """float64: FSDP equals DDP to 1e-9 (and so the 1-worker run: test_training_features), through a worker killed
-    mid-epoch and a resume from the sharded mid-epoch checkpoint. float32: to 1e-5."""
+    mid-epoch and a resume from the sharded mid-epoch checkpoint. float32, FSDP accumulating 2 micro-batches: to
+    1e-5."""
     killed = runs["FSDP, a worker killed", "64"]
     [failure] = killed["summary"]["failures"]
     assert failure["retried"] is True and failure["why"] == "a worker process died", failure
@@ -72,6 +78,7 @@ def test_fsdp_trains_to_ddps_result_and_resumes_exactly_after_a_killed_worker(ru
     metrics, weights = _compared(runs, ("FSDP, a worker killed", "64"), ("DDP", "64"))
     print(f"FSDP float64 (killed, resumed) vs DDP: metrics {metrics:.1e}, weights {weights:.1e}")
     assert metrics <= 1e-9 and weights <= 1e-9
+    assert [m["step"] for m in runs["FSDP", "32"]["metrics"]] == [29, 58]  # 58 micro-batches an epoch, 29 steps
     metrics, weights = _compared(runs, ("FSDP", "32"), ("DDP", "32"))
     print(f"FSDP float32 vs DDP: metrics {metrics:.1e}, weights {weights:.1e}")
     assert metrics <= 1e-5 and weights <= 1e-5
