@@ -17,12 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 # which checkpoints are kept, whether to resume, which failures are retried (a retry resumes exactly), how FSDP
 # groups and places the shards (each element's reduction is the same).
 NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure", "fsdp")
-# Trainer settings that only change what is shown or measured, or the memory it takes (activation checkpointing
-# recomputes the same activations): a run that ran out of memory resumes with them changed.
+# Trainer settings that only change what is shown or measured, the memory it takes (activation checkpointing
+# recomputes the same activations), or how fast (threads; the device-resident path slices the same batches): a run
+# that ran out of memory or time resumes with them changed.
 NON_RESULT_TRAINER_KEYS = (
     "progress_bar",
     "profile",
     "profiler_steps",
+    "sync_debug_mode",
+    "num_threads",
+    "data_on_device",
     "activation_checkpointing",
     "activation_checkpointing_modules",
 )

@@ -199,10 +199,13 @@ class CheckpointConfig:
 
 @dataclass
 class DataLoaderConfig:
-    """``torch.utils.data.DataLoader`` options, honoured as given (we do not let Ray rebuild the loader)."""
+    """``torch.utils.data.DataLoader`` options, honoured as given (we do not let Ray rebuild the loader). Left
+    null, they follow from the worker: ``num_workers`` is one loader process per CPU the worker holds beyond the
+    first (at most 8) for data read sample by sample, none for data already in memory as tensors; ``pin_memory``
+    is on for GPU workers (docs/performance.md)."""
 
-    num_workers: int = 0
-    pin_memory: bool = False
+    num_workers: int | None = None
+    pin_memory: bool | None = None
     persistent_workers: bool = False
     prefetch_factor: int | None = None
 
@@ -214,8 +217,27 @@ class DataLoaderConfig:
                 "trainer.dataloader.num_workers",
                 0,
                 "persistent_workers and prefetch_factor need loader worker processes.",
-                "set trainer.dataloader.num_workers >= 1, or leave persistent_workers=false and prefetch_factor=null.",
+                "set trainer.dataloader.num_workers >= 1 (or null), or leave persistent_workers=false and "
+                "prefetch_factor=null.",
             )
+
+
+@dataclass
+class AugmentConfig:
+    """Random augmentations of training images, done on whole batches of tensors on the worker's device (no
+    per-sample Python), after the batch is there, on either input path::
+
+        python -m hydra_raytrain dataset=cifar10 model=resnet18 trainer.augment.random_crop_padding=4 \\
+            trainer.augment.horizontal_flip=true
+
+    Each position of an epoch's order draws its own crop and flip from ``trainer.seed`` and the epoch: the same
+    for any number of workers, and the same again when a run resumes mid-epoch."""
+
+    random_crop_padding: int = 0  # > 0: pad each side with zeros by this much, then crop back at a random offset
+    horizontal_flip: bool = False  # mirror half of the images, left to right
+
+    def __post_init__(self) -> None:
+        _at_least("trainer.augment.random_crop_padding", self.random_crop_padding, 0)
 
 
 @dataclass
@@ -279,6 +301,10 @@ class TrainerConfig:
     monitor: str | None = None  # metric that picks the best epoch; None: the task's default
     monitor_mode: str | None = None  # "max" or "min"; None: the task's default
     dataloader: DataLoaderConfig = field(default_factory=DataLoaderConfig)
+    # The input path: None puts data held in memory as tensors (the bundled sets) on the worker's device and
+    # slices batches there; true also loads any other dataset once, up front; false always reads via the DataLoader
+    data_on_device: bool | None = None
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     # Optimisation
     precision: str = (
         "32"  # 32, 64 (float64 weights and inputs), bf16-mixed (autocast), 16-mixed (autocast + GradScaler)
@@ -290,6 +316,8 @@ class TrainerConfig:
     compile: bool = False  # nn.Module.compile() before DDP wraps the model (state_dict keys stay the same)
     compile_kwargs: Any = None  # torch.compile options, e.g. {backend: aot_eager, mode: max-autotune}
     channels_last: bool = False  # model and 4-D inputs in channels-last memory format
+    num_threads: int | None = None  # torch's intra-op threads in each worker; None: the CPUs the worker holds
+    sync_debug_mode: str | None = None  # GPU: torch.cuda.set_sync_debug_mode over the training steps (warn, error)
     # Reproducibility: seed seeds python, numpy, torch (per rank) and every loader worker
     deterministic: bool = False  # torch.use_deterministic_algorithms(True) as well
     # Distribution: DDP (Ray's prepare_model, with parallel_strategy_kwargs) or FSDP2 (the fsdp section)
@@ -309,6 +337,9 @@ class TrainerConfig:
         _at_least("trainer.max_epochs", self.max_epochs, 1)
         _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
         _at_least("trainer.profiler_steps", self.profiler_steps, 0)
+        _at_least("trainer.num_threads", self.num_threads, 1)
+        if self.sync_debug_mode not in (None, "warn", "error"):
+            raise ConfigError("trainer.sync_debug_mode", self.sync_debug_mode, "unknown mode.", "warn, error, or null")
         if self.gradient_clip_val is not None and self.gradient_clip_val <= 0:
             raise ConfigError(
                 "trainer.gradient_clip_val",

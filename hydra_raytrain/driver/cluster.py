@@ -10,6 +10,7 @@ An existing cluster (``ray.address``) is never oversubscribed: the run must fit 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping
@@ -49,6 +50,18 @@ class ResourceRequest:
 def resource_request(scaling: ScalingConfig) -> ResourceRequest:
     """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
     return ResourceRequest(scaling.num_workers, resources_per_worker(scaling_config(scaling)), scaling.max_workers)
+
+
+def machine_share(scaling: ScalingConfig, cores: int) -> ScalingConfig:
+    """For a new local cluster: each worker's share of the machine's cores as ``resources_per_worker.CPU`` (with
+    ``max_workers``, the share of the largest group), unless the config sets the CPUs. Ray sets a worker's
+    OMP_NUM_THREADS, and the recipe torch's threads and loader processes, from this."""
+    workers = max(scaling.num_workers, scaling.max_workers or 0)
+    resources = dict(scaling.resources_per_worker or {})
+    share = cores // workers if workers else 1
+    if "CPU" in resources or share <= 1:
+        return scaling
+    return dataclasses.replace(scaling, resources_per_worker={**resources, "CPU": share})
 
 
 def plan_local_cpus(request: ResourceRequest, cores: int, free_memory: int, ray_cfg: RayConfig) -> int:

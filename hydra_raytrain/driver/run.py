@@ -89,6 +89,9 @@ def train(
         print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
+    if not resolved.ray.address and not ray.is_initialized():  # a local cluster for this run: sized to the machine
+        scaling = cluster.machine_share(resolved.scaling, os.cpu_count() or 1)
+        resolved = dataclasses.replace(resolved, scaling=scaling)
     request = cluster.resource_request(resolved.scaling)
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
         cluster.connect(resolved.ray, request)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -27,27 +29,100 @@ def loader_seed(seed: int, rank: int, epoch: int) -> int:
 
 
 def build_loader(
-    dataset: Dataset, batch_size: int, *, train: bool, rank: int, world_size: int, seed: int, options: DataLoaderConfig
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    train: bool,
+    rank: int,
+    world_size: int,
+    seed: int,
+    options: DataLoaderConfig,
+    num_workers: int | None = None,
+    pin_memory: bool | None = None,
 ) -> DataLoader:
+    """``options`` as given; ``num_workers`` and ``pin_memory`` as the recipe sized them (else the options', null
+    meaning none). Persistent workers and a prefetch factor apply when there are loader processes."""
     size = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length; torch's Dataset does not say so
-    num_workers = options.num_workers
+    num_workers = (options.num_workers if num_workers is None else num_workers) or 0
+    pin_memory = options.pin_memory if pin_memory is None else pin_memory
     # Training samples loaded in worker processes are seeded per position of the epoch (SeededSamples): their
     # augmentations then resume exactly mid-epoch. In-process loading draws from the rank's checkpointed RNG.
     seeded = train and num_workers > 0
-    sampler = ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train, seeds=seeded)
+    sampler = sharded_sampler(size, train=train, rank=rank, world_size=world_size, seed=seed, seeds=seeded)
     return DataLoader(
         SeededSamples(dataset) if seeded else dataset,
         batch_size=batch_size,
         sampler=sampler,
         num_workers=num_workers,
-        pin_memory=options.pin_memory,
-        persistent_workers=options.persistent_workers,
+        pin_memory=bool(pin_memory),
+        persistent_workers=options.persistent_workers and num_workers > 0,
         worker_init_fn=_seed_loader_worker if num_workers else None,
         # Distinct per rank, so augmentations in loader workers differ between ranks; the recipe reseeds it
         # every epoch so that a resumed epoch draws what the uninterrupted one drew.
         generator=torch.Generator().manual_seed(loader_seed(seed, rank, 0)),
-        prefetch_factor=options.prefetch_factor,  # None: torch's default (the schema refuses it without workers)
+        prefetch_factor=options.prefetch_factor if num_workers else None,  # None: torch's default
     )
+
+
+def sharded_sampler(
+    size: int, *, train: bool, rank: int, world_size: int, seed: int, seeds: bool = False
+) -> ShardedSampler:
+    """Training: shuffled each epoch, padded so every rank takes as many steps; validation: in order, unpadded."""
+    return ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train, seeds=seeds)
+
+
+def worker_cpus() -> int:
+    """The CPUs Ray gave this worker (floored, at least 1); outside a Ray worker (local mode), the machine's."""
+    import ray
+
+    if ray.is_initialized():
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+        if cpus is not None:
+            return max(1, int(cpus))
+    return os.cpu_count() or 1
+
+
+def loader_processes(configured: int | None, cpus: int, in_memory: bool) -> int:
+    """``trainer.dataloader.num_workers``, or when null: none for data already in memory as tensors (a process
+    would only add a copy), else one per CPU beyond the one the training loop runs on, at most 8."""
+    if configured is not None:
+        return configured
+    return 0 if in_memory else max(0, min(8, cpus - 1))
+
+
+def prefetched(batches: Iterable[Any], to_device: Callable[[Any], Any], device: torch.device) -> Iterator[Any]:
+    """``batches`` moved by ``to_device``, one batch ahead on GPUs: batch k+1's copy is issued on a side CUDA
+    stream before batch k is handed out, so it overlaps k's compute (from pinned memory the copy is asynchronous).
+    Elsewhere each batch is moved when it is handed out."""
+    if device.type != "cuda":
+        yield from (to_device(batch) for batch in batches)
+        return
+    stream, iterator = torch.cuda.Stream(device), iter(batches)
+
+    def issue() -> Any:
+        batch = next(iterator, None)
+        if batch is None:
+            return None
+        with torch.cuda.stream(stream):
+            return to_device(batch)
+
+    ready = issue()
+    while ready is not None:
+        torch.cuda.current_stream(device).wait_stream(stream)
+        _record_stream(ready, torch.cuda.current_stream(device))  # the copies' memory is used on this stream now
+        batch, ready = ready, issue()
+        yield batch
+
+
+def _record_stream(batch: Any, stream: Any) -> None:
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    elif isinstance(batch, (list, tuple)):
+        for item in batch:
+            _record_stream(item, stream)
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            _record_stream(item, stream)
 
 
 def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | None, world_size: int) -> int:

@@ -25,6 +25,7 @@ import ray.train.torch
 import torch
 from hydra.utils import instantiate
 
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import checkpointed_modules
@@ -32,8 +33,26 @@ from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.recipe import checkpoint, parallel, warm_start
+from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.cadence import Cadence
-from hydra_raytrain.recipe.loaders import build_loader, loader_seed, move_to, per_worker_batch_size
+from hydra_raytrain.recipe.device_data import (
+    DEVICE_MEMORY_SHARE,
+    DeviceLoader,
+    fits_device,
+    in_memory_tensors,
+    load_tensors,
+    nbytes,
+)
+from hydra_raytrain.recipe.loaders import (
+    build_loader,
+    loader_processes,
+    loader_seed,
+    move_to,
+    per_worker_batch_size,
+    prefetched,
+    sharded_sampler,
+    worker_cpus,
+)
 from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
 from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
@@ -83,6 +102,9 @@ class Recipe:
         # default dtype is restored in cleanup: in local mode this is the driver's own process.
         self.float_dtype = PARAM_DTYPES.get(cfg.trainer.precision)
         self.default_dtype = torch.get_default_dtype()
+        self.memory_format = torch.channels_last if cfg.trainer.channels_last else None
+        augment = cfg.trainer.augment
+        self.augment = Augment(augment.random_crop_padding, augment.horizontal_flip, cfg.trainer.seed)
 
     def setup(self) -> None:
         trainer = self.cfg.trainer
@@ -203,16 +225,73 @@ class Recipe:
             print(f"Starting from run.init_from={run.init_from}: {loaded} weights{also}", flush=True)
 
     def _setup_data(self) -> None:
+        """The splits, on the device-resident path or behind DataLoaders, sized to the CPUs this worker holds:
+        torch's threads and the loader processes (printed once, by rank 0)."""
         trainer = self.cfg.trainer
         splits = instantiate(self.cfg.dataset, _convert_="all")
         self.batch_size = batch = per_worker_batch_size(
             trainer.batch_size, trainer.batch_size_per_worker, self.world_size
         )
-        shard = dict(rank=self.rank, world_size=self.world_size, seed=trainer.seed, options=trainer.dataloader)
-        self.train_loader = build_loader(splits.train, batch, train=True, **shard)
-        self.val_loader = build_loader(splits.val, trainer.val_batch_size_per_worker or batch, train=False, **shard)
+        val_batch = trainer.val_batch_size_per_worker or batch
+        cpus = worker_cpus()
+        torch.set_num_threads(trainer.num_threads or cpus)
+        held = {"train": in_memory_tensors(splits.train), "val": in_memory_tensors(splits.val)}
+        in_memory = all(tensors is not None for tensors in held.values())
+        options = trainer.dataloader
+        processes = loader_processes(options.num_workers, cpus, in_memory)
+        pinned = self.device.type == "cuda" if options.pin_memory is None else options.pin_memory
+        shard = dict(rank=self.rank, world_size=self.world_size, seed=trainer.seed)
+        on_device = self._on_device(splits, held, in_memory, processes)
+        if on_device is not None:
+            for split, tensors in on_device.items():
+                sampler = sharded_sampler(len(tensors[0]), train=split == "train", **shard)
+                loader = DeviceLoader(
+                    tensors, batch if split == "train" else val_batch, sampler, self.device, self.float_dtype
+                )
+                setattr(self, f"{split}_loader", loader)
+            where = f"on {self.device} as tensors ({nbytes(on_device['train']) + nbytes(on_device['val']):,} bytes)"
+        else:
+            loading = dict(options=options, num_workers=processes, pin_memory=pinned, **shard)
+            self.train_loader = build_loader(splits.train, batch, train=True, **loading)
+            self.val_loader = build_loader(splits.val, val_batch, train=False, **loading)
+            where = (
+                f"read by DataLoaders ({processes} loader processes per worker"
+                + (", pinned memory, each batch copied ahead" if pinned else "")
+                + ")"
+            )
         self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
         self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
+        if self.rank == 0:
+            print(
+                f"Each of {self.world_size} workers: {cpus} CPU{'s' if cpus > 1 else ''}, "
+                f"{torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}; data {where}",
+                flush=True,
+            )
+
+    def _on_device(
+        self, splits: Any, held: dict[str, tuple[torch.Tensor, ...] | None], in_memory: bool, loader_processes: int
+    ) -> dict[str, tuple[torch.Tensor, ...]] | None:
+        """The splits' tensors for the device-resident path, or None for the DataLoader path
+        (``trainer.data_on_device``: null takes in-memory tensors that fit when no loader process was asked for)."""
+        wanted = self.cfg.trainer.data_on_device
+        if wanted is False or (wanted is None and not (in_memory and loader_processes == 0)):
+            return None
+        if wanted is None:
+            size = sum(nbytes(tensors) for tensors in held.values() if tensors is not None)
+            return cast(dict, held) if fits_device(size, self.device, DEVICE_MEMORY_SHARE) else None
+        loaded = {
+            name: tensors if tensors is not None else load_tensors(getattr(splits, name), loader_processes, name)
+            for name, tensors in held.items()
+        }
+        size = sum(nbytes(tensors) for tensors in loaded.values())
+        if not fits_device(size, self.device, 1.0):
+            raise ConfigError(
+                "trainer.data_on_device",
+                True,
+                f"the splits take {size / 2**30:.1f} GiB, more than {self.device} has free.",
+                "trainer.data_on_device=false (the DataLoader path)",
+            )
+        return loaded
 
     def _setup_models(self) -> dict[str, torch.nn.Module]:
         """Each model: built, channels-last, activation checkpointing and compiled if asked, then spread over the
@@ -368,16 +447,21 @@ class Recipe:
         for model in self.step.models.values():
             model.train()
         window = self.cfg.trainer.accumulate_grad_batches
-        batches = itertools.islice(self.train_loader, self.train_batches - done)
+        batches = prefetched(
+            itertools.islice(self.train_loader, self.train_batches - done), self._to_device, self.device
+        )
         bar, stopped = self._progress_bar(epoch, done), False
         for index in range(done, self.train_batches):
-            with self.step.timer("data"):
-                batch = self._to_device(next(batches))
-            # Gradients accumulate over `window` micro-batches; DDP all-reduces on the window's last one only.
-            self.step.sync = (index + 1) % window == 0 or index + 1 == self.train_batches
-            with self.step.no_sync():
-                meter.add(self.task.train_batch(self.step, batch))
-            self.step.end_iteration()
+            with sync_debug(self.cfg.trainer.sync_debug_mode, self.device):  # nothing here waits for the GPU
+                with self.step.timer("data"):
+                    batch = next(batches)
+                    if self.augment.enabled:
+                        batch = self.augment(batch, epoch, self._positions(index, batch))
+                # Gradients accumulate over `window` micro-batches; DDP all-reduces on the window's last one only.
+                self.step.sync = (index + 1) % window == 0 or index + 1 == self.train_batches
+                with self.step.no_sync():
+                    meter.add(self.task.train_batch(self.step, batch))
+                self.step.end_iteration()
             if self.profiler is not None:
                 self.profiler.step()
             if bar is not None:
@@ -444,9 +528,14 @@ class Recipe:
         return dict(self.step.unwrapped) if self.several_models else self.step.unwrapped["model"]
 
     def _to_device(self, batch: Any) -> Any:
-        return move_to(
-            batch, self.device, torch.channels_last if self.cfg.trainer.channels_last else None, self.float_dtype
-        )
+        return move_to(batch, self.device, self.memory_format, self.float_dtype)
+
+    def _positions(self, index: int, batch: Any) -> torch.Tensor:
+        """The positions in the epoch's order of this rank's batch ``index``: sample j is at ``rank + world_size *
+        (index * batch_size + j)`` (ShardedSampler's layout), however many workers there are."""
+        count = len(batch[0] if isinstance(batch, (list, tuple)) else batch)
+        first = index * self.batch_size
+        return self.rank + self.world_size * torch.arange(first, first + count, device=self.device)
 
     def _weights(self) -> bytes | None:
         """The full model weights as ``torch.save`` bytes on rank 0 (None elsewhere); a collective under FSDP."""
@@ -521,6 +610,20 @@ class Recipe:
             "history": self.history,
             "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
         }
+
+
+@contextlib.contextmanager
+def sync_debug(mode: str | None, device: torch.device) -> Any:
+    """``trainer.sync_debug_mode`` on GPU workers: ``torch.cuda.set_sync_debug_mode`` warns of (or raises at) each
+    operation inside that makes the host wait for the GPU."""
+    if mode is None or device.type != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def _to_bytes(state: dict[str, Any]) -> bytes:

@@ -47,22 +47,30 @@ class ShardedSampler(Sampler[Any]):
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
 
-    def _order(self) -> list[int]:
+    def _order(self) -> torch.Tensor:
         if not self.shuffle:
-            return list(range(self.size))
+            return torch.arange(self.size)
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.size, generator=generator).tolist()
+        return torch.randperm(self.size, generator=generator)
 
     def _positions(self) -> range:
         """This rank's positions in the epoch's (padded) order: position p is sample ``order[p % size]``."""
         total = math.ceil(self.size / self.num_replicas) * self.num_replicas if self.pad else self.size
         return range(self.start + self.rank, total, self.num_replicas)
 
+    def indices(self) -> torch.Tensor:
+        """This rank's sample indices for the epoch (from ``start``), in order, as one tensor: what iterating
+        yields, for the device-resident path to slice batches from."""
+        positions = self._positions()
+        return self._order()[torch.arange(positions.start, positions.stop, positions.step) % self.size]
+
     def __iter__(self) -> Iterator[Any]:
-        order = self._order()
+        indices = self.indices().tolist()
         if not self.seeds:
-            return iter(order[p % self.size] for p in self._positions())
-        return iter((order[p % self.size], sample_seed(self.seed, self.epoch, p)) for p in self._positions())
+            return iter(indices)
+        return iter(
+            (index, sample_seed(self.seed, self.epoch, p)) for index, p in zip(indices, self._positions(), strict=True)
+        )
 
     def __len__(self) -> int:
         return len(self._positions())

@@ -1,6 +1,7 @@
 """Checkpoints and resumption on the session's real local Ray cluster: a killed worker, a killed driver,
 a finished run re-run, a corrupt newest checkpoint, top-k retention."""
 
+import hashlib
 import json
 import os
 import signal
@@ -12,16 +13,19 @@ import pytest
 import torch
 
 from hydra_raytrain import load_model, train
+from hydra_raytrain.data import digits
 from hydra_raytrain.driver.run import TrainingFailed
+from hydra_raytrain.recipe.augment import Augment
+from hydra_raytrain.recipe.sampler import ShardedSampler
 from tests.conftest import ROOT, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# The GAN under fp16: two models, two optimizers, the GradScaler, and every rank's own noise (RNG) must all
-# come back for the resumed run to match. 8 micro-batches per epoch, a checkpoint every 3 optimizer steps: the
-# worker killed at micro-batch 20 (epoch 3) resumes from the mid-epoch checkpoint of step 18, 2 batches into
-# epoch 3, with the epoch's partial sums.
+# The GAN under fp16: two models, two optimizers, the GradScaler, every rank's own noise (RNG) and the random
+# crops and flips of its real images must all come back for the resumed run to match. 8 micro-batches per epoch,
+# a checkpoint every 3 optimizer steps: the worker killed at micro-batch 20 (epoch 3) resumes from the mid-epoch
+# checkpoint of step 18, 2 batches into epoch 3, with the epoch's partial sums.
 EXACT = [
     "experiment=digits_gan",
     "trainer.max_epochs=4",
@@ -32,6 +36,8 @@ EXACT = [
     "task._target_=tests.helpers.tasks.CrashOnceGAN",
     "+task.at_step=20",
     "+task.linger=2",
+    "trainer.augment.random_crop_padding=1",
+    "trainer.augment.horizontal_flip=true",
 ]
 RESUMED_AFTER = 18
 
@@ -80,6 +86,12 @@ def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupte
     for rank in (0, 1):
         first, second = trained_batches(tmp_path / "record_b", rank)
         assert len(first) > RESUMED_AFTER and first[:RESUMED_AFTER] + second == whole[rank]
+    # A batch is the sampler's samples, cropped and flipped on the worker: rank 0's first one, rebuilt here.
+    images = digits().train.tensors[0]
+    sampler = ShardedSampler(len(images), 2, 0, seed=0)
+    expected = Augment(1, True, seed=0)(images[sampler.indices()[:32]], 0, 2 * torch.arange(32))
+    assert whole[0][0] == [hashlib.md5(image.numpy().tobytes()).hexdigest() for image in expected]
+    assert whole[0][0] != [hashlib.md5(image.numpy().tobytes()).hexdigest() for image in images[sampler.indices()[:32]]]
     for epoch in range(4):  # and each epoch's samples are distinct: every sample seen once in an epoch
         samples = [s for rank in (0, 1) for batch in whole[rank][8 * epoch : 8 * (epoch + 1)] for s in batch]
         assert len(samples) == len(set(samples)) == 8 * 64

@@ -16,9 +16,10 @@ def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# An MLP without batch norm or dropout, SGD with momentum, clipping, a warm-up and a cosine schedule. 29 full
-# global batches of 48 per epoch (1,437 training images: the 30th would be partial, and padded differently
-# for different worker counts).
+# An MLP without batch norm or dropout, SGD with momentum, clipping, a warm-up and a cosine schedule, random crops
+# and flips on the workers. 29 full global batches of 48 per epoch (1,437 training images: the 30th would be
+# partial, and padded differently for different worker counts). The digits are in memory: they take the
+# device-resident path, unless trainer.data_on_device=false.
 SAME_RESULT = [
     "model=mlp",
     "optimizer=sgd",
@@ -27,6 +28,8 @@ SAME_RESULT = [
     "trainer.gradient_clip_val=1.0",
     "trainer.max_epochs=2",
     "trainer.seed=3",
+    "trainer.augment.random_crop_padding=1",
+    "trainer.augment.horizontal_flip=true",
 ]
 COMPARED = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 GLOBAL_48 = ["trainer.batch_size=48", "trainer.limit_train_batches=29"]
@@ -34,6 +37,7 @@ RUNS = {
     "1 worker": ["scaling.num_workers=1", *GLOBAL_48],
     "2 workers": ["scaling.num_workers=2", *GLOBAL_48],
     "3 workers": ["scaling.num_workers=3", *GLOBAL_48],
+    "2 workers reading through DataLoaders": ["scaling.num_workers=2", *GLOBAL_48, "trainer.data_on_device=false"],
     "2 workers x 2 micro-batches": [
         "scaling.num_workers=2",
         "trainer.batch_size=24",
@@ -63,8 +67,9 @@ def _difference(run, reference):
 @pytest.mark.slow
 def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(ray_address, tmp_path):
     """At a fixed global batch, in float64: 1, 2 and 3 workers, and 2 workers accumulating 2 micro-batches of 12,
-    give the same metrics and weights (to 1e-9). In float32 (the default), 3 workers give the float64 result to
-    float32's accuracy, and the same command twice gives it again bit for bit."""
+    give the same metrics and weights (to 1e-9); the DataLoader path gives the device-resident path's bit for bit.
+    In float32 (the default), 3 workers give the float64 result to float32's accuracy, and the same command twice
+    gives it again bit for bit."""
     runs = {(label, "64"): overrides for label, overrides in RUNS.items()}
     runs.update({("3 workers", "32"): RUNS["3 workers"], ("3 workers again", "32"): RUNS["3 workers"]})
     results = {}
@@ -83,6 +88,9 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
         metrics, weights = _difference((history, weights), reference)
         print(f"{label} float{precision}: max difference from float64 metrics {metrics:.2e}, weights {weights:.2e}")
         assert metrics <= TOLERANCE[precision] and weights <= TOLERANCE[precision], (label, precision, metrics, weights)
+    loaded, resident = results["2 workers reading through DataLoaders", "64"], results["2 workers", "64"]
+    assert [[m[k] for k in COMPARED] for m in loaded[0]] == [[m[k] for k in COMPARED] for m in resident[0]]
+    assert all(torch.equal(loaded[1][k], resident[1][k]) for k in resident[1])
     again, first = results["3 workers again", "32"], results["3 workers", "32"]
     assert [m["val_loss"] for m in again[0]] == [m["val_loss"] for m in first[0]]  # bit for bit
     assert all(torch.equal(again[1][k], first[1][k]) for k in first[1])

@@ -6,7 +6,13 @@ import pytest
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig
-from hydra_raytrain.driver.cluster import ResourceRequest, check_fits, plan_local_cpus, resource_request
+from hydra_raytrain.driver.cluster import (
+    ResourceRequest,
+    check_fits,
+    machine_share,
+    plan_local_cpus,
+    resource_request,
+)
 
 RAY = RayConfig(num_cpus=None, max_cpu_oversubscription=4.0)
 GIB = 2**30
@@ -115,3 +121,30 @@ def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleane
         assert cleaner.getEffectiveLevel() == logging.ERROR
     finally:
         cleaner.setLevel(before)
+
+
+@pytest.mark.parametrize(
+    "workers, max_workers, resources, cores, cpu",
+    [
+        (1, None, None, 16, 16),  # one worker: the whole machine
+        (2, None, None, 16, 8),
+        (3, None, None, 16, 5),  # floored
+        (4, None, None, 2, 1),  # oversubscribed: Ray's default of one CPU each
+        (1, 4, None, 16, 4),  # elastic: the share of the largest group
+        (2, None, {"GPU": 1}, 16, 8),  # a GPU worker gets its CPUs as well
+        (2, None, {"CPU": 3}, 16, 3),  # the config's own CPUs stay
+    ],
+)
+def test_a_local_cluster_gives_each_worker_its_share_of_the_cores(workers, max_workers, resources, cores, cpu):
+    given = scaling(
+        workers, use_gpu=bool(resources and "GPU" in resources), resources=resources, max_workers=max_workers
+    )
+    sized = machine_share(given, cores)
+    assert resource_request(sized).per_worker["CPU"] == cpu
+    assert {k: v for k, v in (sized.resources_per_worker or {}).items() if k != "CPU"} == {
+        k: v for k, v in (resources or {}).items() if k != "CPU"
+    }
+
+
+def test_local_mode_is_not_sized():
+    assert machine_share(scaling(0), 16) == scaling(0)

@@ -24,7 +24,10 @@ from tests.conftest import compose_config
         ("failure.retry_on=['(']", "failure.retry_on", "("),
         ("checkpoint.every_n_minutes=0", "checkpoint.every_n_minutes", "0"),
         ("checkpoint.checkpoint_upload_mode=LAZY", "checkpoint.checkpoint_upload_mode", "LAZY"),
-        ("trainer.dataloader.persistent_workers=true", "trainer.dataloader.num_workers", "0"),
+        ("trainer.dataloader.prefetch_factor=0", "trainer.dataloader.prefetch_factor", "0"),
+        ("trainer.num_threads=0", "trainer.num_threads", "0"),
+        ("trainer.sync_debug_mode=loud", "trainer.sync_debug_mode", "loud"),
+        ("trainer.augment.random_crop_padding=-1", "trainer.augment.random_crop_padding", "-1"),
         ("trainer.precision=fp8", "trainer.precision", "fp8"),
         ("trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches", "0"),
         ("trainer.gradient_clip_val=0", "trainer.gradient_clip_val", "0"),
@@ -44,6 +47,16 @@ def test_out_of_range_values_name_key_and_value(override, key, value, tmp_path):
         validate(compose_config(override), str(tmp_path))
     assert caught.value.key == key
     assert f"{key}=" in str(caught.value) and value in str(caught.value)
+
+
+def test_persistent_loader_workers_without_loader_processes_are_refused(tmp_path):
+    cfg = compose_config("trainer.dataloader.persistent_workers=true", "trainer.dataloader.num_workers=0")
+    with pytest.raises(
+        ConfigError, match="persistent_workers and prefetch_factor need loader worker processes"
+    ) as caught:
+        validate(cfg, str(tmp_path))
+    assert caught.value.key == "trainer.dataloader.num_workers"
+    validate(compose_config("trainer.dataloader.persistent_workers=true"), str(tmp_path))  # null: sized per worker
 
 
 def test_both_batch_sizes_set_is_refused(tmp_path):
