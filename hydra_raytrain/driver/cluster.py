@@ -206,10 +206,15 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
       (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
       RAY_TRAIN_ENABLE_PREEMPTION_WATCHER. Ray Train reads the variable from this process's environment at each
       run; a cluster joined later in the same process gets the watcher back (``connect``).
+    - Ray starts worker processes at niceness 15 (RAY_worker_niceness): on a busy machine the driver, Ray's own
+      processes and anything else running there take the cores before the training workers do (measured on 2
+      cores: a hand-written Ray Train loop 9% slower than at 0). The cluster is this run's: workers at 0, unless
+      the environment sets the variable.
     """
     global _watcher_turned_off
     if WATCHER_ENV not in os.environ:
         os.environ[WATCHER_ENV], _watcher_turned_off = "0", True
+    os.environ.setdefault(NICENESS_ENV, "0")
     if include_dashboard is False:
         return {}
     port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())
@@ -238,6 +243,7 @@ def local_runtime_env(runtime_env: dict[str, Any] | None, include_dashboard: boo
 
 DASHBOARD_PORT = 8265  # Ray's default
 WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet when it starts
 _watcher_turned_off = False  # this process set WATCHER_ENV for a local cluster (not the user)
 QUIET_CLEANER_HOOK = "hydra_raytrain.logfiles.quiet_placement_group_cleaner"
 

@@ -262,9 +262,12 @@ class Recipe:
         self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
         self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
         if self.rank == 0:
+            threads, niceness = torch.get_num_threads(), os.nice(0)
             print(
-                f"Each of {self.world_size} workers: {cpus} CPU{'s' if cpus > 1 else ''}, "
-                f"{torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}; data {where}",
+                f"Workers: {self.world_size} x {cpus} CPU{'s' if cpus > 1 else ''}, {threads} torch "
+                f"thread{'s' if threads > 1 else ''} each"
+                + (f", niceness {niceness} (RAY_worker_niceness)" if niceness else "")
+                + f"; data {where}",
                 flush=True,
             )
 

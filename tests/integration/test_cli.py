@@ -54,6 +54,10 @@ def test_the_terminal_shows_epochs_a_progress_bar_and_a_summary_but_no_ray_noise
     assert "hydra_raytrain: completed" in done.stdout and "best (val_accuracy, epoch" in done.stdout  # the table
     # One line per epoch, and rank 0's progress bar drawn by the driver.
     assert all(f"epoch {n}/12  train_accuracy" in done.stdout for n in range(1, 13))
+    # How the workers were sized, once: 2 workers share this machine's cores; the digits sit on the device.
+    share = max(1, (os.cpu_count() or 1) // 2)
+    assert done.stdout.count("Workers: 2 x") == 1
+    assert f"Workers: 2 x {share} CPU" in done.stdout and "data on cpu as tensors" in done.stdout
     assert "epoch 12/12: 100%" in done.stderr and "batch/s" in done.stderr
     # None of Ray Train's per-report INFO lines. Ray Train's placement-group cleaner reached this run's own
     # cluster, not "multiple active Ray instances", and the preemption watcher (nothing to watch on one local
@@ -83,6 +87,10 @@ def test_a_local_cluster_without_its_dashboard_keeps_the_placement_group_cleaner
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
     assert "Failed to query Ray Train Controller actor state" not in done.stdout + done.stderr
+    # The one worker holds every core of the machine, and torch computes on all of them, at niceness 0.
+    cores = os.cpu_count() or 1
+    threads = f"{cores} torch thread{'s' if cores > 1 else ''} each;"
+    assert f"Workers: 1 x {cores} CPU{'s' if cores > 1 else ''}, {threads} data on cpu as tensors" in done.stdout
 
 
 USER_TASK = '''
