@@ -34,15 +34,11 @@ import numpy as np
 import ray.train
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
+
+# torch.distributed.checkpoint is imported where it is used: importing it takes 0.6 s (sympy, for its planner), of
+# every driver's and worker's start-up before the first step, which needs none of it.
 
 STATE_FILE = "train_state.pt"
 SHARDED_DIR = "sharded"
@@ -89,6 +85,8 @@ def gather(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (unsharded, unwrapped) model and optimizer states on rank 0's CPU, whatever wraps the models
     (DDP, FSDP, nothing). A collective under FSDP: every rank calls it; ranks other than 0 get empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_states = {name: get_model_state_dict(model, options=options) for name, model in models.items()}
     optimizer_states = {
@@ -107,6 +105,8 @@ def load(
 ) -> None:
     """The inverse of :func:`gather`; every rank passes the full states it read from the checkpoint (a model's
     state may leave keys out with ``strict=False``: a warm start)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     options = StateDictOptions(full_state_dict=True, strict=strict)
     for name, model in models.items():
         set_model_state_dict(model, model_states[name], options=options)
@@ -116,6 +116,8 @@ def load(
 
 def _sharded_states(models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]) -> dict[str, Any]:
     """This rank's shards of every model and optimizer state (DTensors under FSDP), as DCP saves and loads them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     return {
         "model": {name: get_model_state_dict(model) for name, model in models.items()},
         "optimizers": {
@@ -136,6 +138,7 @@ def load_sharded(path: str, models: dict[str, nn.Module], optimizers: dict[str, 
     """The inverse of :func:`write_sharded`, into models sharded over any number of ranks (a collective; an error
     reading any rank's part is raised on every rank)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     states = _sharded_states(models, optimizers)
     dcp.load(states, checkpoint_id=path)
