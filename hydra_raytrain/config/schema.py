@@ -20,7 +20,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.errors import ConfigError, did_you_mean
 
 
 def _mapping(key: str, value: Any, example: str) -> None:
@@ -31,6 +31,9 @@ def _mapping(key: str, value: Any, example: str) -> None:
 def _at_least(key: str, value: float | None, low: float) -> None:
     if value is not None and value < low:
         raise ConfigError(key, value, f"must be >= {low}.")
+
+
+TORCH_CONFIG_KEYS = ("backend", "init_method", "timeout_s")  # ray.train.torch.TorchConfig's fields
 
 
 @dataclass
@@ -56,6 +59,9 @@ class ScalingConfig:
     # worker runtime_env; for more (pip, working_dir) use ray.runtime_env. The mappings here are typed Any
     # (null by default) so that a command-line dict replaces them (OmegaConf cannot merge into a struct {}).
     worker_env: Any = None
+    # ray.train.torch.TorchConfig's arguments (backend, init_method, timeout_s), e.g. '{backend: gloo}'. None: Ray's
+    # (nccl on GPU workers, gloo on CPU ones), except gloo where workers share a GPU (NCCL refuses two ranks on one)
+    torch_config: Any = None
 
     def __post_init__(self) -> None:
         _at_least("scaling.num_workers", self.num_workers, 0)
@@ -72,6 +78,15 @@ class ScalingConfig:
                 "scaling.placement_strategy", self.placement_strategy, "unknown strategy.", ", ".join(strategies)
             )
         _mapping("scaling.worker_env", self.worker_env, "{OMP_NUM_THREADS: 1}")
+        _mapping("scaling.torch_config", self.torch_config, "{backend: gloo}")
+        for key in self.torch_config or {}:
+            if key not in TORCH_CONFIG_KEYS:
+                raise ConfigError(
+                    f"scaling.torch_config.{key}",
+                    self.torch_config[key],
+                    f"ray.train.torch.TorchConfig has no {key!r}{did_you_mean(key, TORCH_CONFIG_KEYS)}.",
+                    ", ".join(TORCH_CONFIG_KEYS),
+                )
         resources = self.resources_per_worker
         if resources is not None and not isinstance(resources, dict):
             raise ConfigError(

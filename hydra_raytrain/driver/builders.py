@@ -21,6 +21,18 @@ def scaling_config(scaling: schema.ScalingConfig) -> ScalingConfig:
     )
 
 
+def torch_config(scaling: schema.ScalingConfig) -> Any:
+    """``scaling.torch_config`` as Ray's TorchConfig; by default Ray's, but gloo where workers share a GPU
+    (``resources_per_worker.GPU`` below 1): NCCL refuses two ranks on one device."""
+    from ray.train.torch import TorchConfig
+
+    settings = dict(scaling.torch_config or {})
+    gpus = (scaling.resources_per_worker or {}).get("GPU", 1)
+    if scaling.use_gpu and gpus < 1 and "backend" not in settings:
+        settings["backend"] = "gloo"
+    return TorchConfig(**settings)
+
+
 def worker_env(cfg: Resolved, base: Mapping[str, str], pythonpath: str | None) -> dict[str, str]:
     """Every worker's environment: the runner's own variables, the driver's import path, what
     ``trainer.deterministic`` needs, then the user's ``scaling.worker_env`` (which wins)."""

@@ -139,6 +139,7 @@ def _fit(
             train_loop_per_worker,
             train_loop_config={"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name, "notice": notice},
             scaling_config=builders.scaling_config(resolved.scaling),
+            torch_config=builders.torch_config(resolved.scaling),
             run_config=builders.run_config(
                 resolved, storage, callbacks=[epoch_log, failure_log, *extra_callbacks], worker_env=worker_env
             ),

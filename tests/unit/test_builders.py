@@ -1,8 +1,9 @@
 """cfg -> Ray Train config objects, without a cluster."""
 
+import pytest
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-from hydra_raytrain.config import validate
+from hydra_raytrain.config import ConfigError, schema, validate
 from hydra_raytrain.driver import builders
 from tests.conftest import compose_config
 
@@ -103,3 +104,26 @@ def test_worker_env_merges_runner_path_determinism_and_user(tmp_path):
     }
     plain = builders.worker_env(validate(compose_config(), str(tmp_path)), {}, None)
     assert plain == {}
+
+
+@pytest.mark.parametrize(
+    "use_gpu, resources, given, backend",
+    [
+        (False, None, None, None),  # Ray's own choice: gloo on CPU workers
+        (True, None, None, None),  # nccl on GPU workers
+        (True, {"GPU": 0.5}, None, "gloo"),  # two workers on one GPU: NCCL refuses them
+        (True, {"GPU": 0.5}, {"backend": "nccl"}, "nccl"),  # the user's word stands
+        (False, None, {"backend": "gloo", "timeout_s": 60}, "gloo"),
+    ],
+)
+def test_torch_config_is_rays_and_gloo_where_workers_share_a_gpu(use_gpu, resources, given, backend):
+    scaling = schema.ScalingConfig(2, use_gpu=use_gpu, resources_per_worker=resources, torch_config=given)
+    built = builders.torch_config(scaling)
+    assert built.backend == backend
+    assert built.timeout_s == (given or {}).get("timeout_s", 1800)
+
+
+def test_a_misspelt_torch_config_key_is_named():
+    with pytest.raises(ConfigError, match="TorchConfig has no 'backnd'.*did you mean 'backend'") as caught:
+        schema.ScalingConfig(2, torch_config={"backnd": "gloo"})
+    assert caught.value.key == "scaling.torch_config.backnd"
