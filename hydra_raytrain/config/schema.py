@@ -215,9 +215,9 @@ class CheckpointConfig:
 @dataclass
 class DataLoaderConfig:
     """``torch.utils.data.DataLoader`` options, honoured as given (we do not let Ray rebuild the loader). Left
-    null, they follow from the worker: ``num_workers`` is one loader process per CPU the worker holds beyond the
-    first (at most 8) for data read sample by sample, none for data already in memory as tensors; ``pin_memory``
-    is on for GPU workers (docs/performance.md)."""
+    null, they follow from the worker: ``num_workers`` is, on a GPU worker reading sample by sample, one loader
+    process per CPU it holds beyond the first (at most 8), else none; ``pin_memory`` is on for GPU workers
+    (docs/performance.md)."""
 
     num_workers: int | None = None
     pin_memory: bool | None = None

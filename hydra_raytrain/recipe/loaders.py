@@ -82,12 +82,14 @@ def worker_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def loader_processes(configured: int | None, cpus: int, in_memory: bool) -> int:
-    """``trainer.dataloader.num_workers``, or when null: none for data already in memory as tensors (a process
-    would only add a copy), else one per CPU beyond the one the training loop runs on, at most 8."""
+def loader_processes(configured: int | None, cpus: int, in_memory: bool, on_gpu: bool) -> int:
+    """``trainer.dataloader.num_workers``, or when null: on GPU workers, one per CPU beyond the one that drives the
+    GPU (at most 8), for data read sample by sample. None on CPU workers, whose CPUs compute (a loader process
+    beside the compute threads slowed a 2-CPU worker by a third), nor for data in memory as tensors (a process
+    would only add a copy)."""
     if configured is not None:
         return configured
-    return 0 if in_memory else max(0, min(8, cpus - 1))
+    return max(0, min(8, cpus - 1)) if on_gpu and not in_memory else 0
 
 
 def prefetched(batches: Iterable[Any], to_device: Callable[[Any], Any], device: torch.device) -> Iterator[Any]:

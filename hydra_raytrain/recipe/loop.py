@@ -102,7 +102,8 @@ class Recipe:
         # default dtype is restored in cleanup: in local mode this is the driver's own process.
         self.float_dtype = PARAM_DTYPES.get(cfg.trainer.precision)
         self.default_dtype = torch.get_default_dtype()
-        self.memory_format = torch.channels_last if cfg.trainer.channels_last else None
+        self.memory_format = torch.channels_last if cfg.trainer.channels_last else None  # read once: not per step
+        self.sync_debug_mode = cfg.trainer.sync_debug_mode
         augment = cfg.trainer.augment
         self.augment = Augment(augment.random_crop_padding, augment.horizontal_flip, cfg.trainer.seed)
 
@@ -238,7 +239,7 @@ class Recipe:
         held = {"train": in_memory_tensors(splits.train), "val": in_memory_tensors(splits.val)}
         in_memory = all(tensors is not None for tensors in held.values())
         options = trainer.dataloader
-        processes = loader_processes(options.num_workers, cpus, in_memory)
+        processes = loader_processes(options.num_workers, cpus, in_memory, self.device.type == "cuda")
         pinned = self.device.type == "cuda" if options.pin_memory is None else options.pin_memory
         shard = dict(rank=self.rank, world_size=self.world_size, seed=trainer.seed)
         on_device = self._on_device(splits, held, in_memory, processes)
@@ -455,7 +456,7 @@ class Recipe:
         )
         bar, stopped = self._progress_bar(epoch, done), False
         for index in range(done, self.train_batches):
-            with sync_debug(self.cfg.trainer.sync_debug_mode, self.device):  # nothing here waits for the GPU
+            with sync_debug(self.sync_debug_mode, self.device):  # nothing here waits for the GPU
                 with self.step.timer("data"):
                     batch = next(batches)
                     if self.augment.enabled:

@@ -1,4 +1,6 @@
-"""On a machine with a CUDA GPU (skipped elsewhere): a run on a GPU worker in bf16, through the real CLI."""
+"""On a machine with a CUDA GPU (skipped elsewhere): runs on GPU workers through the real CLI. Each run asks for
+``trainer.sync_debug_mode=error``: an operation in a training step that makes the host wait for the GPU raises,
+and the run fails."""
 
 import json
 
@@ -8,19 +10,65 @@ from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.gpu]
 
+GPU = ["scaling.use_gpu=true", "trainer.precision=bf16-mixed", "trainer.sync_debug_mode=error", "hydra.run.dir=run"]
 
-def test_a_gpu_worker_trains_in_bf16(ray_address, tmp_path):
-    done = run_cli(
-        [
-            f"ray.address={ray_address}",
-            "debug=smoke",
-            "scaling.num_workers=1",
-            "scaling.use_gpu=true",
-            "trainer.precision=bf16-mixed",
-            "hydra.run.dir=run",
-        ],
-        cwd=str(tmp_path),
-    )
+
+def gpu_run(ray_address, tmp_path, *overrides):
+    done = run_cli([f"ray.address={ray_address}", *GPU, *overrides], cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["epochs_completed"] == 1
+    assert summary["status"] == "completed", summary
+    return done, summary
+
+
+def test_a_gpu_worker_trains_in_bf16_from_data_on_the_device_without_waiting_for_it(ray_address, tmp_path):
+    """The digits on the GPU, cropped and flipped there, channels-last."""
+    done, summary = gpu_run(
+        ray_address,
+        tmp_path,
+        "scaling.num_workers=1",
+        "trainer.max_epochs=2",
+        "trainer.channels_last=true",
+        "trainer.augment.random_crop_padding=1",
+        "trainer.augment.horizontal_flip=true",
+    )
+    assert "data on cuda:0 as tensors" in done.stdout
+    assert summary["epochs_completed"] == 2 and summary["final"]["val_accuracy"] > 0.3  # it trains (chance: 0.1)
+
+
+def test_the_dataloader_path_pins_and_copies_ahead_without_waiting_for_the_gpu(ray_address, tmp_path):
+    done, summary = gpu_run(
+        ray_address,
+        tmp_path,
+        "scaling.num_workers=1",
+        "model=resnet18",
+        "dataset=fake",
+        "dataset.train_size=512",
+        "dataset.val_size=64",
+        "trainer.max_epochs=1",
+        "trainer.data_on_device=false",
+        "trainer.dataloader.num_workers=2",
+    )
+    assert "pinned memory, each batch copied ahead" in done.stdout
+
+
+def test_two_workers_share_one_gpu(ray_address, tmp_path):
+    """Fractional GPUs: DDP over the gloo backend (NCCL refuses two ranks on one device)."""
+    _, summary = gpu_run(
+        ray_address, tmp_path, "debug=smoke", "scaling.num_workers=2", "scaling.resources_per_worker={GPU: 0.5}"
+    )
+    assert summary["final"]["world_size"] == 2
+
+
+def test_fsdp_shards_on_a_gpu_in_bf16(ray_address, tmp_path):
+    """FSDP2 over NCCL with bfloat16 parameters (a mixed precision policy), batch norm kept in float32."""
+    _, summary = gpu_run(
+        ray_address,
+        tmp_path,
+        "debug=smoke",
+        "scaling.num_workers=1",
+        "model=resnet18",
+        "trainer.parallel_strategy=fsdp",
+        "fsdp.shard_modules=[BasicBlock]",
+    )
+    assert summary["final"]["param_bytes"] > 0

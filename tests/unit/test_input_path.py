@@ -126,11 +126,18 @@ def test_position_hashes_are_spread():
 
 
 @pytest.mark.parametrize(
-    "configured, cpus, in_memory, processes",
-    [(None, 1, False, 0), (None, 4, False, 3), (None, 64, False, 8), (None, 16, True, 0), (2, 1, True, 2)],
+    "configured, cpus, in_memory, on_gpu, processes",
+    [
+        (None, 1, False, True, 0),
+        (None, 4, False, True, 3),
+        (None, 64, False, True, 8),
+        (None, 16, True, True, 0),  # tensors in memory: no process
+        (None, 16, False, False, 0),  # a CPU worker's CPUs compute
+        (2, 1, True, False, 2),  # the config's word stands
+    ],
 )
-def test_loader_processes_follow_the_workers_cpus(configured, cpus, in_memory, processes):
-    assert loader_processes(configured, cpus, in_memory) == processes
+def test_loader_processes_follow_the_workers_cpus(configured, cpus, in_memory, on_gpu, processes):
+    assert loader_processes(configured, cpus, in_memory, on_gpu) == processes
 
 
 def test_prefetched_batches_arrive_moved_and_in_order_on_cpu():
