@@ -133,9 +133,9 @@ def _gpu_loop(record_to: str, overrides, report) -> None:
         splits.train,
         batch_size=cfg.trainer.batch_size,
         shuffle=True,
-        num_workers=options.num_workers,
-        pin_memory=options.pin_memory,
-        persistent_workers=options.persistent_workers and options.num_workers > 0,
+        num_workers=options.num_workers or 0,
+        pin_memory=bool(options.pin_memory),
+        persistent_workers=options.persistent_workers and bool(options.num_workers),
     )
     state: dict = {}
     for _ in range(cfg.trainer.max_epochs):

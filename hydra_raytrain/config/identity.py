@@ -18,15 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 # groups and places the shards (each element's reduction is the same).
 NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure", "fsdp")
 # Trainer settings that only change what is shown or measured, the memory it takes (activation checkpointing
-# recomputes the same activations), or how fast (threads; the device-resident path slices the same batches): a run
-# that ran out of memory or time resumes with them changed.
+# recomputes the same activations), or how fast (threads): a run that ran out of memory or time resumes with them
+# changed. Not ``data_on_device``: true holds a dataset's per-sample transforms as they were drawn once.
 NON_RESULT_TRAINER_KEYS = (
     "progress_bar",
     "profile",
     "profiler_steps",
     "sync_debug_mode",
     "num_threads",
-    "data_on_device",
     "activation_checkpointing",
     "activation_checkpointing_modules",
 )

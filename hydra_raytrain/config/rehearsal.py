@@ -58,7 +58,7 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     check_module_classes(cfg, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
-    batch = _spread_samples(splits.train)
+    batch = _augmented(cfg, _spread_samples(splits.train))
     model = models if "_target_" not in cfg["model"] else models["model"]
     try:
         train_sums, val_sums = step_sums(task, model, batch)
@@ -319,6 +319,17 @@ def _fits_dataset(dataset: Mapping[str, Any]) -> str:
         f"model settings that fit dataset.input_shape={dataset.get('input_shape')} and "
         f"dataset.num_outputs={dataset.get('num_outputs')}"
     )
+
+
+def _augmented(cfg: Mapping[str, Any], batch: Any) -> Any:
+    """``batch`` as ``trainer.augment`` hands it to the step (a ConfigError when the batch holds no images)."""
+    import torch
+
+    from hydra_raytrain.recipe.augment import Augment
+
+    settings = cfg["trainer"]["augment"]
+    augment = Augment(settings["random_crop_padding"], settings["horizontal_flip"], cfg["trainer"]["seed"])
+    return augment(batch, 0, torch.arange(len(_first(batch)))) if augment.enabled else batch
 
 
 def _spread_samples(dataset: Any) -> Any:

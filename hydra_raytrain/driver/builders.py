@@ -65,11 +65,13 @@ def checkpoint_config(checkpoint: schema.CheckpointConfig) -> CheckpointConfig:
 def run_config(
     cfg: Resolved,
     storage_path: str,
+    name: str,
     callbacks: Sequence[Any] | None = None,
     worker_env: Mapping[str, str] | None = None,
 ) -> RunConfig:
+    """``name``: the run's identity, computed from the config as given (the driver sizes workers afterwards)."""
     return RunConfig(
-        name=cfg.run_name(),
+        name=name,
         storage_path=storage_path,
         failure_config=failure_config(cfg.failure),
         checkpoint_config=checkpoint_config(cfg.checkpoint),

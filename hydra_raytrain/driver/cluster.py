@@ -52,6 +52,11 @@ def resource_request(scaling: ScalingConfig) -> ResourceRequest:
     return ResourceRequest(scaling.num_workers, resources_per_worker(scaling_config(scaling)), scaling.max_workers)
 
 
+def machine_cores() -> int:
+    """The cores this command may run on (its CPU affinity, as ``taskset`` or a container's cpuset limit it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def machine_share(scaling: ScalingConfig, cores: int) -> ScalingConfig:
     """For a new local cluster: each worker's share of the machine's cores as ``resources_per_worker.CPU`` (with
     ``max_workers``, the share of the largest group), unless the config sets the CPUs. Ray sets a worker's
@@ -147,9 +152,19 @@ def free_memory_bytes() -> int:
     return psutil.virtual_memory().available
 
 
+_started_here = False  # whether this process started the local cluster it is connected to
+
+
+def started_here() -> bool:
+    """Whether the Ray this process is connected to is a local cluster it started (an earlier job of a
+    sequential multirun): its runs are sized to the machine like the first one."""
+    return _started_here and ray.is_initialized()
+
+
 def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     """Start or join Ray, then check the run fits. A Ray already initialised in this process is reused
     (notebooks, tests, and every job of a sequential multirun share one cluster)."""
+    global _started_here
     if ray.is_initialized():
         check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
         return
@@ -158,6 +173,7 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     num_cpus = check_request(ray_cfg, request)
     if ray_cfg.address:
         joined_cluster_environment()
+        _started_here = False
         try:
             ray.init(address=ray_cfg.address, runtime_env=runtime_env, **common)
         except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
@@ -171,6 +187,7 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, runtime_env=runtime_env, **common)
     options = local_cluster_environment(ray_cfg.include_dashboard)
     started = ray.init(**local, **options)
+    _started_here = True
     if options and not started.dashboard_url:
         # Another process took the port between the check and the dashboard's start (two commands started
         # together): Ray then runs on without a dashboard, so without the state API this cluster's processes are
@@ -191,7 +208,7 @@ def check_request(ray_cfg: RayConfig, request: ResourceRequest) -> int | None:
             {"GPU": local_gpu_count()},
             "this machine",
         )
-    return plan_local_cpus(request, os.cpu_count() or 1, free_memory_bytes(), ray_cfg)
+    return plan_local_cpus(request, machine_cores(), free_memory_bytes(), ray_cfg)
 
 
 def local_cluster_environment(include_dashboard: bool | None, port: int | None = None) -> dict[str, Any]:

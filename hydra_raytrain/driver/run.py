@@ -89,8 +89,11 @@ def train(
         print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
-    if not resolved.ray.address and not ray.is_initialized():  # a local cluster for this run: sized to the machine
-        scaling = cluster.machine_share(resolved.scaling, os.cpu_count() or 1)
+    if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
+        # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
+        # gets its share of the cores, as many as the cluster has.
+        cpus = min(resolved.ray.num_cpus or cluster.machine_cores(), cluster.machine_cores())
+        scaling = cluster.machine_share(resolved.scaling, cpus)
         resolved = dataclasses.replace(resolved, scaling=scaling)
     request = cluster.resource_request(resolved.scaling)
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
@@ -141,7 +144,7 @@ def _fit(
             scaling_config=builders.scaling_config(resolved.scaling),
             torch_config=builders.torch_config(resolved.scaling),
             run_config=builders.run_config(
-                resolved, storage, callbacks=[epoch_log, failure_log, *extra_callbacks], worker_env=worker_env
+                resolved, storage, name, callbacks=[epoch_log, failure_log, *extra_callbacks], worker_env=worker_env
             ),
         )
         return trainer.fit()

@@ -72,14 +72,14 @@ def sharded_sampler(
 
 
 def worker_cpus() -> int:
-    """The CPUs Ray gave this worker (floored, at least 1); outside a Ray worker (local mode), the machine's."""
+    """The CPUs Ray gave this worker (floored, at least 1: a GPU worker given no CPU drives its GPU from one);
+    outside a Ray worker (Ray Train's local mode runs in the driver), the cores this process may run on."""
     import ray
 
-    if ray.is_initialized():
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
-        if cpus is not None:
-            return max(1, int(cpus))
-    return os.cpu_count() or 1
+    context = ray.get_runtime_context() if ray.is_initialized() else None
+    if context is not None and context.worker.mode == ray.WORKER_MODE:
+        return max(1, int(context.get_assigned_resources().get("CPU", 0)))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def loader_processes(configured: int | None, cpus: int, in_memory: bool, on_gpu: bool) -> int:
@@ -92,11 +92,21 @@ def loader_processes(configured: int | None, cpus: int, in_memory: bool, on_gpu:
     return max(0, min(8, cpus - 1)) if on_gpu and not in_memory else 0
 
 
-def prefetched(batches: Iterable[Any], to_device: Callable[[Any], Any], device: torch.device) -> Iterator[Any]:
-    """``batches`` moved by ``to_device``, one batch ahead on GPUs: batch k+1's copy is issued on a side CUDA
-    stream before batch k is handed out, so it overlaps k's compute (from pinned memory the copy is asynchronous).
-    Elsewhere each batch is moved when it is handed out."""
-    if device.type != "cuda":
+def copies_ahead(loader: Any, device: torch.device) -> bool:
+    """Whether the recipe copies a loader's next batch to the device while the current one computes: for GPUs fed
+    by loader processes. Their batches arrive pinned and hold no draw of the worker's own RNG (each sample is
+    seeded by its position), so reading one batch early changes nothing that a checkpoint saves. In-process
+    loading draws from the checkpointed RNG, and the device-resident path has no host copy to hide."""
+    return device.type == "cuda" and isinstance(loader, DataLoader) and loader.num_workers > 0
+
+
+def prefetched(
+    batches: Iterable[Any], to_device: Callable[[Any], Any], device: torch.device, ahead: bool
+) -> Iterator[Any]:
+    """``batches`` moved by ``to_device``; with ``ahead`` (a GPU), one batch ahead: batch k+1's copy is issued on
+    a side CUDA stream before batch k is handed out, so it overlaps k's compute (from pinned memory the copy is
+    asynchronous). Otherwise each batch is moved when it is handed out."""
+    if not ahead:
         yield from (to_device(batch) for batch in batches)
         return
     stream, iterator = torch.cuda.Stream(device), iter(batches)
@@ -105,6 +115,7 @@ def prefetched(batches: Iterable[Any], to_device: Callable[[Any], Any], device: 
         batch = next(iterator, None)
         if batch is None:
             return None
+        stream.wait_stream(torch.cuda.current_stream(device))  # after whatever made the batch on this stream
         with torch.cuda.stream(stream):
             return to_device(batch)
 

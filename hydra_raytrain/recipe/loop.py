@@ -45,6 +45,7 @@ from hydra_raytrain.recipe.device_data import (
 )
 from hydra_raytrain.recipe.loaders import (
     build_loader,
+    copies_ahead,
     loader_processes,
     loader_seed,
     move_to,
@@ -257,7 +258,8 @@ class Recipe:
             self.val_loader = build_loader(splits.val, val_batch, train=False, **loading)
             where = (
                 f"read by DataLoaders ({processes} loader processes per worker"
-                + (", pinned memory, each batch copied ahead" if pinned else "")
+                + (", pinned memory" if pinned else "")
+                + (", each batch copied ahead" if copies_ahead(self.train_loader, self.device) else "")
                 + ")"
             )
         self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
@@ -452,7 +454,10 @@ class Recipe:
             model.train()
         window = self.cfg.trainer.accumulate_grad_batches
         batches = prefetched(
-            itertools.islice(self.train_loader, self.train_batches - done), self._to_device, self.device
+            itertools.islice(self.train_loader, self.train_batches - done),
+            self._to_device,
+            self.device,
+            ahead=copies_ahead(self.train_loader, self.device),
         )
         bar, stopped = self._progress_bar(epoch, done), False
         for index in range(done, self.train_batches):

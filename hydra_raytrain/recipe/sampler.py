@@ -62,7 +62,8 @@ class ShardedSampler(Sampler[Any]):
         """This rank's sample indices for the epoch (from ``start``), in order, as one tensor: what iterating
         yields, for the device-resident path to slice batches from."""
         positions = self._positions()
-        return self._order()[torch.arange(positions.start, positions.stop, positions.step) % self.size]
+        steps = torch.arange(len(positions))  # a range past its end (a rank with nothing left) is empty
+        return self._order()[(positions.start + positions.step * steps) % self.size]
 
     def __iter__(self) -> Iterator[Any]:
         indices = self.indices().tolist()

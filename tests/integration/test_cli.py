@@ -55,7 +55,7 @@ def test_the_terminal_shows_epochs_a_progress_bar_and_a_summary_but_no_ray_noise
     # One line per epoch, and rank 0's progress bar drawn by the driver.
     assert all(f"epoch {n}/12  train_accuracy" in done.stdout for n in range(1, 13))
     # How the workers were sized, once: 2 workers share this machine's cores; the digits sit on the device.
-    share = max(1, (os.cpu_count() or 1) // 2)
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
     assert done.stdout.count("Workers: 2 x") == 1
     assert f"Workers: 2 x {share} CPU" in done.stdout and "data on cpu as tensors" in done.stdout
     assert "epoch 12/12: 100%" in done.stderr and "batch/s" in done.stderr
@@ -80,17 +80,21 @@ def test_the_driver_and_worker_logs_stay_on_disk(default_run):
 def test_a_local_cluster_without_its_dashboard_keeps_the_placement_group_cleaners_warnings_off(tmp_path):
     """ray.include_dashboard=false: no state API, which Ray Train's placement-group cleaner asks every few seconds
     ("Failed to query Ray Train Controller actor state" each time, a whole run long). On a local cluster it has
-    nothing to clean (the cluster ends with the command): its warnings stay off the console."""
-    done = run_cli(
-        ["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "hydra.run.dir=run"], cwd=str(tmp_path)
-    )
+    nothing to clean (the cluster ends with the command): its warnings stay off the console. Two jobs of Hydra's
+    sequential multirun share that cluster, and each one's worker is sized to the machine."""
+    overrides = ["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "trainer.seed=1,2"]
+    done = run_cli(["-m", "hydra/sweeper=basic", "hydra.sweep.dir=sweep", *overrides], cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    summaries = [json.loads(path.read_text()) for path in (tmp_path / "sweep").glob("*/summary.json")]
+    assert [summary["status"] for summary in summaries] == ["completed", "completed"]
     assert "Failed to query Ray Train Controller actor state" not in done.stdout + done.stderr
-    # The one worker holds every core of the machine, and torch computes on all of them, at niceness 0.
-    cores = os.cpu_count() or 1
-    threads = f"{cores} torch thread{'s' if cores > 1 else ''} each;"
-    assert f"Workers: 1 x {cores} CPU{'s' if cores > 1 else ''}, {threads} data on cpu as tensors" in done.stdout
+    # The one worker holds every core the command may use, and torch computes on all of them. Sizing the worker
+    # does not rename the run: Ray's storage is found under the name the run dir was named by.
+    cores = len(os.sched_getaffinity(0))
+    plural = "s" if cores > 1 else ""
+    assert done.stdout.count(f"Workers: 1 x {cores} CPU{plural}, {cores} torch thread{plural} each") == 2
+    assert "data on cpu as tensors" in done.stdout
+    assert all(os.path.isdir(summary["storage"]) for summary in summaries)
 
 
 USER_TASK = '''

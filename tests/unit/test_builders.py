@@ -48,7 +48,7 @@ def test_checkpoint_config(tmp_path):
 
 def test_run_config(tmp_path):
     cfg = resolved(tmp_path)
-    run = builders.run_config(cfg, str(tmp_path / "storage"), worker_env={"A": "1"})
+    run = builders.run_config(cfg, str(tmp_path / "storage"), cfg.run_name(), worker_env={"A": "1"})
     assert isinstance(run, RunConfig)
     assert run.storage_path == str(tmp_path / "storage") and run.name == cfg.run_name()
     assert run.worker_runtime_env == {"env_vars": {"A": "1"}} and run.failure_config.controller_failure_limit == 3

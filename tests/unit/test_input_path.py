@@ -1,17 +1,26 @@
 """The input paths: the device-resident loader slices the DataLoader's batches, tensor augmentations are a function
 of each sample's position (so of nothing a worker count or a resume changes), loader sizing, prefetching."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Subset, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.data import fake
 from hydra_raytrain.recipe.augment import Augment, position_hash
 from hydra_raytrain.recipe.device_data import DeviceLoader, in_memory_tensors, load_tensors
-from hydra_raytrain.recipe.loaders import build_loader, loader_processes, prefetched, sharded_sampler
+from hydra_raytrain.recipe.loaders import (
+    build_loader,
+    copies_ahead,
+    loader_processes,
+    prefetched,
+    sharded_sampler,
+    worker_cpus,
+)
 from hydra_raytrain.recipe.sampler import ShardedSampler
 
 CPU = torch.device("cpu")
@@ -142,5 +151,26 @@ def test_loader_processes_follow_the_workers_cpus(configured, cpus, in_memory, o
 
 def test_prefetched_batches_arrive_moved_and_in_order_on_cpu():
     batches = [torch.full((2,), float(i)) for i in range(5)]
-    moved = list(prefetched(iter(batches), lambda b: b * 10, CPU))
+    moved = list(prefetched(iter(batches), lambda b: b * 10, CPU, ahead=False))
     assert [b.tolist() for b in moved] == [[0.0, 0.0], [10.0, 10.0], [20.0, 20.0], [30.0, 30.0], [40.0, 40.0]]
+
+
+def test_batches_are_copied_ahead_only_from_loader_processes_to_a_gpu():
+    dataset = TensorDataset(torch.zeros(8, 2))
+    with_processes = DataLoader(dataset, batch_size=2, num_workers=2)
+    in_process = DataLoader(dataset, batch_size=2)
+    on_device = DeviceLoader((torch.zeros(8, 2),), 2, ShardedSampler(8, 1, 0, shuffle=False), CPU)
+    cuda = torch.device("cuda", 0)  # a device object only: nothing is allocated
+    assert copies_ahead(with_processes, cuda)
+    assert not copies_ahead(in_process, cuda)  # in-process loading draws from the checkpointed RNG
+    assert not copies_ahead(on_device, cuda) and not copies_ahead(with_processes, CPU)
+
+
+def test_outside_a_ray_worker_the_worker_has_the_processs_cores():
+    assert worker_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_a_resumed_rank_past_its_last_sample_has_no_indices():
+    sampler = ShardedSampler(5, 2, 1, shuffle=False, pad=False)
+    sampler.set_epoch(0, start=10)  # resumed after the end: an empty range whose start lies past its stop
+    assert sampler.indices().tolist() == [] and list(sampler) == []

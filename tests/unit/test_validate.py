@@ -284,3 +284,14 @@ def test_a_forgotten_partial_says_to_add_it(tmp_path, overrides, key):
         and "add `_partial_: true`" in caught.value.valid
         and "which the runner passes" in str(caught.value)
     )
+
+
+def test_augmentations_of_data_that_holds_no_images_are_refused_on_the_driver(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        validate(
+            compose_config("experiment=diabetes_regression", "trainer.augment.horizontal_flip=true"), str(tmp_path)
+        )
+    assert caught.value.key == "trainer.augment" and "[16, 10]" in caught.value.problem
+    validate(
+        compose_config("trainer.augment.random_crop_padding=2", "trainer.augment.horizontal_flip=true"), str(tmp_path)
+    )
