@@ -18,14 +18,16 @@ from omegaconf import DictConfig, OmegaConf
 # groups and places the shards (each element's reduction is the same).
 NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure", "fsdp")
 # Trainer settings that only change what is shown or measured, the memory it takes (activation checkpointing
-# recomputes the same activations), or how fast (threads): a run that ran out of memory or time resumes with them
-# changed. Not ``data_on_device``: true holds a dataset's per-sample transforms as they were drawn once.
+# recomputes the same activations), or how fast (threads; the device-resident path slices the same batches): a run
+# that ran out of memory or time resumes with them changed. But ``data_on_device=true`` holds a dataset's
+# per-sample transforms as they were drawn once: it names another run.
 NON_RESULT_TRAINER_KEYS = (
     "progress_bar",
     "profile",
     "profiler_steps",
     "sync_debug_mode",
     "num_threads",
+    "data_on_device",
     "activation_checkpointing",
     "activation_checkpointing_modules",
 )
@@ -36,6 +38,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         return cfg["storage"]["name"]
     identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
     identity["trainer"] = {k: v for k, v in identity["trainer"].items() if k not in NON_RESULT_TRAINER_KEYS}
+    if cfg["trainer"].get("data_on_device") is True:
+        identity["trainer"]["data_on_device"] = True
     if (cfg.get("run") or {}).get("init_from"):  # a warm start: another starting point, another run
         identity["init_from"] = {k: v for k, v in cfg["run"].items() if k.startswith("init_")}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]

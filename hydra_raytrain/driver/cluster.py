@@ -152,13 +152,22 @@ def free_memory_bytes() -> int:
     return psutil.virtual_memory().available
 
 
-_started_here = False  # whether this process started the local cluster it is connected to
+_started_here: str | None = None  # the GCS address of the last local cluster this process started
 
 
 def started_here() -> bool:
-    """Whether the Ray this process is connected to is a local cluster it started (an earlier job of a
-    sequential multirun): its runs are sized to the machine like the first one."""
-    return _started_here and ray.is_initialized()
+    """Whether the Ray this process is connected to is a local cluster it started (for an earlier job of a
+    sequential multirun), not one that user code started or joined since: its runs are sized like the first."""
+    return ray.is_initialized() and _started_here == ray.get_runtime_context().gcs_address
+
+
+def local_cpus(ray_cfg: RayConfig) -> int:
+    """The CPUs the workers of a local cluster of this command share: the running cluster's when it was started
+    for an earlier job, else ``ray.num_cpus``; never more than the cores this command may run on."""
+    cores = machine_cores()
+    if started_here():
+        return min(int(ray.cluster_resources().get("CPU", 1)), cores)
+    return min(ray_cfg.num_cpus or cores, cores)
 
 
 def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
@@ -173,7 +182,7 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     num_cpus = check_request(ray_cfg, request)
     if ray_cfg.address:
         joined_cluster_environment()
-        _started_here = False
+        _started_here = None
         try:
             ray.init(address=ray_cfg.address, runtime_env=runtime_env, **common)
         except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
@@ -187,13 +196,13 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
     local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, runtime_env=runtime_env, **common)
     options = local_cluster_environment(ray_cfg.include_dashboard)
     started = ray.init(**local, **options)
-    _started_here = True
     if options and not started.dashboard_url:
         # Another process took the port between the check and the dashboard's start (two commands started
         # together): Ray then runs on without a dashboard, so without the state API this cluster's processes are
         # pointed at. Start again on a port taken now.
         ray.shutdown()
         ray.init(**local, **local_cluster_environment(ray_cfg.include_dashboard, port=free_port()))
+    _started_here = ray.get_runtime_context().gcs_address
 
 
 def check_request(ray_cfg: RayConfig, request: ResourceRequest) -> int | None:

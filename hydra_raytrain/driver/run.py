@@ -91,9 +91,8 @@ def train(
 
     if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
         # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
-        # gets its share of the cores, as many as the cluster has.
-        cpus = min(resolved.ray.num_cpus or cluster.machine_cores(), cluster.machine_cores())
-        scaling = cluster.machine_share(resolved.scaling, cpus)
+        # gets its share of the cores.
+        scaling = cluster.machine_share(resolved.scaling, cluster.local_cpus(resolved.ray))
         resolved = dataclasses.replace(resolved, scaling=scaling)
     request = cluster.resource_request(resolved.scaling)
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all

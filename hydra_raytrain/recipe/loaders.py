@@ -94,9 +94,9 @@ def loader_processes(configured: int | None, cpus: int, in_memory: bool, on_gpu:
 
 def copies_ahead(loader: Any, device: torch.device) -> bool:
     """Whether the recipe copies a loader's next batch to the device while the current one computes: for GPUs fed
-    by loader processes. Their batches arrive pinned and hold no draw of the worker's own RNG (each sample is
-    seeded by its position), so reading one batch early changes nothing that a checkpoint saves. In-process
-    loading draws from the checkpointed RNG, and the device-resident path has no host copy to hide."""
+    by loader processes (asynchronously from pinned memory). Their batches hold no draw of the worker's own RNG
+    (each sample is seeded by its position), so reading one batch early changes nothing that a checkpoint saves.
+    In-process loading draws from the checkpointed RNG, and the device-resident path has no host copy to hide."""
     return device.type == "cuda" and isinstance(loader, DataLoader) and loader.num_workers > 0
 
 
@@ -115,7 +115,6 @@ def prefetched(
         batch = next(iterator, None)
         if batch is None:
             return None
-        stream.wait_stream(torch.cuda.current_stream(device))  # after whatever made the batch on this stream
         with torch.cuda.stream(stream):
             return to_device(batch)
 

@@ -66,6 +66,12 @@ def test_run_name_is_deterministic_and_tracks_result_changing_keys(tmp_path):
     assert resolved(tmp_path, "model=resnet18").run_name().startswith("resnet18-digits-")
 
 
+def test_only_data_held_as_drawn_once_names_another_run(tmp_path):
+    name = resolved(tmp_path).run_name()
+    assert resolved(tmp_path, "trainer.data_on_device=false").run_name() == name  # the same batches
+    assert resolved(tmp_path, "trainer.data_on_device=true").run_name() != name  # transforms drawn once
+
+
 def test_run_identity_ignores_resume_policy_and_checkpoint_retention(tmp_path):
     name = resolved(tmp_path).run_name()
     same = resolved(tmp_path, "run.resume=never", "checkpoint.num_to_keep=1", "checkpoint.every_n_epochs=2")

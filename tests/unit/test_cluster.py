@@ -148,3 +148,13 @@ def test_a_local_cluster_gives_each_worker_its_share_of_the_cores(workers, max_w
 
 def test_local_mode_is_not_sized():
     assert machine_share(scaling(0), 16) == scaling(0)
+
+
+def test_the_workers_share_the_cores_up_to_the_clusters_cpus(monkeypatch):
+    import hydra_raytrain.driver.cluster as cluster
+
+    monkeypatch.setattr(cluster, "machine_cores", lambda: 8)
+    assert not cluster.started_here()  # no Ray in this process
+    assert cluster.local_cpus(RayConfig(num_cpus=None)) == 8
+    assert cluster.local_cpus(RayConfig(num_cpus=2)) == 2  # a smaller cluster: its CPUs
+    assert cluster.local_cpus(RayConfig(num_cpus=32)) == 8  # oversubscribed: no more threads than cores

@@ -166,7 +166,19 @@ def test_batches_are_copied_ahead_only_from_loader_processes_to_a_gpu():
     assert not copies_ahead(on_device, cuda) and not copies_ahead(with_processes, CPU)
 
 
-def test_outside_a_ray_worker_the_worker_has_the_processs_cores():
+def test_outside_a_ray_worker_the_worker_has_the_processs_cores(monkeypatch):
+    """Ray Train's local mode runs the loop in the driver, where Ray may be initialised: a driver has no
+    assigned resources to ask for (Ray asserts)."""
+    import ray
+
+    class Driver:
+        worker = type("Worker", (), {"mode": ray.SCRIPT_MODE})()
+
+        def get_assigned_resources(self):
+            raise AssertionError("only available in a worker")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", Driver)
     assert worker_cpus() == len(os.sched_getaffinity(0))
 
 
