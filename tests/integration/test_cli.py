@@ -77,24 +77,27 @@ def test_the_driver_and_worker_logs_stay_on_disk(default_run):
     assert not any(p.is_symlink() for p in (run_dir / "logs").iterdir())
 
 
-def test_a_local_cluster_without_its_dashboard_keeps_the_placement_group_cleaners_warnings_off(tmp_path):
-    """ray.include_dashboard=false: no state API, which Ray Train's placement-group cleaner asks every few seconds
+def test_a_plain_multirun_shares_one_local_cluster_sizes_each_job_and_keeps_the_cleaners_warnings_off(tmp_path):
+    """Hydra's basic launcher: jobs one after another in one process, on the local cluster the first one started.
+    ray.include_dashboard=false: no state API, which Ray Train's placement-group cleaner asks every few seconds
     ("Failed to query Ray Train Controller actor state" each time, a whole run long). On a local cluster it has
-    nothing to clean (the cluster ends with the command): its warnings stay off the console. Two jobs of Hydra's
-    sequential multirun share that cluster, and each one's worker is sized to the machine."""
-    overrides = ["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "trainer.seed=1,2"]
-    done = run_cli(["-m", "hydra/sweeper=basic", "hydra.sweep.dir=sweep", *overrides], cwd=str(tmp_path))
+    nothing to clean (the cluster ends with the command): its warnings stay off the console."""
+    overrides = ["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "trainer.seed=0,1"]
+    done = run_cli(["-m", "hydra.sweep.dir=sweep", *overrides], cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
-    summaries = [json.loads(path.read_text()) for path in (tmp_path / "sweep").glob("*/summary.json")]
+    summaries = [json.loads(path.read_text()) for path in sorted((tmp_path / "sweep").glob("*/summary.json"))]
     assert [summary["status"] for summary in summaries] == ["completed", "completed"]
     assert "Failed to query Ray Train Controller actor state" not in done.stdout + done.stderr
-    # The one worker holds every core the command may use, and torch computes on all of them. Sizing the worker
-    # does not rename the run: Ray's storage is found under the name the run dir was named by.
+    # Each job's run dir is named by its run identity (different seeds: different identities, dirs and storage),
+    # and sizing the worker does not rename the run: Ray's storage is found under the run dir's name.
+    assert {os.path.basename(s["run_dir"]) for s in summaries} == {os.path.basename(s["storage"]) for s in summaries}
+    assert summaries[0]["storage"] != summaries[1]["storage"]
+    assert all(os.path.isdir(summary["storage"]) for summary in summaries)
+    # Every job's one worker holds every core the command may use, and torch computes on all of them.
     cores = len(os.sched_getaffinity(0))
     plural = "s" if cores > 1 else ""
     assert done.stdout.count(f"Workers: 1 x {cores} CPU{plural}, {cores} torch thread{plural} each") == 2
     assert "data on cpu as tensors" in done.stdout
-    assert all(os.path.isdir(summary["storage"]) for summary in summaries)
 
 
 USER_TASK = '''
@@ -282,17 +285,3 @@ def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp
     assert done.returncode == 2
     assert "scaling.num_workers=5" in done.stderr and "needs 5 CPU" in done.stderr and "has 4" in done.stderr
     assert not (tmp_path / "run").exists()
-
-
-def test_plain_multirun_runs_each_job_with_its_own_run_dir(ray_address, tmp_path):
-    """Hydra's basic launcher: jobs one after another in one process, Ray joined once and reused."""
-    done = run_cli(
-        ["-m", f"ray.address={ray_address}", "trainer.seed=0,1", "debug=smoke", "hydra.sweep.dir=sweep"],
-        cwd=str(tmp_path),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    summaries = [json.loads(path.read_text()) for path in sorted((tmp_path / "sweep").glob("*/summary.json"))]
-    assert [s["status"] for s in summaries] == ["completed", "completed"]
-    # Each job's run dir is named by its run identity (different seeds: different identities, dirs and storage).
-    assert {os.path.basename(s["run_dir"]) for s in summaries} == {os.path.basename(s["storage"]) for s in summaries}
-    assert summaries[0]["storage"] != summaries[1]["storage"]
