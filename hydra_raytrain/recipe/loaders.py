@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -76,10 +75,12 @@ def worker_cpus() -> int:
     outside a Ray worker (Ray Train's local mode runs in the driver), the cores this process may run on."""
     import ray
 
+    from hydra_raytrain.driver.cluster import machine_cores
+
     context = ray.get_runtime_context() if ray.is_initialized() else None
     if context is not None and context.worker.mode == ray.WORKER_MODE:
         return max(1, int(context.get_assigned_resources().get("CPU", 0)))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return machine_cores()
 
 
 def loader_processes(configured: int | None, cpus: int, in_memory: bool, on_gpu: bool) -> int:
