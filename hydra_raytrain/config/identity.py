@@ -95,6 +95,18 @@ def sweep_name(*argument_lists: Any) -> str:
     return "sweep-" + hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:10]
 
 
+def _parquet_shape(path: str, features: Any = "features") -> list[int]:
+    from hydra_raytrain.data import streamed  # imported when used: it imports this package (a cycle otherwise)
+
+    return streamed.parquet_shape(path, features)
+
+
+def _parquet_outputs(path: str, label: str = "label") -> int:
+    from hydra_raytrain.data import streamed
+
+    return streamed.parquet_outputs(path, label)
+
+
 def register_resolver() -> None:
     from hydra_raytrain.data import folders
 
@@ -103,6 +115,8 @@ def register_resolver() -> None:
         "sweep_name": sweep_name,
         "class_count": folders.class_count,
         "image_shape": folders.image_shape,
+        "parquet_shape": _parquet_shape,
+        "parquet_outputs": _parquet_outputs,
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -58,7 +58,7 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     check_module_classes(cfg, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
-    batch = _augmented(cfg, _spread_samples(splits.train))
+    batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))
     model = models if "_target_" not in cfg["model"] else models["model"]
     try:
         train_sums, val_sums = step_sums(task, model, batch)
@@ -129,8 +129,9 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
                 )
                 return None
             raise
+        counts = getattr(splits, "rows", None) or {split: len(getattr(splits, split)) for split in ("train", "val")}
         for split in ("train", "val"):
-            if len(getattr(splits, split)) == 0:
+            if counts[split] == 0:
                 raise ConfigError(
                     "dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits"
                 )
@@ -336,6 +337,8 @@ def _spread_samples(dataset: Any) -> Any:
     """Up to REHEARSED_SAMPLES samples spread evenly over ``dataset``, collated as a DataLoader collates them."""
     from torch.utils.data import default_collate
 
+    if hasattr(dataset, "sample"):  # a streamed dataset (data/streamed.py): read here, decoded as its tasks decode
+        return dataset.sample(REHEARSED_SAMPLES)
     count = min(REHEARSED_SAMPLES, len(dataset))
     indices = sorted({round(i * (len(dataset) - 1) / max(1, count - 1)) for i in range(count)})
     try:

@@ -70,6 +70,9 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
     if not problems.failed("trainer", "scaling", "fsdp"):
         with problems.collect():
             check_trainer_switches(trainer, scaling, resolved["fsdp"])
+    if not problems.failed("trainer", "dataset", "scaling"):
+        with problems.collect():
+            check_streamed(resolved["dataset"], trainer, scaling)
         with problems.collect():
             for world_size in range(
                 max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1
@@ -84,6 +87,27 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
             )
     problems.raise_any()
     return Resolved.from_dict(resolved)
+
+
+def check_streamed(dataset: dict[str, Any], trainer: dict[str, Any], scaling: dict[str, Any]) -> None:
+    """What a dataset that Ray Data streams (``data/streamed.py``) cannot do: FSDP (its validation forwards are
+    collectives, and a streamed validation shard's length is known only once read), the device-resident path
+    (the data never sits in one worker), Ray Train's local mode (no cluster to read it)."""
+    from hydra_raytrain.data import streamed
+
+    if getattr(get_object(dataset["_target_"]), "__module__", None) != streamed.__name__:
+        return
+    refused = [
+        ("trainer.parallel_strategy", trainer["parallel_strategy"] == "fsdp", "trainer.parallel_strategy=ddp"),
+        ("trainer.data_on_device", trainer["data_on_device"] is True, "trainer.data_on_device=null"),
+        ("scaling.num_workers", scaling["num_workers"] == 0, "scaling.num_workers=1 or more"),
+    ]
+    for key, wrong, valid in refused:
+        if wrong:
+            value = trainer.get(key.split(".")[1]) if key.startswith("trainer") else 0
+            raise ConfigError(
+                key, value, f"is not available with a dataset Ray Data streams ({dataset['_target_']}).", valid
+            )
 
 
 def check_models_and_optimizers(

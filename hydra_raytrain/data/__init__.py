@@ -9,6 +9,7 @@ _EXPORTS = {
     "diabetes": "bundled",
     "fake": "vision",
     "imagefolder": "vision",
+    "parquet": "streamed",
     "torchvision_builtin": "vision",
 }
 __all__ = list(_EXPORTS)

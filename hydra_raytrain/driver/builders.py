@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
 from hydra_raytrain.config import schema
 from hydra_raytrain.config.resolved import Resolved
@@ -79,3 +79,20 @@ def run_config(
         worker_runtime_env={"env_vars": dict(worker_env)} if worker_env else None,
         logging_config=LoggingConfig(log_level=cfg.ray.logging_level),
     )
+
+
+class ValidationOnce(DataConfig):
+    """Ray Train's DataConfig for a streamed dataset: ``train`` split equally (every rank takes as many steps),
+    ``val`` split without dropping a row (every validation sample counted once)."""
+
+    def __init__(self) -> None:
+        super().__init__(datasets_to_split="all")
+
+    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+        # Ray Train configures one dataset per call (DatasetManager).
+        if set(datasets) != {"val"}:
+            return super().configure(datasets, world_size, worker_handles, worker_node_ids, **kwargs)
+        dataset = datasets["val"].copy(datasets["val"])
+        dataset.context.execution_options = self._resolve_execution_options("val")
+        splits = dataset.streaming_split(world_size, equal=False)
+        return [{"val": split} for split in splits]

@@ -33,23 +33,32 @@ class ResourceRequest:
     num_workers: int  # what must fit (the minimum, when elastic)
     per_worker: dict[str, float]
     max_workers: int | None = None  # elastic: what a new local cluster is sized for
+    data_cpus: float = 0  # CPUs left free for Ray Data's tasks (a streamed dataset): it stalls without one
 
     @property
     def total(self) -> dict[str, float]:
-        return {name: amount * self.num_workers for name, amount in self.per_worker.items() if amount}
+        total = {name: amount * self.num_workers for name, amount in self.per_worker.items() if amount}
+        if self.data_cpus:
+            total["CPU"] = total.get("CPU", 0.0) + self.data_cpus
+        return total
 
     @property
     def largest(self) -> ResourceRequest:
-        return ResourceRequest(max(self.num_workers, self.max_workers or 0), self.per_worker)
+        return ResourceRequest(max(self.num_workers, self.max_workers or 0), self.per_worker, None, self.data_cpus)
 
     def describe(self) -> str:
         each = ", ".join(f"{amount:g} {name}" for name, amount in self.per_worker.items() if amount)
-        return f"{self.num_workers} workers x {{{each}}}"
+        data = f" + {self.data_cpus:g} CPU for Ray Data" if self.data_cpus else ""
+        return f"{self.num_workers} workers x {{{each}}}{data}"
 
 
-def resource_request(scaling: ScalingConfig) -> ResourceRequest:
-    """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing)."""
-    return ResourceRequest(scaling.num_workers, resources_per_worker(scaling_config(scaling)), scaling.max_workers)
+def resource_request(scaling: ScalingConfig, data_cpus: float = 0) -> ResourceRequest:
+    """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing), and
+    the CPUs a streamed dataset's tasks need beside them."""
+    per_worker = resources_per_worker(scaling_config(scaling))
+    return ResourceRequest(
+        scaling.num_workers, per_worker, scaling.max_workers, data_cpus if scaling.num_workers else 0
+    )
 
 
 def machine_cores() -> int:
@@ -232,6 +241,7 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
       (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
       RAY_TRAIN_ENABLE_PREEMPTION_WATCHER. Ray Train reads the variable from this process's environment at each
       run; a cluster joined later in the same process gets the watcher back (``connect``).
+    - Ray Data logs at WARNING (RAY_DATA_LOG_LEVEL), unless the environment sets it.
     - Ray starts worker processes at niceness 15 (RAY_worker_niceness): on a busy machine the driver, Ray's own
       processes and anything else running there take the cores before the training workers do (measured on 2
       cores: a hand-written Ray Train loop 9% slower than at 0). The cluster is this run's: workers at 0, unless
@@ -241,6 +251,8 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
     if WATCHER_ENV not in os.environ:
         os.environ[WATCHER_ENV], _watcher_turned_off = "0", True
     os.environ.setdefault(NICENESS_ENV, "0")
+    # Ray Data's tasks and actors (a streamed dataset) log two INFO lines per split and epoch to the console.
+    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
     if include_dashboard is False:
         return {}
     port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import ray
 from hydra.core.hydra_config import HydraConfig
@@ -25,6 +25,8 @@ from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.config.resolved import Resolved
+from hydra_raytrain.data import streamed as streamed_module
+from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.storage import check_storage
@@ -89,12 +91,15 @@ def train(
         print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
+    stream = streamed_dataset(resolved.dataset)
+    data_cpus = stream.cpus if stream is not None else 0
     if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
         # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
-        # gets its share of the cores.
-        scaling = cluster.machine_share(resolved.scaling, cluster.local_cpus(resolved.ray))
-        resolved = dataclasses.replace(resolved, scaling=scaling)
-    request = cluster.resource_request(resolved.scaling)
+        # gets its share of the cores (of ray.num_cpus less Ray Data's, when set; else the data tasks get CPUs the
+        # local cluster promises beyond the cores).
+        cpus = cluster.local_cpus(resolved.ray) - (int(data_cpus) if resolved.ray.num_cpus else 0)
+        resolved = dataclasses.replace(resolved, scaling=cluster.machine_share(resolved.scaling, cpus))
+    request = cluster.resource_request(resolved.scaling, data_cpus)
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
         cluster.connect(resolved.ray, request)
     nodes = len([node for node in ray.nodes() if node["Alive"]]) if request.num_workers else 1
@@ -111,6 +116,7 @@ def train(
             name,
             local_mode=request.num_workers == 0,
             started=started,
+            stream=stream,
             extra_callbacks=extra_callbacks,
             show_summary=show_summary,
         )
@@ -125,8 +131,10 @@ def _fit(
     started: float,
     extra_callbacks: Sequence[Any] = (),
     show_summary: bool = True,
+    stream: Streamed | None = None,
 ) -> dict[str, Any]:
-    """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure)."""
+    """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
+    Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
     trainer = resolved.trainer
     monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
     epoch_log = rundir.EpochLog(run_dir, resolved.trainer.max_epochs)
@@ -136,10 +144,22 @@ def _fit(
         os.environ.setdefault(variable, value)
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
 
+    loop_config: dict[str, Any] = {"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name}
+    data: dict[str, Any] = {}
+    if stream is not None:
+        from ray.data import DataContext  # each dataset keeps a copy of the driver's; Ray Train hands it on
+
+        context = DataContext.get_current()
+        context.enable_progress_bars = bool(resolved.trainer.progress_bar)
+        context.print_on_execution_start = False  # two INFO lines per split and epoch
+        loop_config["rows"] = stream.rows
+        data = {"datasets": stream.ray_datasets(), "dataset_config": builders.ValidationOnce()}
+
     def fit(notice: str | None) -> Any:
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name, "notice": notice},
+            train_loop_config={**loop_config, "notice": notice},
+            **data,
             scaling_config=builders.scaling_config(resolved.scaling),
             torch_config=builders.torch_config(resolved.scaling),
             run_config=builders.run_config(
@@ -196,6 +216,15 @@ def _fit(
     summary = finish("completed")
     print(f"Run dir: {run_dir}", flush=True)
     return summary
+
+
+def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
+    """The dataset as the driver built it when Ray Data streams it (``data/streamed.py``), else None."""
+    from hydra_raytrain.config.rehearsal import build_dataset
+
+    if getattr(get_object(node["_target_"]), "__module__", None) != streamed_module.__name__:
+        return None
+    return cast(Streamed, build_dataset(node))
 
 
 def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:

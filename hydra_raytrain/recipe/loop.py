@@ -58,6 +58,7 @@ from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_tota
 from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
 from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep, build_lr_scheduler
+from hydra_raytrain.recipe.streaming import StreamLoader, per_rank_rows
 from hydra_raytrain.tasks.base import Task
 
 PROFILER_DIR = "profiler"
@@ -72,7 +73,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     cfg = Resolved.from_dict(config["cfg"])
     quiet_ray_train(cfg.ray.logging_level)
     link_process_logs(config["run_dir"], f"rank{ray.train.get_context().get_world_rank()}")
-    recipe = Recipe(cfg, run_dir=config["run_dir"], run_name=config["run_name"], notice=config.get("notice"))
+    recipe = Recipe(
+        cfg,
+        run_dir=config["run_dir"],
+        run_name=config["run_name"],
+        notice=config.get("notice"),
+        rows=config.get("rows"),
+    )
     status = "failed"
     try:
         recipe.setup()
@@ -93,8 +100,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class Recipe:
-    def __init__(self, cfg: Resolved, run_dir: str, run_name: str, notice: str | None = None):
-        self.cfg, self.run_dir, self.run_name, self.notice = cfg, run_dir, run_name, notice
+    def __init__(
+        self,
+        cfg: Resolved,
+        run_dir: str,
+        run_name: str,
+        notice: str | None = None,
+        rows: dict[str, int] | None = None,
+    ):
+        """``rows``: the rows of each split of a dataset that Ray Data streams (None: the workers build it)."""
+        self.cfg, self.run_dir, self.run_name, self.notice, self.rows = cfg, run_dir, run_name, notice, rows
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -230,13 +245,56 @@ class Recipe:
         """The splits, on the device-resident path or behind DataLoaders, sized to the CPUs this worker holds:
         torch's threads and the loader processes (printed once, by rank 0)."""
         trainer = self.cfg.trainer
-        splits = instantiate(self.cfg.dataset, _convert_="all")
         self.batch_size = batch = per_worker_batch_size(
             trainer.batch_size, trainer.batch_size_per_worker, self.world_size
         )
         val_batch = trainer.val_batch_size_per_worker or batch
         cpus = worker_cpus()
         torch.set_num_threads(trainer.num_threads or cpus)
+        if self.rows is not None:
+            where = self._setup_stream(batch, val_batch)
+        else:
+            where = self._setup_loaders(batch, val_batch, cpus)
+        self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
+        if isinstance(self.val_loader, StreamLoader):  # as many as this rank's shard holds
+            self.val_batches = trainer.limit_val_batches or sys.maxsize
+        else:
+            self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
+        if self.rank == 0:
+            threads, niceness = torch.get_num_threads(), os.nice(0)
+            print(
+                f"Workers: {self.world_size} x {cpus} CPU{'s' if cpus > 1 else ''}, {threads} torch "
+                f"thread{'s' if threads > 1 else ''} each"
+                + (f", niceness {niceness} (RAY_worker_niceness)" if niceness else "")
+                + f"; data {where}",
+                flush=True,
+            )
+
+    def _setup_stream(self, batch: int, val_batch: int) -> str:
+        """This rank's shards of the splits Ray Data streams (``recipe/streaming.py``)."""
+        assert self.rows is not None
+        dataset = self.cfg.dataset
+        options = dict(
+            seed=self.cfg.trainer.seed,
+            rank=self.rank,
+            prefetch_batches=dataset.get("prefetch_batches", 1),
+            device=self.device,
+        )
+        rows = per_rank_rows(self.rows["train"], self.world_size)
+        buffer = dataset.get("local_shuffle_buffer_size")
+        train = ray.train.get_dataset_shard("train")
+        # Any: a DataLoader, a DeviceLoader or a StreamLoader, each iterated alike
+        self.train_loader: Any = StreamLoader(train, batch, rows=rows, local_shuffle_buffer_size=buffer, **options)
+        self.val_loader: Any = StreamLoader(ray.train.get_dataset_shard("val"), val_batch, rows=None, **options)
+        return (
+            f"streamed by Ray Data ({self.rows['train']:,} training rows, {rows:,} per worker per epoch; "
+            f"{self.rows['val']:,} validation rows)"
+        )
+
+    def _setup_loaders(self, batch: int, val_batch: int, cpus: int) -> str:
+        """The splits, built here: on the device-resident path or behind DataLoaders."""
+        trainer = self.cfg.trainer
+        splits = instantiate(self.cfg.dataset, _convert_="all")
         held = {"train": in_memory_tensors(splits.train), "val": in_memory_tensors(splits.val)}
         in_memory = all(tensors is not None for tensors in held.values())
         options = trainer.dataloader
@@ -262,17 +320,7 @@ class Recipe:
                 + (", each batch copied ahead" if copies_ahead(self.train_loader, self.device) else "")
                 + ")"
             )
-        self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
-        self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
-        if self.rank == 0:
-            threads, niceness = torch.get_num_threads(), os.nice(0)
-            print(
-                f"Workers: {self.world_size} x {cpus} CPU{'s' if cpus > 1 else ''}, {threads} torch "
-                f"thread{'s' if threads > 1 else ''} each"
-                + (f", niceness {niceness} (RAY_worker_niceness)" if niceness else "")
-                + f"; data {where}",
-                flush=True,
-            )
+        return where
 
     def _on_device(
         self, splits: Any, held: dict[str, tuple[torch.Tensor, ...] | None], in_memory: bool, loader_processes: int
@@ -397,10 +445,13 @@ class Recipe:
             position, self.position = self.position or {"samples": 0, "batches": 0, "sums": {}}, None
             # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
             # A resumed epoch starts after what its ranks consumed before the checkpoint.
-            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=position["samples"])
-            # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
-            # draw exactly what the uninterrupted one drew.
-            self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
+            if isinstance(self.train_loader, StreamLoader):  # a new pass over the data: it cannot seek
+                self.train_loader.set_epoch(epoch)
+            else:
+                cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=position["samples"])
+                # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
+                # draw exactly what the uninterrupted one drew.
+                self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
             started = time.perf_counter()
             meter = SumMeter.resumed(position["sums"], self.rank, self.device)
             train = self._train_epoch(epoch, position["batches"], meter)
@@ -507,8 +558,11 @@ class Recipe:
         # unit's parameters: there every rank runs as many forwards (``val_steps``), the extra ones uncounted.
         batches = itertools.islice(self.val_loader, self.val_batches)
         extra = self.val_steps - self.val_batches
+        uneven = isinstance(self.val_loader, StreamLoader)  # a rank's shard may hold no batch at all
         with self.step.precision.autocast():
-            return validation_totals(self.task, self._eval_models(), batches, self._to_device, extra)
+            return validation_totals(
+                self.task, self._eval_models(), batches, self._to_device, extra, uneven, self.device
+            )
 
     def _lockstep_val_batches(self) -> int:
         """The most validation batches any rank holds (a collective): under FSDP every rank runs that many."""

@@ -31,13 +31,21 @@ class SumMeter:
         }
         return meter
 
-    def totals(self) -> dict[str, float]:
-        """The sums over every batch of every worker. A collective: every rank must call it."""
+    def totals(self, uneven: bool = False, device: torch.device | None = None) -> dict[str, float]:
+        """The sums over every batch of every worker. A collective: every rank must call it. ``uneven``: some rank
+        may have added nothing (a streamed validation shard): the ranks first agree on the names (zeros on
+        ``device``)."""
+        distributed = dist.is_available() and dist.is_initialized()
+        if uneven and distributed:
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, sorted(self._sums))
+            for name in set().union(*everyone) - set(self._sums):
+                self._sums[name] = torch.zeros((), dtype=torch.float64, device=device)
         names = sorted(self._sums)  # the same order on every rank
         if not names:
             return {}
         stacked = torch.stack([self._sums[name].reshape(()) for name in names])
-        if dist.is_available() and dist.is_initialized():
+        if distributed:
             # Sums, not means: workers may hold different sample counts (validation is not padded).
             dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
         return dict(zip(names, stacked.tolist(), strict=True))
@@ -45,11 +53,17 @@ class SumMeter:
 
 @torch.no_grad()
 def validation_totals(
-    task: Any, model: Any, batches: Iterable[Any], to_device: Callable[[Any], Any], extra: int = 0
+    task: Any,
+    model: Any,
+    batches: Iterable[Any],
+    to_device: Callable[[Any], Any],
+    extra: int = 0,
+    uneven: bool = False,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
     """The task's validation sums over ``batches``, added over workers (a collective when distributed). ``extra``
     more steps on the last batch, uncounted, keep this rank in step with ranks that hold more batches (FSDP's
-    forward is a collective)."""
+    forward is a collective); ``uneven``: a rank may hold no batch (see ``SumMeter.totals``)."""
     for module in model.values() if isinstance(model, dict) else [model]:
         module.eval()
     meter, batch = SumMeter(), None
@@ -58,7 +72,7 @@ def validation_totals(
         meter.add(task.validation_step(model, batch))
     for _ in range(extra):
         task.validation_step(model, batch)
-    return meter.totals()
+    return meter.totals(uneven, device)
 
 
 def should_stop(scores: Sequence[float | None], mode: str, patience: int, min_delta: float = 0.0) -> bool:

@@ -28,3 +28,21 @@ def write_images(folder, classes, per_class, size=(10, 12)):
         (folder / c).mkdir(parents=True)
         for i in range(per_class):
             Image.fromarray(np.full((*size, 3), 40 * i, dtype=np.uint8)).save(folder / c / f"{i}.png")
+
+
+def write_digits_parquet(folder, files=5, features="features", label="label"):
+    """scikit-learn's digits as Parquet, ``files`` files under ``folder``: each row a fixed-size list of the 64
+    pixels (scaled to 0..1) and the integer label, as ``dataset=digits`` holds them. Returns the rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hydra_raytrain.data.bundled import digits_arrays
+
+    pixels, target = digits_arrays()
+    values = pa.array((pixels.reshape(len(pixels), 64) / 16.0).astype(np.float32).ravel())
+    table = pa.table({features: pa.FixedSizeListArray.from_arrays(values, 64), label: pa.array(target, pa.int64())})
+    folder.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, len(table), files + 1).astype(int)
+    for i, (start, stop) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        pq.write_table(table.slice(start, stop - start), folder / f"part-{i:03d}.parquet")
+    return len(table)

@@ -128,3 +128,16 @@ class FailsInTraining(Classification):
 
     def train_batch(self, step, batch):
         raise RuntimeError("the loss diverged at the first step")
+
+
+class Counted(Classification):
+    """Classification that also reports what its sums saw: ``samples`` (the count) and ``label_sum`` (the labels
+    added up), so a test proves which samples an epoch counted, over every worker."""
+
+    def training_step(self, model, batch):
+        output = super().training_step(model, batch)
+        output.sums["label_sum"] = batch[1].sum()
+        return output
+
+    def compute(self, sums):
+        return {**super().compute(sums), "samples": sums["count"], "label_sum": sums["label_sum"]}

@@ -12,7 +12,7 @@ from hydra_raytrain.config import ConfigError, validate
 from hydra_raytrain.config.rehearsal import build_dataset
 from hydra_raytrain.config.schema import TYPED_SECTIONS, TrainConfig
 from tests.conftest import compose_config
-from tests.helpers.data import write_images, write_mnist
+from tests.helpers.data import write_digits_parquet, write_images, write_mnist
 
 CONF = pathlib.Path(hydra_raytrain.__file__).parent.parent / "conf"
 OPTIONS = sorted(
@@ -30,6 +30,7 @@ REQUIRED = {
     ("task", "regression"): ["dataset=diabetes", "model=mlp"],
     ("dataset", "mnist"): ["dataset.root=data"],
     ("dataset", "fashion_mnist"): ["dataset.root=data"],
+    ("dataset", "parquet"): ["dataset.path=table", "model=mlp"],
 }
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.
@@ -61,6 +62,7 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     write_images(tmp_path / "pets", ["cat", "dog"], 2)
     for name in ("MNIST", "FashionMNIST"):
         write_mnist(tmp_path / "data", name)
+    write_digits_parquet(tmp_path / "table", files=2)
     cfg = compose_config(f"{group}={option}", *REQUIRED.get((group, option), []))
     if (group, option) in NO_DATA:
         with pytest.raises(ConfigError) as caught:

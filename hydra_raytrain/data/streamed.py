@@ -1,0 +1,362 @@
+"""Parquet read with Ray Data: streamed from a folder or an ``s3://`` URI, sharded across the workers.
+
+``dataset=parquet`` builds a :class:`Streamed` on the driver: the files of each split, their row counts and the
+settings of the pipeline. Nothing is read then but the files' footers (schema, row counts, label statistics).
+The runner hands ``Streamed.ray_datasets()`` to ``TorchTrainer(datasets=...)``: Ray Data reads and decodes on
+the cluster's CPUs (its tasks, not the training loop), and each worker iterates its shard of every epoch with
+``iter_torch_batches`` (``recipe/streaming.py``).
+
+``conf/dataset/parquet.yaml`` infers the shape of a sample and the number of outputs with the resolvers below
+(``parquet_shape``, ``parquet_outputs``), so ``dataset=parquet dataset.path=PATH model=mlp`` needs nothing else.
+No torch or Ray at import: the config layer imports this module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hydra_raytrain.config.errors import ConfigError, did_you_mean
+
+SHUFFLES = ("files", "blocks", "full", "none")
+PARQUET_LAYOUT = "a .parquet file, or a folder (or s3:// prefix) holding .parquet files"
+FEATURES = "x"  # the columns of the decoded batches each worker receives
+LABELS = "y"
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A dataset that Ray Data streams: what the driver found, and how to read it."""
+
+    train_files: list[str]
+    val_files: list[str]
+    rows: dict[str, int]  # rows of each split, from the files' footers
+    decode: Decode
+    shuffle: str = "files"
+    seed: int = 0
+    local_shuffle_buffer_size: int | None = None
+    prefetch_batches: int = 1
+    num_cpus: float | None = None  # each read and decode task's CPUs (Ray's default: 1)
+    concurrency: int | None = None  # the most decode tasks at once (Ray's default: as many as fit)
+    read_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cpus(self) -> int:
+        """CPUs a cluster keeps free of training workers for the read and decode tasks (at least one)."""
+        return max(1, math.ceil(self.num_cpus or 1))
+
+    def ray_datasets(self) -> dict[str, Any]:
+        """The lazy Ray Datasets of both splits (needs a connected Ray): read, decoded, shuffled as configured."""
+        return {"train": self._pipeline(self.train_files, train=True), "val": self._pipeline(self.val_files, False)}
+
+    def _pipeline(self, files: list[str], train: bool) -> Any:
+        import ray.data
+        from ray.data import FileShuffleConfig, RandomSeedConfig
+
+        shuffled = train and self.shuffle != "none"
+        # A new order every epoch (every execution), the same sequence of orders for the same seed.
+        reads: dict[str, Any] = (
+            {"shuffle": FileShuffleConfig(self.seed)} if shuffled and self.shuffle == "files" else {}
+        )
+        tasks = {"num_cpus": self.num_cpus} if self.num_cpus is not None else {}
+        dataset = ray.data.read_parquet(files, **tasks, **reads, **self.read_options)
+        dataset = dataset.select_columns(self.decode.columns)  # pushed down into the read: other columns stay unread
+        dataset = dataset.map_batches(self.decode, batch_format="numpy", concurrency=self.concurrency, **tasks)
+        if shuffled and self.shuffle == "blocks":
+            dataset = dataset.randomize_block_order(seed=RandomSeedConfig(self.seed))
+        elif shuffled and self.shuffle == "full":
+            dataset = dataset.random_shuffle(seed=RandomSeedConfig(self.seed))
+        return dataset
+
+    def sample(self, count: int) -> tuple[Any, Any]:
+        """``count`` decoded samples spread over the training files, read here with pyarrow (no Ray): what the
+        driver's rehearsal runs one step on."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        import torch
+
+        tables, per_file = [], max(1, math.ceil(count / len(self.train_files)))
+        for path in self.train_files[:count]:
+            fs, location = _filesystem(path)
+            with pq.ParquetFile(location, filesystem=fs) as file:
+                tables.append(next(file.iter_batches(batch_size=per_file, columns=self.decode.columns)))
+        table = pa.Table.from_batches(tables)
+        batch = self.decode({name: _numpy(table.column(name)) for name in self.decode.columns})
+        return torch.from_numpy(batch[FEATURES][:count]), torch.from_numpy(batch[LABELS][:count])
+
+
+@dataclass(frozen=True)
+class Decode:
+    """Rows to training batches, in Ray Data's decode tasks: the feature column(s) as one float32 array of
+    ``input_shape`` per sample, the label as int64 (classes) or float32 ``[n, 1]`` (a value), then the
+    configured ``transform`` (a function of the numpy batch ``{"x": ..., "y": ...}``)."""
+
+    features: str | tuple[str, ...]
+    label: str
+    input_shape: tuple[int, ...]
+    classes: bool
+    transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        names = [self.features] if isinstance(self.features, str) else list(self.features)
+        return [*names, self.label]
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if isinstance(self.features, str):
+            column = batch[self.features]
+            values = np.stack(list(column)) if column.dtype == object else column  # lists arrive as object arrays
+        else:
+            values = np.stack([batch[name] for name in self.features], axis=1)
+        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.input_shape)
+        labels = np.asarray(batch[self.label])
+        y = labels.astype(np.int64) if self.classes else labels.astype(np.float32).reshape(len(labels), 1)
+        decoded = {FEATURES: x, LABELS: y}
+        return self.transform(decoded) if self.transform is not None else decoded
+
+
+def normalize(batch: dict[str, np.ndarray], mean: Sequence[float], std: Sequence[float]) -> dict[str, np.ndarray]:
+    """A transform: ``(x - mean) / std``, per channel (the first axis of a sample) when given one per channel.
+    ``dataset.transform={_target_: hydra_raytrain.data.streamed.normalize, _partial_: true, mean: [0.5], std: [0.2]}``
+    """
+    x = batch[FEATURES]
+    shape = (1, len(mean)) + (1,) * (x.ndim - 2) if len(mean) > 1 else ()
+    m, s = np.asarray(mean, np.float32).reshape(shape), np.asarray(std, np.float32).reshape(shape)
+    return {**batch, FEATURES: (x - m) / s}
+
+
+def parquet(
+    path: str,
+    input_shape: Sequence[int],
+    num_outputs: int,
+    features: str | Sequence[str] = "features",
+    label: str = "label",
+    val_path: str | None = None,
+    val_fraction: float = 0.2,
+    split_seed: int = 0,
+    shuffle: str = "files",
+    local_shuffle_buffer_size: int | None = None,
+    prefetch_batches: int = 1,
+    transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    num_cpus: float | None = None,
+    concurrency: int | None = None,
+) -> Streamed:
+    """Parquet files under ``path`` (a file, a folder, an ``s3://`` URI), split into train and val by whole files
+    (``val_fraction`` of them, chosen with ``split_seed``) unless ``val_path`` holds the validation files."""
+    if shuffle not in SHUFFLES:
+        raise ConfigError("dataset.shuffle", shuffle, "is no way to shuffle.", " | ".join(SHUFFLES))
+    for key, value in (
+        ("local_shuffle_buffer_size", local_shuffle_buffer_size),
+        ("prefetch_batches", prefetch_batches),
+    ):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ConfigError(f"dataset.{key}", value, "must be a whole number >= 0.", "e.g. 1000, or null")
+    names = (features,) if isinstance(features, str) else tuple(features)
+    files = parquet_files(path, "dataset.path")
+    check_columns(files[0], (*names, label), "dataset.path", path)
+    if val_path is None:
+        train_files, val_files = split_files(files, val_fraction, split_seed)
+    else:
+        train_files, val_files = files, parquet_files(val_path, "dataset.val_path")
+        check_columns(val_files[0], (*names, label), "dataset.val_path", val_path)
+    counted = row_counts(train_files + val_files)
+    rows = {"train": sum(counted[: len(train_files)]), "val": sum(counted[len(train_files) :])}
+    shape = tuple(input_shape)
+    found = sample_shape(files[0], features)
+    if math.prod(shape) != math.prod(found):
+        raise ConfigError(
+            "dataset.input_shape",
+            list(shape),
+            f"a sample of {path} holds {math.prod(found)} values ({'x'.join(map(str, found))}).",
+            f"a shape of {math.prod(found)} values, e.g. {list(found)}".replace(" ", ""),
+        )
+    decode = Decode(
+        features if isinstance(features, str) else names, label, shape, label_is_class(files[0], label), transform
+    )
+    return Streamed(
+        train_files,
+        val_files,
+        rows,
+        decode,
+        shuffle=shuffle,
+        seed=split_seed,
+        local_shuffle_buffer_size=local_shuffle_buffer_size,
+        prefetch_batches=prefetch_batches,
+        num_cpus=num_cpus,
+        concurrency=concurrency,
+    )
+
+
+def _filesystem(path: str) -> tuple[Any, str]:
+    import pyarrow.fs
+
+    return pyarrow.fs.FileSystem.from_uri(path if "://" in path else f"file://{os.path.abspath(path)}")
+
+
+def parquet_files(path: str, key: str = "dataset.path") -> list[str]:
+    """The ``.parquet`` files at ``path``, sorted; URIs stay URIs (Ray Data reads them from every node)."""
+    import pyarrow.fs
+
+    uri = "://" in str(path)
+    path = str(path) if uri else os.path.abspath(os.path.expanduser(str(path)))
+    try:
+        fs, location = _filesystem(path)
+        info = fs.get_file_info(location)
+        if info.type == pyarrow.fs.FileType.File:
+            found = [location]
+        elif info.type == pyarrow.fs.FileType.Directory:
+            selector = pyarrow.fs.FileSelector(location, recursive=True)
+            found = sorted(i.path for i in fs.get_file_info(selector) if i.is_file and i.path.endswith(".parquet"))
+        else:
+            raise ConfigError(key, path, "no such file or folder.", PARQUET_LAYOUT)
+    except ConfigError:
+        raise
+    except Exception as error:  # no credentials, no bucket, no endpoint
+        raise ConfigError(key, path, f"cannot be listed: {' '.join(str(error).split())}", PARQUET_LAYOUT) from None
+    if not found:
+        raise ConfigError(key, path, "holds no .parquet file.", PARQUET_LAYOUT)
+    scheme = path.split("://")[0] + "://" if uri else ""
+    return [scheme + name for name in found]
+
+
+def _schema(file: str) -> Any:
+    import pyarrow.parquet as pq
+
+    fs, location = _filesystem(file)
+    return pq.read_schema(location, filesystem=fs)
+
+
+def check_columns(file: str, wanted: Sequence[str], key: str, path: str) -> None:
+    schema = _schema(file)
+    for name in wanted:
+        if name not in schema.names:
+            column_key = "dataset.label" if name == wanted[-1] else "dataset.features"
+            raise ConfigError(
+                column_key,
+                name,
+                f"{file} has no such column{did_you_mean(name, schema.names)}.",
+                f"one of its columns: {', '.join(schema.names)}",
+            )
+
+
+def row_counts(files: Sequence[str]) -> list[int]:
+    """Each file's rows, from its footer (read in parallel: a footer is one request to S3)."""
+    import pyarrow.parquet as pq
+
+    def rows(file: str) -> int:
+        fs, location = _filesystem(file)
+        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
+            return parquet_file.metadata.num_rows
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return list(pool.map(rows, files))
+
+
+def split_files(files: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Whole files to validation (a streamed split cannot pick rows without reading them all)."""
+    if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
+        raise ConfigError(
+            "dataset.val_fraction", val_fraction, "must be between 0 and 1 (exclusive).", "a fraction, e.g. 0.2"
+        )
+    if len(files) < 2:
+        raise ConfigError(
+            "dataset.val_fraction",
+            val_fraction,
+            f"the data is one file ({files[0]}), and a streamed split takes whole files.",
+            "dataset.val_path=PATH (the validation files), or the data written as several files (e.g. "
+            "pyarrow.dataset.write_dataset(..., max_rows_per_file=N))",
+        )
+    order = list(files)
+    random.Random(seed).shuffle(order)
+    n_val = min(len(files) - 1, max(1, round(len(files) * val_fraction)))
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def sample_shape(file: str, features: str | Sequence[str]) -> list[int]:
+    """The shape of one sample's features: ``[n]`` for ``n`` scalar columns; for one column, a fixed-size list's
+    (nested lists: each level), a fixed-shape tensor's, or a variable list's first row length."""
+    import pyarrow as pa
+
+    schema = _schema(file)
+    if not isinstance(features, str):
+        return [len(features)]
+    kind = schema.field(features).type
+    if isinstance(kind, pa.FixedShapeTensorType):
+        return list(kind.shape)
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(kind):
+        shape.append(kind.list_size)
+        kind = kind.value_type
+    if shape:
+        return shape
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        import pyarrow.parquet as pq
+
+        fs, location = _filesystem(file)
+        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
+            first = next(parquet_file.iter_batches(batch_size=1, columns=[features])).column(0)
+        return list(np.asarray(first.to_pylist()[0]).shape)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return [1]
+    raise ConfigError(
+        "dataset.features",
+        features,
+        f"its type ({kind}) is no array of numbers.",
+        "a column of numbers, of fixed-size lists or tensors of numbers, or a list of scalar columns",
+    )
+
+
+def label_is_class(file: str, label: str) -> bool:
+    import pyarrow as pa
+
+    kind = _schema(file).field(label).type
+    return pa.types.is_integer(kind) or pa.types.is_boolean(kind)
+
+
+def _numpy(column: Any) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return np.array([np.asarray(value) for value in column.to_pylist()], dtype=object)
+    return column.to_numpy()
+
+
+# Resolvers of conf/dataset/parquet.yaml: run where the config is resolved (the driver).
+
+
+def parquet_shape(path: str, features: Any = "features") -> list[int]:
+    names = features if isinstance(features, str) else [str(name) for name in features]
+    files = parquet_files(str(path))
+    check_columns(files[0], [names] if isinstance(names, str) else names, "dataset.path", str(path))
+    return sample_shape(files[0], names)
+
+
+def parquet_outputs(path: str, label: str = "label") -> int:
+    """Classes (an integer label): its largest value + 1, from the row groups' statistics where written, else
+    read; 1 for a value (a float label: regression)."""
+    import pyarrow.parquet as pq
+
+    files = parquet_files(str(path))
+    check_columns(files[0], [str(label)], "dataset.path", str(path))
+    if not label_is_class(files[0], str(label)):
+        return 1
+
+    def largest(file: str) -> int:
+        fs, location = _filesystem(file)
+        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
+            meta, index = parquet_file.metadata, parquet_file.schema_arrow.get_field_index(str(label))
+            stats = [meta.row_group(g).column(index).statistics for g in range(meta.num_row_groups)]
+            if stats and all(s is not None and s.has_min_max for s in stats):
+                return int(max(s.max for s in stats))
+            values = parquet_file.read(columns=[str(label)]).column(0).to_numpy()
+            return int(values.max()) if len(values) else -1
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return max(pool.map(largest, files)) + 1

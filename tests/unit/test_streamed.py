@@ -1,0 +1,126 @@
+"""The Parquet dataset on the driver (no Ray): what it finds in the files, how it decodes, what it refuses."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hydra_raytrain.config import ConfigError, validate
+from hydra_raytrain.config.rehearsal import build_dataset
+from hydra_raytrain.config.schema import RayConfig
+from hydra_raytrain.data import streamed
+from hydra_raytrain.driver.cluster import ResourceRequest, plan_local_cpus
+from tests.conftest import compose_config
+from tests.helpers.data import write_digits_parquet
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("parquet") / "digits"
+    write_digits_parquet(folder, files=5)
+    return folder
+
+
+def test_the_shape_and_the_classes_are_read_from_the_files_so_a_path_is_all_it_needs(digits_folder, tmp_path):
+    resolved = validate(compose_config("dataset=parquet", f"dataset.path={digits_folder}", "model=mlp"), str(tmp_path))
+    assert resolved.dataset["input_shape"] == [64] and resolved.dataset["num_outputs"] == 10
+    stream = build_dataset(resolved.dataset)
+    assert len(stream.train_files) == 4 and len(stream.val_files) == 1
+    assert stream.rows["train"] + stream.rows["val"] == 1797
+    x, y = stream.sample(16)
+    assert x.shape == (16, 64) and x.dtype.is_floating_point and y.dtype.is_signed and 0 <= x.min() <= x.max() <= 1
+
+
+def test_a_shape_given_reshapes_the_samples_and_a_wrong_one_is_refused(digits_folder):
+    stream = streamed.parquet(str(digits_folder), input_shape=[1, 8, 8], num_outputs=10)
+    assert stream.sample(4)[0].shape == (4, 1, 8, 8)
+    with pytest.raises(ConfigError, match=r"dataset.input_shape=\[3, 8, 8\].*holds 64 values") as caught:
+        streamed.parquet(str(digits_folder), input_shape=[3, 8, 8], num_outputs=10)
+    assert caught.value.key == "dataset.input_shape"
+
+
+def test_a_bad_path_or_column_is_one_clear_error_before_anything_starts(digits_folder, tmp_path):
+    with pytest.raises(ConfigError, match="no such file or folder") as caught:
+        validate(compose_config("dataset=parquet", f"dataset.path={tmp_path / 'nope'}"), str(tmp_path))
+    assert caught.value.key == "dataset.path"
+    with pytest.raises(ConfigError, match="has no such column.*did you mean 'label'") as caught:
+        validate(compose_config("dataset=parquet", f"dataset.path={digits_folder}", "dataset.label=labl"), ".")
+    assert caught.value.key == "dataset.label" and "one of its columns: features, label" in str(caught.value)
+    with pytest.raises(ConfigError, match="is no way to shuffle") as caught:
+        streamed.parquet(str(digits_folder), input_shape=[64], num_outputs=10, shuffle="rows")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no .parquet file"):
+        streamed.parquet_files(str(tmp_path / "empty"))
+
+
+def test_one_file_is_split_only_by_a_validation_path(tmp_path):
+    write_digits_parquet(tmp_path / "one", files=1)
+    with pytest.raises(ConfigError, match="a streamed split takes whole files") as caught:
+        streamed.parquet(str(tmp_path / "one"), input_shape=[64], num_outputs=10)
+    assert caught.value.key == "dataset.val_fraction" and "dataset.val_path" in str(caught.value)
+    write_digits_parquet(tmp_path / "val", files=1)
+    stream = streamed.parquet(str(tmp_path / "one"), input_shape=[64], num_outputs=10, val_path=str(tmp_path / "val"))
+    assert stream.rows == {"train": 1797, "val": 1797}
+
+
+def test_scalar_columns_and_a_float_label_make_a_regression_table(tmp_path):
+    rng = np.random.default_rng(0)
+    table = pa.table({"a": rng.normal(size=40), "b": rng.normal(size=40), "target": rng.normal(size=40)})
+    tmp_path.joinpath("t").mkdir()
+    for i in range(2):
+        pq.write_table(table.slice(20 * i, 20), tmp_path / "t" / f"{i}.parquet")
+    resolved = validate(
+        compose_config(
+            "dataset=parquet",
+            f"dataset.path={tmp_path / 't'}",
+            "dataset.features=[a,b]",
+            "dataset.label=target",
+            "task=regression",
+            "model=mlp",
+        ),
+        str(tmp_path),
+    )
+    assert resolved.dataset["input_shape"] == [2] and resolved.dataset["num_outputs"] == 1
+    stream = build_dataset(resolved.dataset)
+    x, y = stream.sample(5)
+    assert x.shape == (5, 2) and y.shape == (5, 1) and y.dtype.is_floating_point
+    first = pq.read_table(stream.train_files[0]).slice(0, 5)
+    assert np.allclose(x[:, 1].numpy(), first.column("b").to_numpy().astype(np.float32))
+    assert np.allclose(y[:, 0].numpy(), first.column("target").to_numpy().astype(np.float32))
+
+
+def test_decode_applies_the_configured_transform():
+    decode = streamed.Decode(
+        "f",
+        "y",
+        (2, 1),
+        True,
+        transform=lambda batch: streamed.normalize(batch, mean=[1.0, 2.0], std=[2.0, 4.0]),
+    )
+    batch = decode({"f": np.array([[1.0, 2.0], [3.0, 6.0]]), "y": np.array([0, 1])})
+    assert batch["x"].shape == (2, 2, 1) and batch["x"].dtype == np.float32 and batch["y"].dtype == np.int64
+    assert np.allclose(batch["x"][:, :, 0], [[0.0, 0.0], [1.0, 1.0]])
+
+
+def test_a_local_cluster_keeps_a_cpu_for_ray_data_beside_the_workers():
+    """Ray Data's tasks never get a CPU that Ray Train's workers hold: without a spare one the stream stalls."""
+    request = ResourceRequest(1, {"CPU": 2.0}, data_cpus=1)
+    assert request.total == {"CPU": 3.0} and "+ 1 CPU for Ray Data" in request.describe()
+    assert plan_local_cpus(request, cores=2, free_memory=2**34, ray_cfg=RayConfig()) == 3
+    with pytest.raises(ConfigError, match=r"needs 3 CPUs") as caught:
+        plan_local_cpus(request, cores=2, free_memory=2**34, ray_cfg=RayConfig(num_cpus=2))
+    assert caught.value.key == "ray.num_cpus"
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.parallel_strategy=fsdp", "trainer.parallel_strategy"),
+        ("trainer.data_on_device=true", "trainer.data_on_device"),
+        ("scaling.num_workers=0", "scaling.num_workers"),
+    ],
+)
+def test_what_a_stream_cannot_do_is_refused_by_name(digits_folder, override, key):
+    with pytest.raises(ConfigError, match="is not available with a dataset Ray Data streams") as caught:
+        validate(compose_config("dataset=parquet", f"dataset.path={digits_folder}", "model=mlp", override), ".", False)
+    assert caught.value.key == key
