@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench-checkpoint: install
 
 bench-memory: install
 	$(BIN)/python benchmarks/memory.py
+
+bench-streaming: install
+	$(BIN)/python benchmarks/streaming.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

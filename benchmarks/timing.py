@@ -18,3 +18,24 @@ class TimedClassification(Classification):
                 json.dump({"first_step": time.time()}, file)
             self.recorded = True
         return sums
+
+
+class PeakMemory(Classification):
+    """Samples its worker's memory every 16 batches, on rank 0, and keeps the largest figures in ``record_to``
+    (for benchmarks/streaming.py): the private memory (USS) the process holds, and its resident memory, which also
+    counts the pages of Ray's shared object store it has read blocks from."""
+
+    def __init__(self, record_to: str, label_smoothing: float = 0.0):
+        super().__init__(label_smoothing)
+        self.record_to, self.batches, self.peak = record_to, 0, {"uss": 0, "rss": 0}
+
+    def train_batch(self, step, batch):
+        if self.batches % 16 == 0:
+            import psutil
+
+            memory = psutil.Process().memory_full_info()
+            self.peak = {name: max(self.peak[name], getattr(memory, name)) for name in self.peak}
+            with open(self.record_to, "w") as file:
+                json.dump(self.peak, file)
+        self.batches += 1
+        return super().train_batch(step, batch)

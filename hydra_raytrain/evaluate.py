@@ -109,15 +109,18 @@ def evaluate(path: str) -> dict[str, float]:
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
-    loader = build_loader(
-        splits.val,
-        batch,
-        train=False,
-        rank=0,
-        world_size=1,
-        seed=trainer["seed"],
-        options=DataLoaderConfig(**trainer["dataloader"]),
-    )
+    if hasattr(splits, "read"):  # a dataset Ray Data streams in training: its validation files, read here
+        loader: Any = splits.read("val", batch)
+    else:
+        loader = build_loader(
+            splits.val,
+            batch,
+            train=False,
+            rank=0,
+            world_size=1,
+            seed=trainer["seed"],
+            options=DataLoaderConfig(**trainer["dataloader"]),
+        )
     metrics = {
         f"val_{name}": value
         for name, value in task.compute(validation_totals(task, model, loader, lambda b: move_to(b, device))).items()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,17 +75,28 @@ class Streamed:
             dataset = dataset.random_shuffle(seed=RandomSeedConfig(self.seed))
         return dataset
 
+    def read(self, split: str, batch_size: int) -> Iterator[tuple[Any, Any]]:
+        """Every row of ``split`` (``train`` or ``val``), in file order, decoded into tensor batches, read here with
+        pyarrow (no Ray): what ``hydra_raytrain.evaluate`` scores a run on."""
+        import torch
+
+        for path in self.train_files if split == "train" else self.val_files:
+            fs, location = _filesystem(path)
+            with pq_file(location, fs) as file:
+                for batch in file.iter_batches(batch_size=batch_size, columns=self.decode.columns):
+                    decoded = self.decode({name: _numpy(batch.column(name)) for name in self.decode.columns})
+                    yield torch.from_numpy(decoded[FEATURES]), torch.from_numpy(decoded[LABELS])
+
     def sample(self, count: int) -> tuple[Any, Any]:
         """``count`` decoded samples spread over the training files, read here with pyarrow (no Ray): what the
         driver's rehearsal runs one step on."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
         import torch
 
         tables, per_file = [], max(1, math.ceil(count / len(self.train_files)))
         for path in self.train_files[:count]:
             fs, location = _filesystem(path)
-            with pq.ParquetFile(location, filesystem=fs) as file:
+            with pq_file(location, fs) as file:
                 tables.append(next(file.iter_batches(batch_size=per_file, columns=self.decode.columns)))
         table = pa.Table.from_batches(tables)
         batch = self.decode({name: _numpy(table.column(name)) for name in self.decode.columns})
@@ -192,6 +203,12 @@ def parquet(
         num_cpus=num_cpus,
         concurrency=concurrency,
     )
+
+
+def pq_file(location: str, fs: Any) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(location, filesystem=fs)
 
 
 def _filesystem(path: str) -> tuple[Any, str]:

@@ -124,3 +124,12 @@ def test_what_a_stream_cannot_do_is_refused_by_name(digits_folder, override, key
     with pytest.raises(ConfigError, match="is not available with a dataset Ray Data streams") as caught:
         validate(compose_config("dataset=parquet", f"dataset.path={digits_folder}", "model=mlp", override), ".", False)
     assert caught.value.key == key
+
+
+def test_reading_a_split_on_the_driver_returns_each_of_its_rows_once(digits_folder):
+    """What ``hydra_raytrain.evaluate`` scores a streamed run on."""
+    stream = streamed.parquet(str(digits_folder), input_shape=[1, 8, 8], num_outputs=10)
+    batches = list(stream.read("val", 64))
+    assert sum(len(y) for _, y in batches) == stream.rows["val"] and batches[0][0].shape[1:] == (1, 8, 8)
+    expected = sum(pq.read_table(f).column("label").to_numpy().sum() for f in stream.val_files)
+    assert sum(int(y.sum()) for _, y in batches) == expected

@@ -7,7 +7,7 @@ import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
 
-from hydra_raytrain import train
+from hydra_raytrain import evaluate, train
 from hydra_raytrain.data.streamed import split_files
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet
@@ -45,6 +45,10 @@ def test_digits_as_parquet_train_to_the_bar_over_two_workers_and_validate_every_
     # Training: equal shards, at most one row of 1,437 dropped per epoch; a new order (and dropped row) each epoch.
     assert {m["train_samples"] for m in history} == {2 * (train_rows // 2)}
     assert len({m["train_label_sum"] for m in history}) > 1
+    # The driver's evaluation reads every validation row itself: it scores the model as the workers did.
+    evaluated = evaluate(str(tmp_path / "run"))
+    assert abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
+    assert evaluated["val_samples"] == val_rows and evaluated["val_label_sum"] == val_labels
     log = (tmp_path / "run" / "driver.log").read_text()
     assert f"data streamed by Ray Data ({train_rows:,} training rows, {train_rows // 2:,} per worker" in log
 
@@ -65,6 +69,7 @@ def test_parquet_on_s3_resumes_a_killed_worker_with_the_epochs_remaining_steps(r
             "model=mlp",
             "scaling.num_workers=2",
             "trainer.max_epochs=2",
+            "trainer.limit_val_batches=2",  # each epoch leaves the validation shards unfinished
             "checkpoint.every_n_steps=25",
             "failure.max_failures=1",
             "task._target_=tests.helpers.tasks.CrashOnce",
