@@ -107,6 +107,18 @@ def _parquet_outputs(path: str, label: str = "label") -> int:
     return streamed.parquet_outputs(path, label)
 
 
+def _stream_classes(path: str) -> int:
+    from hydra_raytrain.data import streamed
+
+    return streamed.stream_classes(path)
+
+
+def _stream_image_shape(path: str) -> list[int]:
+    from hydra_raytrain.data import streamed
+
+    return streamed.stream_image_shape(path)
+
+
 def register_resolver() -> None:
     from hydra_raytrain.data import folders
 
@@ -117,6 +129,8 @@ def register_resolver() -> None:
         "image_shape": folders.image_shape,
         "parquet_shape": _parquet_shape,
         "parquet_outputs": _parquet_outputs,
+        "stream_classes": _stream_classes,
+        "stream_image_shape": _stream_image_shape,
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -10,6 +10,7 @@ _EXPORTS = {
     "fake": "vision",
     "imagefolder": "vision",
     "parquet": "streamed",
+    "images": "streamed",
     "torchvision_builtin": "vision",
 }
 __all__ = list(_EXPORTS)

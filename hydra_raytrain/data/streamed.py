@@ -18,7 +18,7 @@ import os
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,15 +37,14 @@ class Streamed:
 
     train_files: list[str]
     val_files: list[str]
-    rows: dict[str, int]  # rows of each split, from the files' footers
-    decode: Decode
+    rows: dict[str, int]  # rows of each split: from the files' footers (Parquet), the files (images)
+    decode: Decode | DecodeImages
     shuffle: str = "files"
     seed: int = 0
     local_shuffle_buffer_size: int | None = None
     prefetch_batches: int = 1
     num_cpus: float | None = None  # each read and decode task's CPUs (Ray's default: 1)
     concurrency: int | None = None  # the most decode tasks at once (Ray's default: as many as fit)
-    read_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cpus(self) -> int:
@@ -66,8 +65,12 @@ class Streamed:
             {"shuffle": FileShuffleConfig(self.seed)} if shuffled and self.shuffle == "files" else {}
         )
         tasks = {"num_cpus": self.num_cpus} if self.num_cpus is not None else {}
-        dataset = ray.data.read_parquet(files, **tasks, **reads, **self.read_options)
-        dataset = dataset.select_columns(self.decode.columns)  # pushed down into the read: other columns stay unread
+        if isinstance(self.decode, DecodeImages):
+            size, mode = self.decode.size_and_mode
+            dataset = ray.data.read_images(files, size=size, mode=mode, include_paths=True, **tasks, **reads)
+        else:
+            dataset = ray.data.read_parquet(files, **tasks, **reads)
+            dataset = dataset.select_columns(self.decode.columns)  # pushed into the read: other columns stay unread
         dataset = dataset.map_batches(self.decode, batch_format="numpy", concurrency=self.concurrency, **tasks)
         if shuffled and self.shuffle == "blocks":
             dataset = dataset.randomize_block_order(seed=RandomSeedConfig(self.seed))
@@ -76,31 +79,87 @@ class Streamed:
         return dataset
 
     def read(self, split: str, batch_size: int) -> Iterator[tuple[Any, Any]]:
-        """Every row of ``split`` (``train`` or ``val``), in file order, decoded into tensor batches, read here with
-        pyarrow (no Ray): what ``hydra_raytrain.evaluate`` scores a run on."""
+        """Every row of ``split`` (``train`` or ``val``), in file order, decoded into tensor batches here (pyarrow,
+        PIL; no Ray): what ``hydra_raytrain.evaluate`` scores a run on."""
         import torch
 
-        for path in self.train_files if split == "train" else self.val_files:
-            fs, location = _filesystem(path)
-            with pq_file(location, fs) as file:
-                for batch in file.iter_batches(batch_size=batch_size, columns=self.decode.columns):
-                    decoded = self.decode({name: _numpy(batch.column(name)) for name in self.decode.columns})
-                    yield torch.from_numpy(decoded[FEATURES]), torch.from_numpy(decoded[LABELS])
+        for decoded in self._read_here(self.train_files if split == "train" else self.val_files, batch_size):
+            yield torch.from_numpy(decoded[FEATURES]), torch.from_numpy(decoded[LABELS])
 
     def sample(self, count: int) -> tuple[Any, Any]:
-        """``count`` decoded samples spread over the training files, read here with pyarrow (no Ray): what the
-        driver's rehearsal runs one step on."""
-        import pyarrow as pa
+        """``count`` decoded samples spread over the training files, read here (no Ray): what the driver's
+        rehearsal runs one step on."""
         import torch
 
-        tables, per_file = [], max(1, math.ceil(count / len(self.train_files)))
-        for path in self.train_files[:count]:
+        files = self.train_files
+        if isinstance(self.decode, DecodeImages):  # a file per sample: ``count`` of them, spread over the classes
+            picked = sorted({files[round(i * (len(files) - 1) / max(1, count - 1))] for i in range(count)})
+            batch = next(self._read_here(picked, count))
+        else:  # the first rows of the first files
+            per_file = max(1, math.ceil(count / len(files)))
+            batches = [next(self._read_here([path], per_file)) for path in files[:count]]
+            batch = {name: np.concatenate([b[name] for b in batches]) for name in (FEATURES, LABELS)}
+        return torch.from_numpy(batch[FEATURES][:count]), torch.from_numpy(batch[LABELS][:count])
+
+    def _read_here(self, files: list[str], batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        """Decoded numpy batches of ``files``, read in this process as Ray Data's tasks read them."""
+        decode = self.decode
+        if isinstance(decode, DecodeImages):
+            size, mode = decode.size_and_mode
+            for start in range(0, len(files), batch_size):
+                chunk = files[start : start + batch_size]
+                images = np.stack([load_image(path, size, mode) for path in chunk])
+                yield decode({"image": images, "path": np.array(chunk, dtype=object)})
+            return
+        for path in files:
             fs, location = _filesystem(path)
             with pq_file(location, fs) as file:
-                tables.append(next(file.iter_batches(batch_size=per_file, columns=self.decode.columns)))
-        table = pa.Table.from_batches(tables)
-        batch = self.decode({name: _numpy(table.column(name)) for name in self.decode.columns})
-        return torch.from_numpy(batch[FEATURES][:count]), torch.from_numpy(batch[LABELS][:count])
+                for batch in file.iter_batches(batch_size=batch_size, columns=decode.columns):
+                    yield decode({name: _numpy(batch.column(name)) for name in decode.columns})
+
+
+@dataclass(frozen=True)
+class DecodeImages:
+    """Images to training batches, in Ray Data's decode tasks: ``read_images`` resized them to ``input_shape``'s
+    height and width, in its channels (1: grayscale, 3: RGB); here float32 in 0..1, channels first, and the label
+    the index of the class folder the file is in; then the configured ``transform``."""
+
+    classes: dict[str, int]
+    input_shape: tuple[int, ...]
+    transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+
+    @property
+    def size_and_mode(self) -> tuple[tuple[int, int], str]:
+        channels, height, width = self.input_shape
+        return (height, width), "L" if channels == 1 else "RGB"
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        images = np.asarray(batch["image"], dtype=np.float32) / 255.0
+        x = images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2)
+        y = np.array([self.classes[class_of(str(path))] for path in batch["path"]], dtype=np.int64)
+        decoded = {FEATURES: np.ascontiguousarray(x), LABELS: y}
+        return self.transform(decoded) if self.transform is not None else decoded
+
+
+def class_of(path: str) -> str:
+    """The class of an image: the name of the folder it is in."""
+    return os.path.basename(os.path.dirname(path))
+
+
+def load_image(path: str, size: tuple[int, int], mode: str) -> np.ndarray:
+    """An image as ``read_images(size=, mode=)`` loads it (ray/data/_internal/datasource/image_datasource.py)."""
+    import io
+
+    from PIL import Image
+
+    fs, location = _filesystem(path)
+    with fs.open_input_file(location) as file:
+        image: Image.Image = Image.open(io.BytesIO(file.readall()))
+    if image.size != tuple(reversed(size)):
+        image = image.resize((size[1], size[0]), resample=Image.Resampling.BILINEAR)
+    if image.mode != mode:
+        image = image.convert(mode)
+    return np.asarray(image)
 
 
 @dataclass(frozen=True)
@@ -161,14 +220,7 @@ def parquet(
 ) -> Streamed:
     """Parquet files under ``path`` (a file, a folder, an ``s3://`` URI), split into train and val by whole files
     (``val_fraction`` of them, chosen with ``split_seed``) unless ``val_path`` holds the validation files."""
-    if shuffle not in SHUFFLES:
-        raise ConfigError("dataset.shuffle", shuffle, "is no way to shuffle.", " | ".join(SHUFFLES))
-    for key, value in (
-        ("local_shuffle_buffer_size", local_shuffle_buffer_size),
-        ("prefetch_batches", prefetch_batches),
-    ):
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise ConfigError(f"dataset.{key}", value, "must be a whole number >= 0.", "e.g. 1000, or null")
+    check_stream_options(shuffle, local_shuffle_buffer_size, prefetch_batches)
     names = (features,) if isinstance(features, str) else tuple(features)
     files = parquet_files(path, "dataset.path")
     check_columns(files[0], (*names, label), "dataset.path", path)
@@ -205,10 +257,119 @@ def parquet(
     )
 
 
+def images(
+    path: str,
+    input_shape: Sequence[int],
+    num_outputs: int,
+    val_path: str | None = None,
+    val_fraction: float = 0.2,
+    split_seed: int = 0,
+    shuffle: str = "files",
+    local_shuffle_buffer_size: int | None = None,
+    prefetch_batches: int = 1,
+    transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    num_cpus: float | None = None,
+    concurrency: int | None = None,
+) -> Streamed:
+    """Image files in class folders, ``path/<class>/<image>`` (a folder or an ``s3://`` prefix), read by Ray Data's
+    ``read_images`` and resized to ``input_shape``; ``val_fraction`` of the images (chosen with ``split_seed``)
+    validate unless ``val_path`` holds the validation images in the same class folders."""
+    from hydra_raytrain.data.splits import check_image_shape
+    from hydra_raytrain.data.vision import check_class_count
+
+    check_stream_options(shuffle, local_shuffle_buffer_size, prefetch_batches)
+    check_image_shape(input_shape)
+    found = image_files(path, "dataset.path")
+    classes = sorted({class_of(file) for file in found})
+    check_class_count(num_outputs, classes, f"{path} (class folders)")
+    if val_path is None:
+        train_files, val_files = split_files(found, val_fraction, split_seed, what="images")
+    else:
+        train_files, val_files = found, image_files(val_path, "dataset.val_path")
+        unknown = sorted({class_of(file) for file in val_files} - set(classes))
+        if unknown:
+            raise ConfigError(
+                "dataset.val_path", val_path, f"has class folders that {path} has not: {', '.join(unknown)}.", LAYOUT
+            )
+    return Streamed(
+        train_files,
+        val_files,
+        {"train": len(train_files), "val": len(val_files)},
+        DecodeImages({name: index for index, name in enumerate(classes)}, tuple(input_shape), transform),
+        shuffle=shuffle,
+        seed=split_seed,
+        local_shuffle_buffer_size=local_shuffle_buffer_size,
+        prefetch_batches=prefetch_batches,
+        num_cpus=num_cpus,
+        concurrency=concurrency,
+    )
+
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif")  # what read_images reads
+LAYOUT = "a folder (or s3:// prefix) of class folders of images: path/<class>/<image>"
+
+
+def image_files(path: str, key: str = "dataset.path") -> list[str]:
+    """The images in the class folders under ``path``, sorted (by class, then name)."""
+    import pyarrow.fs
+
+    root = _location(path)
+    files = _listing(root, key, LAYOUT)
+    fs, location = _filesystem(root)
+    found = [
+        file
+        for file in files
+        if file.lower().endswith(IMAGE_EXTENSIONS) and os.path.dirname(os.path.dirname(file)) == root.rstrip("/")
+    ]
+    if not found:
+        kind = fs.get_file_info(location).type
+        problem = "no such folder." if kind != pyarrow.fs.FileType.Directory else "holds no images in class folders."
+        raise ConfigError(key, path, problem, LAYOUT)
+    return found
+
+
+def stream_classes(path: str) -> int:
+    """``num_outputs`` of ``dataset=images``: the class folders under ``path``."""
+    return len({class_of(file) for file in image_files(str(path))})
+
+
+def stream_image_shape(path: str) -> list[int]:
+    """``input_shape`` of ``dataset=images``: ``[channels, height, width]`` of the first image (1 channel for
+    grayscale modes)."""
+    import io
+
+    from PIL import Image
+
+    from hydra_raytrain.data.folders import GRAYSCALE_MODES
+
+    first = image_files(str(path))[0]
+    fs, location = _filesystem(first)
+    try:
+        with fs.open_input_file(location) as file, Image.open(io.BytesIO(file.readall())) as image:
+            width, height = image.size
+            channels = 1 if image.mode in GRAYSCALE_MODES else 3
+    except OSError as error:
+        raise ConfigError(
+            "dataset.input_shape", None, f"cannot read {first} to infer it ({error}).", "dataset.input_shape=[C,H,W]"
+        ) from None
+    return [channels, height, width]
+
+
 def pq_file(location: str, fs: Any) -> Any:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(location, filesystem=fs)
+
+
+def check_stream_options(shuffle: str, local_shuffle_buffer_size: int | None, prefetch_batches: int) -> None:
+    if shuffle not in SHUFFLES:
+        raise ConfigError("dataset.shuffle", shuffle, "is no way to shuffle.", " | ".join(SHUFFLES))
+    for key, value in (
+        ("local_shuffle_buffer_size", local_shuffle_buffer_size),
+        ("prefetch_batches", prefetch_batches),
+    ):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ConfigError(f"dataset.{key}", value, "must be a whole number >= 0.", "e.g. 1000, or null")
 
 
 def _filesystem(path: str) -> tuple[Any, str]:
@@ -217,30 +378,41 @@ def _filesystem(path: str) -> tuple[Any, str]:
     return pyarrow.fs.FileSystem.from_uri(path if "://" in path else f"file://{os.path.abspath(path)}")
 
 
-def parquet_files(path: str, key: str = "dataset.path") -> list[str]:
-    """The ``.parquet`` files at ``path``, sorted; URIs stay URIs (Ray Data reads them from every node)."""
+def _location(path: str) -> str:
+    """A URI as given; a local path made absolute (from the folder the command runs in)."""
+    return str(path) if "://" in str(path) else os.path.abspath(os.path.expanduser(str(path)))
+
+
+def _listing(path: str, key: str, layout: str) -> list[str]:
+    """Every file at ``path`` (itself when a file, else every file below it), sorted; URIs stay URIs (Ray Data
+    reads them from every node). A ConfigError naming ``key`` when nothing is there or it cannot be listed."""
     import pyarrow.fs
 
-    uri = "://" in str(path)
-    path = str(path) if uri else os.path.abspath(os.path.expanduser(str(path)))
     try:
         fs, location = _filesystem(path)
         info = fs.get_file_info(location)
         if info.type == pyarrow.fs.FileType.File:
             found = [location]
         elif info.type == pyarrow.fs.FileType.Directory:
-            selector = pyarrow.fs.FileSelector(location, recursive=True)
-            found = sorted(i.path for i in fs.get_file_info(selector) if i.is_file and i.path.endswith(".parquet"))
+            found = sorted(
+                i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(location, recursive=True)) if i.is_file
+            )
         else:
-            raise ConfigError(key, path, "no such file or folder.", PARQUET_LAYOUT)
+            raise ConfigError(key, path, "no such file or folder.", layout)
     except ConfigError:
         raise
     except Exception as error:  # no credentials, no bucket, no endpoint
-        raise ConfigError(key, path, f"cannot be listed: {' '.join(str(error).split())}", PARQUET_LAYOUT) from None
+        raise ConfigError(key, path, f"cannot be listed: {' '.join(str(error).split())}", layout) from None
+    scheme = path.split("://")[0] + "://" if "://" in path else ""
+    return [scheme + name for name in found]
+
+
+def parquet_files(path: str, key: str = "dataset.path") -> list[str]:
+    """The ``.parquet`` files at ``path``, sorted."""
+    found = [file for file in _listing(_location(path), key, PARQUET_LAYOUT) if file.endswith(".parquet")]
     if not found:
         raise ConfigError(key, path, "holds no .parquet file.", PARQUET_LAYOUT)
-    scheme = path.split("://")[0] + "://" if uri else ""
-    return [scheme + name for name in found]
+    return found
 
 
 def _schema(file: str) -> Any:
@@ -276,13 +448,16 @@ def row_counts(files: Sequence[str]) -> list[int]:
         return list(pool.map(rows, files))
 
 
-def split_files(files: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Whole files to validation (a streamed split cannot pick rows without reading them all)."""
+def split_files(files: list[str], val_fraction: float, seed: int, what: str = "") -> tuple[list[str], list[str]]:
+    """Whole files to validation (a streamed split cannot pick rows without reading them all); ``what``: the
+    files are samples (images), and a split of one is no split."""
     if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
         raise ConfigError(
             "dataset.val_fraction", val_fraction, "must be between 0 and 1 (exclusive).", "a fraction, e.g. 0.2"
         )
     if len(files) < 2:
+        if what:
+            raise ConfigError("dataset.path", files[0], f"is one of {what}: nothing to split.", LAYOUT)
         raise ConfigError(
             "dataset.val_fraction",
             val_fraction,

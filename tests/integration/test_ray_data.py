@@ -3,9 +3,11 @@ workers, validated once per sample, resumed after a killed worker."""
 
 import json
 
+import numpy as np
 import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
 from hydra_raytrain import evaluate, train
 from hydra_raytrain.data.streamed import split_files
@@ -87,3 +89,31 @@ def test_parquet_on_s3_resumes_a_killed_worker_with_the_epochs_remaining_steps(r
     assert [m["epoch"] for m in _history(tmp_path / "run")] == [1, 2]
     [failure] = summary["failures"]
     assert failure["retried"] is True and failure["why"] == "a worker process died", failure
+
+
+def test_images_in_class_folders_stream_to_two_workers(ray_address, tmp_path):
+    """``dataset=images``: PNGs in class folders, read by Ray Data's read_images; each class a brightness, so the
+    classes are learned in a few epochs; every validation image counted once."""
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(["dark", "mid", "light"]):
+        (tmp_path / "shades" / name).mkdir(parents=True)
+        for i in range(40):
+            pixels = np.clip(rng.normal(40 + 80 * c, 12, (8, 8)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels, mode="L").save(tmp_path / "shades" / name / f"{i:02d}.png")
+    summary = train(
+        compose_config(
+            "dataset=images",
+            f"dataset.path={tmp_path / 'shades'}",
+            "task._target_=tests.helpers.tasks.Counted",
+            "scaling.num_workers=2",
+            "trainer.max_epochs=4",
+            "trainer.batch_size=16",
+            "optimizer.lr=0.01",
+        ),
+        run_dir=str(tmp_path / "run"),
+    )
+    history = _history(tmp_path / "run")
+    assert summary["status"] == "completed" and summary["best"]["val_accuracy"] >= 0.9, history
+    assert {m["val_samples"] for m in history} == {24} and {m["train_samples"] for m in history} == {96}
+    evaluated = evaluate(str(tmp_path / "run"))
+    assert abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5

@@ -31,6 +31,7 @@ REQUIRED = {
     ("dataset", "mnist"): ["dataset.root=data"],
     ("dataset", "fashion_mnist"): ["dataset.root=data"],
     ("dataset", "parquet"): ["dataset.path=table", "model=mlp"],
+    ("dataset", "images"): ["dataset.path=pets"],
 }
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.

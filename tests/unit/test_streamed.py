@@ -11,7 +11,7 @@ from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.data import streamed
 from hydra_raytrain.driver.cluster import ResourceRequest, plan_local_cpus
 from tests.conftest import compose_config
-from tests.helpers.data import write_digits_parquet
+from tests.helpers.data import write_digits_parquet, write_images
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +133,36 @@ def test_reading_a_split_on_the_driver_returns_each_of_its_rows_once(digits_fold
     assert sum(len(y) for _, y in batches) == stream.rows["val"] and batches[0][0].shape[1:] == (1, 8, 8)
     expected = sum(pq.read_table(f).column("label").to_numpy().sum() for f in stream.val_files)
     assert sum(int(y.sum()) for _, y in batches) == expected
+
+
+def test_images_in_class_folders_are_found_labelled_and_decoded_as_read_images_decodes_them(tmp_path):
+    write_images(tmp_path / "pets", ["cat", "dog", "emu"], 4, size=(10, 12))
+    resolved = validate(compose_config("dataset=images", f"dataset.path={tmp_path / 'pets'}", "model=mlp"), ".")
+    assert resolved.dataset["input_shape"] == [3, 10, 12] and resolved.dataset["num_outputs"] == 3
+    stream = build_dataset(resolved.dataset)
+    assert stream.rows == {"train": 10, "val": 2} and not set(stream.train_files) & set(stream.val_files)
+    x, y = stream.sample(16)  # every training image once (fewer than 16), spread over the classes
+    assert x.shape == (10, 3, 10, 12) and sorted(y.tolist()) == sorted(
+        ["cat", "dog", "emu"].index(streamed.class_of(f)) for f in stream.train_files
+    )
+    assert abs(float(x[0].max()) - 40 * int(stream.train_files[0][-5]) / 255) < 1e-6  # write_images' pixel value
+    batches = list(streamed.images(str(tmp_path / "pets"), [1, 6, 6], 3).read("val", 8))
+    assert [tuple(b[0].shape) for b in batches] == [(2, 1, 6, 6)]  # resized, grayscale
+
+
+def test_bad_image_folders_are_refused_by_name(tmp_path):
+    write_images(tmp_path / "pets", ["cat", "dog"], 2)
+    write_images(tmp_path / "val", ["cat", "owl"], 1)
+    with pytest.raises(ConfigError, match="has class folders that .* has not: owl") as caught:
+        streamed.images(str(tmp_path / "pets"), [3, 10, 12], 2, val_path=str(tmp_path / "val"))
+    assert caught.value.key == "dataset.val_path"
+    with pytest.raises(ConfigError, match="has 2 classes") as caught:
+        streamed.images(str(tmp_path / "pets"), [3, 10, 12], 5)
+    assert caught.value.key == "dataset.num_outputs"
+    with pytest.raises(ConfigError, match="no such file or folder") as caught:
+        validate(compose_config("dataset=images", f"dataset.path={tmp_path / 'nope'}"), ".")
+    assert caught.value.key == "dataset.path"
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "pets" / "cat" / "0.png").rename(tmp_path / "flat" / "0.png")
+    with pytest.raises(ConfigError, match="holds no images in class folders"):
+        streamed.image_files(str(tmp_path / "flat"))
