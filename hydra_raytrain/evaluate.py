@@ -109,7 +109,9 @@ def evaluate(path: str) -> dict[str, float]:
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
-    if hasattr(splits, "read"):  # a dataset Ray Data streams in training: its validation files, read here
+    from hydra_raytrain.data.streamed import Streamed
+
+    if isinstance(splits, Streamed):  # Ray Data streamed it in training: its validation files, read here
         loader: Any = splits.read("val", batch)
     else:
         loader = build_loader(

@@ -101,10 +101,10 @@ def _parquet_shape(path: str, features: Any = "features") -> list[int]:
     return streamed.parquet_shape(path, features)
 
 
-def _parquet_outputs(path: str, label: str = "label") -> int:
+def _parquet_outputs(path: str, label: str = "label", val_path: str | None = None) -> int:
     from hydra_raytrain.data import streamed
 
-    return streamed.parquet_outputs(path, label)
+    return streamed.parquet_outputs(path, label, val_path)
 
 
 def _stream_classes(path: str) -> int:

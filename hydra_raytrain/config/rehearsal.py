@@ -58,7 +58,7 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     check_module_classes(cfg, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
-    batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))
+    batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))  # a Streamed has no .train
     model = models if "_target_" not in cfg["model"] else models["model"]
     try:
         train_sums, val_sums = step_sums(task, model, batch)
@@ -337,7 +337,9 @@ def _spread_samples(dataset: Any) -> Any:
     """Up to REHEARSED_SAMPLES samples spread evenly over ``dataset``, collated as a DataLoader collates them."""
     from torch.utils.data import default_collate
 
-    if hasattr(dataset, "sample"):  # a streamed dataset (data/streamed.py): read here, decoded as its tasks decode
+    from hydra_raytrain.data.streamed import Streamed
+
+    if isinstance(dataset, Streamed):  # read here, decoded as Ray Data's tasks decode
         return dataset.sample(REHEARSED_SAMPLES)
     count = min(REHEARSED_SAMPLES, len(dataset))
     indices = sorted({round(i * (len(dataset) - 1) / max(1, count - 1)) for i in range(count)})

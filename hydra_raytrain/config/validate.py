@@ -67,12 +67,12 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
             check_models_and_optimizers(
                 resolved["model"], resolved["optimizer"], resolved["task"], values=not problems.failed("optimizer")
             )
-    if not problems.failed("trainer", "scaling", "fsdp"):
-        with problems.collect():
-            check_trainer_switches(trainer, scaling, resolved["fsdp"])
     if not problems.failed("trainer", "dataset", "scaling"):
         with problems.collect():
             check_streamed(resolved["dataset"], trainer, scaling)
+    if not problems.failed("trainer", "scaling", "fsdp"):
+        with problems.collect():
+            check_trainer_switches(trainer, scaling, resolved["fsdp"])
         with problems.collect():
             for world_size in range(
                 max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1

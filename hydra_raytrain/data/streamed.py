@@ -19,11 +19,14 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
+from hydra_raytrain.config.paths import LocalPath, PathArg
+
+OptionalPath = Annotated[str | None, PathArg()]  # made absolute against the driver's folder, as LocalPath
 
 SHUFFLES = ("files", "blocks", "full", "none")
 PARQUET_LAYOUT = "a .parquet file, or a folder (or s3:// prefix) holding .parquet files"
@@ -95,9 +98,17 @@ class Streamed:
         if isinstance(self.decode, DecodeImages):  # a file per sample: ``count`` of them, spread over the classes
             picked = sorted({files[round(i * (len(files) - 1) / max(1, count - 1))] for i in range(count)})
             batch = next(self._read_here(picked, count))
-        else:  # the first rows of the first files
-            per_file = max(1, math.ceil(count / len(files)))
-            batches = [next(self._read_here([path], per_file)) for path in files[:count]]
+        else:  # the first rows of the first files that have rows
+            per_file, batches = max(1, math.ceil(count / len(files))), []
+            for path in files:
+                first = next(self._read_here([path], per_file), None)
+                batches += [first] if first is not None and len(first[LABELS]) else []
+                if sum(len(b[LABELS]) for b in batches) >= count:
+                    break
+            if not batches:
+                raise ConfigError(
+                    "dataset.path", os.path.dirname(files[0]), "its training files hold no rows.", PARQUET_LAYOUT
+                )
             batch = {name: np.concatenate([b[name] for b in batches]) for name in (FEATURES, LABELS)}
         return torch.from_numpy(batch[FEATURES][:count]), torch.from_numpy(batch[LABELS][:count])
 
@@ -181,8 +192,7 @@ class Decode:
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if isinstance(self.features, str):
-            column = batch[self.features]
-            values = np.stack(list(column)) if column.dtype == object else column  # lists arrive as object arrays
+            values = dense(batch[self.features])
         else:
             values = np.stack([batch[name] for name in self.features], axis=1)
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.input_shape)
@@ -190,6 +200,14 @@ class Decode:
         y = labels.astype(np.int64) if self.classes else labels.astype(np.float32).reshape(len(labels), 1)
         decoded = {FEATURES: x, LABELS: y}
         return self.transform(decoded) if self.transform is not None else decoded
+
+
+def dense(column: np.ndarray) -> np.ndarray:
+    """A column of lists as one float32 array: lists arrive as object arrays of rows, and nested lists as object
+    arrays of object arrays (Ray Data's and pyarrow's ``to_numpy(zero_copy_only=False)``)."""
+    if column.dtype != object:
+        return np.asarray(column, dtype=np.float32)
+    return np.stack([dense(np.asarray(row)) for row in column]) if len(column) else np.zeros((0,), np.float32)
 
 
 def normalize(batch: dict[str, np.ndarray], mean: Sequence[float], std: Sequence[float]) -> dict[str, np.ndarray]:
@@ -203,12 +221,12 @@ def normalize(batch: dict[str, np.ndarray], mean: Sequence[float], std: Sequence
 
 
 def parquet(
-    path: str,
+    path: LocalPath,
     input_shape: Sequence[int],
     num_outputs: int,
     features: str | Sequence[str] = "features",
     label: str = "label",
-    val_path: str | None = None,
+    val_path: OptionalPath = None,
     val_fraction: float = 0.2,
     split_seed: int = 0,
     shuffle: str = "files",
@@ -241,7 +259,11 @@ def parquet(
             f"a shape of {math.prod(found)} values, e.g. {list(found)}".replace(" ", ""),
         )
     decode = Decode(
-        features if isinstance(features, str) else names, label, shape, label_is_class(files[0], label), transform
+        features if isinstance(features, str) else names,
+        label,
+        shape,
+        label_is_class(files[0], label) and num_outputs > 1,  # one output: the label is a value to regress
+        transform,
     )
     return Streamed(
         train_files,
@@ -258,10 +280,10 @@ def parquet(
 
 
 def images(
-    path: str,
+    path: LocalPath,
     input_shape: Sequence[int],
     num_outputs: int,
-    val_path: str | None = None,
+    val_path: OptionalPath = None,
     val_fraction: float = 0.2,
     split_seed: int = 0,
     shuffle: str = "files",
@@ -513,11 +535,13 @@ def label_is_class(file: str, label: str) -> bool:
 
 
 def _numpy(column: Any) -> np.ndarray:
+    """A pyarrow column as Ray Data hands it to a numpy batch: tensors as one array, lists as object arrays of
+    rows, booleans and columns with nulls copied (``zero_copy_only=False``)."""
     import pyarrow as pa
 
-    if pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-        return np.array([np.asarray(value) for value in column.to_pylist()], dtype=object)
-    return column.to_numpy()
+    if isinstance(column.type, pa.FixedShapeTensorType):
+        return column.to_numpy_ndarray()
+    return column.to_numpy(zero_copy_only=False)
 
 
 # Resolvers of conf/dataset/parquet.yaml: run where the config is resolved (the driver).
@@ -530,24 +554,29 @@ def parquet_shape(path: str, features: Any = "features") -> list[int]:
     return sample_shape(files[0], names)
 
 
-def parquet_outputs(path: str, label: str = "label") -> int:
-    """Classes (an integer label): its largest value + 1, from the row groups' statistics where written, else
-    read; 1 for a value (a float label: regression)."""
-    import pyarrow.parquet as pq
-
-    files = parquet_files(str(path))
-    check_columns(files[0], [str(label)], "dataset.path", str(path))
-    if not label_is_class(files[0], str(label)):
+def parquet_outputs(path: str, label: str = "label", val_path: str | None = None) -> int:
+    """Classes (an integer label): its largest value + 1 over the training and validation files, from the row
+    groups' statistics where written, else read; 1 for a value (a float label: regression)."""
+    files = parquet_files(str(path)) + (parquet_files(str(val_path), "dataset.val_path") if val_path else [])
+    label = str(label)
+    check_columns(files[0], [label], "dataset.path", str(path))
+    if not label_is_class(files[0], label):
         return 1
 
     def largest(file: str) -> int:
         fs, location = _filesystem(file)
-        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
-            meta, index = parquet_file.metadata, parquet_file.schema_arrow.get_field_index(str(label))
-            stats = [meta.row_group(g).column(index).statistics for g in range(meta.num_row_groups)]
-            if stats and all(s is not None and s.has_min_max for s in stats):
+        with pq_file(location, fs) as parquet_file:
+            meta = parquet_file.metadata
+            leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            index = leaves.index(label) if label in leaves else None
+            stats = (
+                [meta.row_group(g).column(index).statistics for g in range(meta.num_row_groups)]
+                if index is not None
+                else []
+            )
+            if index is not None and meta.num_row_groups and all(s is not None and s.has_min_max for s in stats):
                 return int(max(s.max for s in stats))
-            values = parquet_file.read(columns=[str(label)]).column(0).to_numpy()
+            values = parquet_file.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
             return int(values.max()) if len(values) else -1
 
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:

@@ -89,10 +89,20 @@ class ValidationOnce(DataConfig):
         super().__init__(datasets_to_split="all")
 
     def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-        # Ray Train configures one dataset per call (DatasetManager).
-        if set(datasets) != {"val"}:
-            return super().configure(datasets, world_size, worker_handles, worker_node_ids, **kwargs)
-        dataset = datasets["val"].copy(datasets["val"])
-        dataset.context.execution_options = self._resolve_execution_options("val")
-        splits = dataset.streaming_split(world_size, equal=False)
-        return [{"val": split} for split in splits]
+        shards: list[dict[str, Any]] = [{} for _ in range(world_size)]
+        for name, dataset in datasets.items():  # Ray Train V2 passes one per call
+            if name != "val":
+                for rank, shard in enumerate(
+                    super().configure({name: dataset}, world_size, worker_handles, worker_node_ids, **kwargs)
+                ):
+                    shards[rank].update(shard)
+                continue
+            if dataset.name is None:
+                dataset.set_name(name)
+            dataset = dataset.copy(dataset)
+            # What DataConfig.configure sets (a private helper of Ray's since 2.5x; its public default before)
+            resolve = getattr(self, "_resolve_execution_options", None)
+            dataset.context.execution_options = resolve(name) if resolve else self.default_ingest_options()
+            for rank, split in enumerate(dataset.streaming_split(world_size, equal=False)):
+                shards[rank][name] = split
+        return shards

@@ -170,13 +170,14 @@ def started_here() -> bool:
     return ray.is_initialized() and _started_here == ray.get_runtime_context().gcs_address
 
 
-def local_cpus(ray_cfg: RayConfig) -> int:
+def local_cpus(ray_cfg: RayConfig, data_cpus: float = 0) -> int:
     """The CPUs the workers of a local cluster of this command share: the running cluster's when it was started
-    for an earlier job, else ``ray.num_cpus``; never more than the cores this command may run on."""
-    cores = machine_cores()
+    for an earlier job, else ``ray.num_cpus``, less the CPUs Ray Data's tasks keep (``data_cpus``); never more than
+    the cores this command may run on (a new cluster of its own promises Ray Data's CPUs beyond the cores)."""
+    cores, keep = machine_cores(), int(-(-data_cpus // 1))
     if started_here():
-        return min(int(ray.cluster_resources().get("CPU", 1)), cores)
-    return min(ray_cfg.num_cpus or cores, cores)
+        return max(1, min(int(ray.cluster_resources().get("CPU", 1)) - keep, cores))
+    return max(1, min(ray_cfg.num_cpus - keep, cores)) if ray_cfg.num_cpus else cores
 
 
 def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import ray
 from hydra.core.hydra_config import HydraConfig
@@ -92,12 +92,11 @@ def train(
         return _log_finished_run(resolved, run_dir, name, finished)
 
     stream = streamed_dataset(resolved.dataset)
-    data_cpus = stream.cpus if stream is not None else 0
+    data_cpus = stream.cpus if stream is not None else 0  # CPUs kept free for Ray Data's tasks
     if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
         # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
-        # gets its share of the cores (of ray.num_cpus less Ray Data's, when set; else the data tasks get CPUs the
-        # local cluster promises beyond the cores).
-        cpus = cluster.local_cpus(resolved.ray) - (int(data_cpus) if resolved.ray.num_cpus else 0)
+        # gets its share of the cores (less the CPUs Ray Data's tasks keep, where the cluster's CPUs are set).
+        cpus = cluster.local_cpus(resolved.ray, data_cpus)
         resolved = dataclasses.replace(resolved, scaling=cluster.machine_share(resolved.scaling, cpus))
     request = cluster.resource_request(resolved.scaling, data_cpus)
     if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
@@ -224,7 +223,14 @@ def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
 
     if getattr(get_object(node["_target_"]), "__module__", None) != streamed_module.__name__:
         return None
-    return cast(Streamed, build_dataset(node))
+    built = build_dataset(node)
+    return built if isinstance(built, Streamed) else None
+
+
+def streamed_cpus(node: dict[str, Any]) -> int:
+    """The CPUs a run keeps free of its workers for Ray Data's tasks: 0 unless Ray Data streams its dataset."""
+    stream = streamed_dataset(node)
+    return stream.cpus if stream is not None else 0
 
 
 def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:

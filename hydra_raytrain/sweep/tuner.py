@@ -113,7 +113,7 @@ def run_sweep(
     from ray import tune
 
     from hydra_raytrain.driver import cluster
-    from hydra_raytrain.driver.run import RAY_TRAIN_ENV, import_path
+    from hydra_raytrain.driver.run import RAY_TRAIN_ENV, import_path, streamed_cpus
 
     settings.check()
     sweep_dir = os.path.abspath(str(sweep_config.hydra.sweep.dir))
@@ -141,7 +141,8 @@ def run_sweep(
     task = get_object(probes[0].cfg.task["_target_"])
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
 
-    requests = [cluster.resource_request(job.cfg.scaling) for job in probes]
+    # A dataset Ray Data streams keeps a CPU per trial free of the trial's workers (its tasks stall without one).
+    requests = [cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset)) for job in probes]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
     if largest.num_workers == 0:
         raise ConfigError(

@@ -166,3 +166,31 @@ def test_bad_image_folders_are_refused_by_name(tmp_path):
     (tmp_path / "pets" / "cat" / "0.png").rename(tmp_path / "flat" / "0.png")
     with pytest.raises(ConfigError, match="holds no images in class folders"):
         streamed.image_files(str(tmp_path / "flat"))
+
+
+def test_decode_takes_columns_as_ray_data_hands_them_over():
+    """Ray Data's numpy batches hold lists as object arrays of rows (nested lists: of object arrays), converted
+    with ``to_numpy(zero_copy_only=False)``: the driver's decoding of a sample is the tasks' own."""
+    nested = pa.array([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]], pa.list_(pa.list_(pa.float32(), 2), 2))
+    flags = pa.array([True, False])
+    batch = {"f": nested.to_numpy(zero_copy_only=False), "y": flags.to_numpy(zero_copy_only=False)}
+    decoded = streamed.Decode("f", "y", (2, 2), True)(batch)
+    assert decoded["x"].tolist() == [[[1, 2], [3, 4]], [[5, 6], [7, 8]]] and decoded["y"].tolist() == [1, 0]
+    assert streamed._numpy(flags).tolist() == [True, False]  # a boolean column has no zero-copy view
+    tensors = pa.FixedShapeTensorArray.from_numpy_ndarray(np.arange(8, dtype=np.float32).reshape(2, 2, 2))
+    assert streamed._numpy(tensors).shape == (2, 2, 2)
+
+
+def test_an_integer_label_regresses_with_one_output_and_classes_count_the_validation_files(tmp_path):
+    def write(folder, labels):
+        folder.mkdir()
+        for i, chunk in enumerate(np.array_split(np.array(labels), 2)):
+            table = pa.table({"features": np.ones(len(chunk)), "label": pa.array(chunk, pa.int64())})
+            pq.write_table(table, folder / f"{i}.parquet")
+
+    write(tmp_path / "train", [0, 1, 2, 3])
+    write(tmp_path / "val", [0, 7])
+    assert streamed.parquet_outputs(str(tmp_path / "train"), "label", str(tmp_path / "val")) == 8
+    stream = streamed.parquet(str(tmp_path / "train"), [1], 1, val_path=str(tmp_path / "val"))
+    x, y = stream.sample(4)
+    assert y.dtype.is_floating_point and y.shape == (4, 1) and y[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
