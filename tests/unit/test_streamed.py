@@ -2,6 +2,7 @@
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
 
@@ -194,3 +195,20 @@ def test_an_integer_label_regresses_with_one_output_and_classes_count_the_valida
     stream = streamed.parquet(str(tmp_path / "train"), [1], 1, val_path=str(tmp_path / "val"))
     x, y = stream.sample(4)
     assert y.dtype.is_floating_point and y.shape == (4, 1) and y[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_parquet_on_s3_is_listed_counted_inferred_and_sampled_without_ray(s3_endpoint, tmp_path):
+    """The driver's side of ``dataset.path=s3://...`` against a real S3 server (moto): what Ray Data's tasks read
+    from it is tested on the cluster with images (tests/integration/test_ray_data.py)."""
+    write_digits_parquet(tmp_path / "digits", files=5)
+    s3 = pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True)
+    s3.create_dir("unit-bucket")
+    pyarrow.fs.copy_files(str(tmp_path / "digits"), "unit-bucket/digits", pyarrow.fs.LocalFileSystem(), s3)
+    resolved = validate(compose_config("dataset=parquet", "dataset.path=s3://unit-bucket/digits", "model=mlp"), ".")
+    assert resolved.dataset["input_shape"] == [64] and resolved.dataset["num_outputs"] == 10
+    stream = build_dataset(resolved.dataset)
+    assert all(f.startswith("s3://unit-bucket/digits/part-") for f in stream.train_files + stream.val_files)
+    assert stream.rows["train"] + stream.rows["val"] == 1797 and stream.sample(16)[0].shape == (16, 64)
+    with pytest.raises(ConfigError, match="no such file or folder") as caught:
+        streamed.parquet_files("s3://unit-bucket/nothing-here")
+    assert caught.value.key == "dataset.path"
