@@ -95,28 +95,15 @@ def sweep_name(*argument_lists: Any) -> str:
     return "sweep-" + hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:10]
 
 
-def _parquet_shape(path: str, features: Any = "features") -> list[int]:
-    from hydra_raytrain.data import streamed  # imported when used: it imports this package (a cycle otherwise)
+def _streamed(name: str) -> Callable[..., Any]:
+    """A resolver of ``data/streamed.py``, imported when first used: that module imports this package."""
 
-    return streamed.parquet_shape(path, features)
+    def resolve(*arguments: Any) -> Any:
+        from hydra_raytrain.data import streamed
 
+        return getattr(streamed, name)(*arguments)
 
-def _parquet_outputs(path: str, label: str = "label", val_path: str | None = None) -> int:
-    from hydra_raytrain.data import streamed
-
-    return streamed.parquet_outputs(path, label, val_path)
-
-
-def _stream_classes(path: str) -> int:
-    from hydra_raytrain.data import streamed
-
-    return streamed.stream_classes(path)
-
-
-def _stream_image_shape(path: str) -> list[int]:
-    from hydra_raytrain.data import streamed
-
-    return streamed.stream_image_shape(path)
+    return resolve
 
 
 def register_resolver() -> None:
@@ -127,10 +114,10 @@ def register_resolver() -> None:
         "sweep_name": sweep_name,
         "class_count": folders.class_count,
         "image_shape": folders.image_shape,
-        "parquet_shape": _parquet_shape,
-        "parquet_outputs": _parquet_outputs,
-        "stream_classes": _stream_classes,
-        "stream_image_shape": _stream_image_shape,
+        "parquet_shape": _streamed("parquet_shape"),
+        "parquet_outputs": _streamed("parquet_outputs"),
+        "stream_classes": _streamed("stream_classes"),
+        "stream_image_shape": _streamed("stream_image_shape"),
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -129,7 +129,9 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
                 )
                 return None
             raise
-        counts = getattr(splits, "rows", None) or {split: len(getattr(splits, split)) for split in ("train", "val")}
+        from hydra_raytrain.data.streamed import Streamed
+
+        counts = splits.rows if isinstance(splits, Streamed) else {s: len(getattr(splits, s)) for s in ("train", "val")}
         for split in ("train", "val"):
             if counts[split] == 0:
                 raise ConfigError(

@@ -95,19 +95,17 @@ def check_streamed(dataset: dict[str, Any], trainer: dict[str, Any], scaling: di
     (the data never sits in one worker), Ray Train's local mode (no cluster to read it)."""
     from hydra_raytrain.data import streamed
 
-    if getattr(get_object(dataset["_target_"]), "__module__", None) != streamed.__name__:
+    if not streamed.streams(dataset["_target_"]):
         return
-    refused = [
-        ("trainer.parallel_strategy", trainer["parallel_strategy"] == "fsdp", "trainer.parallel_strategy=ddp"),
-        ("trainer.data_on_device", trainer["data_on_device"] is True, "trainer.data_on_device=null"),
-        ("scaling.num_workers", scaling["num_workers"] == 0, "scaling.num_workers=1 or more"),
+    refused = [  # key, value, whether it is refused, what is valid
+        ("trainer.parallel_strategy", trainer["parallel_strategy"], trainer["parallel_strategy"] == "fsdp", "ddp"),
+        ("trainer.data_on_device", trainer["data_on_device"], trainer["data_on_device"] is True, "null or false"),
+        ("scaling.num_workers", scaling["num_workers"], scaling["num_workers"] == 0, "1 or more"),
     ]
-    for key, wrong, valid in refused:
+    for key, value, wrong, valid in refused:
         if wrong:
-            value = trainer.get(key.split(".")[1]) if key.startswith("trainer") else 0
-            raise ConfigError(
-                key, value, f"is not available with a dataset Ray Data streams ({dataset['_target_']}).", valid
-            )
+            problem = f"is not available with a dataset Ray Data streams ({dataset['_target_']})."
+            raise ConfigError(key, value, problem, f"{key}={valid}")
 
 
 def check_models_and_optimizers(

@@ -377,6 +377,13 @@ def stream_image_shape(path: str) -> list[int]:
     return [channels, height, width]
 
 
+def streams(target: str) -> bool:
+    """Whether a dataset node's ``_target_`` is a builder of this module (its data is streamed by Ray Data)."""
+    from hydra.utils import get_object
+
+    return getattr(get_object(target), "__module__", None) == __name__
+
+
 def pq_file(location: str, fs: Any) -> Any:
     import pyarrow.parquet as pq
 

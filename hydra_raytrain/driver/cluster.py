@@ -33,7 +33,7 @@ class ResourceRequest:
     num_workers: int  # what must fit (the minimum, when elastic)
     per_worker: dict[str, float]
     max_workers: int | None = None  # elastic: what a new local cluster is sized for
-    data_cpus: float = 0  # CPUs left free for Ray Data's tasks (a streamed dataset): it stalls without one
+    data_cpus: int = 0  # CPUs left free for Ray Data's tasks (a streamed dataset): it stalls without one
 
     @property
     def total(self) -> dict[str, float]:
@@ -52,7 +52,7 @@ class ResourceRequest:
         return f"{self.num_workers} workers x {{{each}}}{data}"
 
 
-def resource_request(scaling: ScalingConfig, data_cpus: float = 0) -> ResourceRequest:
+def resource_request(scaling: ScalingConfig, data_cpus: int = 0) -> ResourceRequest:
     """What the run's workers ask Ray for, computed by Ray's own ScalingConfig (local mode asks for nothing), and
     the CPUs a streamed dataset's tasks need beside them."""
     per_worker = resources_per_worker(scaling_config(scaling))
@@ -170,14 +170,14 @@ def started_here() -> bool:
     return ray.is_initialized() and _started_here == ray.get_runtime_context().gcs_address
 
 
-def local_cpus(ray_cfg: RayConfig, data_cpus: float = 0) -> int:
+def local_cpus(ray_cfg: RayConfig, data_cpus: int = 0) -> int:
     """The CPUs the workers of a local cluster of this command share: the running cluster's when it was started
     for an earlier job, else ``ray.num_cpus``, less the CPUs Ray Data's tasks keep (``data_cpus``); never more than
     the cores this command may run on (a new cluster of its own promises Ray Data's CPUs beyond the cores)."""
-    cores, keep = machine_cores(), int(-(-data_cpus // 1))
+    cores = machine_cores()
     if started_here():
-        return max(1, min(int(ray.cluster_resources().get("CPU", 1)) - keep, cores))
-    return max(1, min(ray_cfg.num_cpus - keep, cores)) if ray_cfg.num_cpus else cores
+        return max(1, min(int(ray.cluster_resources().get("CPU", 1)) - data_cpus, cores))
+    return max(1, min(ray_cfg.num_cpus - data_cpus, cores)) if ray_cfg.num_cpus else cores
 
 
 def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:

@@ -25,7 +25,7 @@ from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.data import streamed as streamed_module
+from hydra_raytrain.data import streamed
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.preflight import preflight
@@ -221,7 +221,7 @@ def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
     """The dataset as the driver built it when Ray Data streams it (``data/streamed.py``), else None."""
     from hydra_raytrain.config.rehearsal import build_dataset
 
-    if getattr(get_object(node["_target_"]), "__module__", None) != streamed_module.__name__:
+    if not streamed.streams(node["_target_"]):
         return None
     built = build_dataset(node)
     return built if isinstance(built, Streamed) else None

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hydra_raytrain.data.streamed import FEATURES, LABELS
+from hydra_raytrain.recipe.loaders import loader_seed
 
 
 class StreamLoader:
@@ -57,7 +58,7 @@ class StreamLoader:
             batch_size=self.batch_size,
             prefetch_batches=self.prefetch_batches,
             local_shuffle_buffer_size=shuffle or None,
-            local_shuffle_seed=((self.seed * 1_000_003 + self.epoch) * 10_007 + self.rank) if shuffle else None,
+            local_shuffle_seed=loader_seed(self.seed, self.rank, self.epoch) if shuffle else None,
             device=str(self.device) if self.device is not None else "cpu",
         )
         yielded = 0

@@ -76,6 +76,11 @@ def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the
             "dataset=images",
             "dataset.path=s3://images-bucket/shades",
             "dataset.local_shuffle_buffer_size=32",
+            # Ray Data's own settings pass through: half a CPU per read and decode task, at most 2 decode tasks
+            # at once, 2 batches prepared ahead by each worker
+            "dataset.num_cpus=0.5",
+            "dataset.concurrency=2",
+            "dataset.prefetch_batches=2",
             "scaling.num_workers=2",
             "trainer.max_epochs=4",
             "trainer.batch_size=16",
