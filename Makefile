@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c constraints.txt torch torchvision
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tensorboard,lint]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,tensorboard,lint,lightning]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -27,6 +27,7 @@ from hydra_raytrain.config.validate import check_targets
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
 from hydra_raytrain.rundir import CONFIG_FILE, SUMMARY_FILE, write_json
+from hydra_raytrain.tasks.lightning import is_lightning
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -46,8 +47,8 @@ def check_config(cfg: dict[str, Any], path: str) -> None:
     """The run's model, dataset and task import here and take their arguments, or one ``ConfigError`` that says
     how to make a module of the user's own importable (evaluating from another folder than the training's)."""
     problems = Problems()
-    for section in ("model", "dataset", "task"):
-        check_targets(section, cfg[section], os.getcwd(), problems)
+    for section in ("model", "dataset", "task", "datamodule"):
+        check_targets(section, cfg.get(section) or {}, os.getcwd(), problems)
     launched_from = _launched_from(path)
     hint = (
         (
@@ -87,7 +88,11 @@ def load_model(path: str) -> torch.nn.Module | dict[str, torch.nn.Module]:
 def _load_model(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
     from hydra_raytrain.recipe.checkpoint import read_weights  # model.pt, or a sharded (FSDP) checkpoint
 
-    state = read_weights(path)["model"]
+    lightning_checkpoint = os.path.join(path, "checkpoint.ckpt")  # a task=lightning checkpoint folder
+    if os.path.exists(lightning_checkpoint) and not os.path.exists(os.path.join(path, "model.pt")):
+        state = torch.load(lightning_checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    else:
+        state = read_weights(path)["model"]
     if "_target_" not in spec:
         return {name: _build(node, state[name]) for name, node in spec.items()}
     return _build(spec, state)
@@ -106,6 +111,10 @@ def evaluate(path: str) -> dict[str, float]:
     task = instantiate(cfg["task"])
     model = _load_model(path, cfg["model"])
     model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
+    if is_lightning(cfg["task"]["_target_"]):
+        metrics = _validate_lightning(cfg, model, device)
+        write_json(os.path.join(path, EVALUATION_FILE), metrics)
+        return metrics
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
@@ -129,6 +138,34 @@ def evaluate(path: str) -> dict[str, float]:
     }
     write_json(os.path.join(path, EVALUATION_FILE), metrics)
     return metrics
+
+
+def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device) -> dict[str, float]:
+    """``task=lightning``: ``lightning.Trainer.validate`` on one device, over the datamodule's validation loader
+    or the dataset's whole validation split; the metrics are what the module logs."""
+    from hydra_raytrain.recipe.lightning import quiet_lightning
+    from hydra_raytrain.tasks.lightning import import_lightning
+
+    pl = import_lightning()
+    quiet_lightning("WARNING")
+    trainer = pl.Trainer(
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    if cfg.get("datamodule"):
+        [logged] = trainer.validate(module, datamodule=instantiate(cfg["datamodule"]), verbose=False)
+    else:
+        settings = cfg["trainer"]
+        batch = settings["val_batch_size_per_worker"] or settings["batch_size_per_worker"] or settings["batch_size"]
+        splits = instantiate(cfg["dataset"], _convert_="all")
+        options = DataLoaderConfig(**settings["dataloader"])
+        loader = build_loader(splits.val, batch, train=False, rank=0, world_size=1, seed=0, options=options)
+        [logged] = trainer.validate(module, dataloaders=loader, verbose=False)
+    return {name: float(value) for name, value in logged.items()}
 
 
 def main() -> None:

@@ -38,6 +38,11 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         return cfg["storage"]["name"]
     identity = {key: value for key, value in cfg.items() if key not in NON_RESULT_KEYS}
     identity["trainer"] = {k: v for k, v in identity["trainer"].items() if k not in NON_RESULT_TRAINER_KEYS}
+    # Settings added since runs were first named count only when set: an earlier run keeps its name.
+    for section, key in (("trainer", "lightning_kwargs"), (None, "datamodule")):
+        node = identity[section] if section else identity
+        if not node.get(key):
+            node.pop(key, None)
     if cfg["trainer"].get("data_on_device") is True:
         identity["trainer"]["data_on_device"] = True
     if (cfg.get("run") or {}).get("init_from"):  # a warm start: another starting point, another run

@@ -88,6 +88,62 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     return names
 
 
+def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
+    """``task=lightning``: the module (a LightningModule) and the datamodule are built here. With the dataset
+    group's splits, Lightning's ``fast_dev_run`` then runs one training and one validation batch of
+    REHEARSED_SAMPLES samples on the driver's CPU (nothing is kept): what the module logs is what the settings
+    that name a metric may name. A datamodule prepares its data in the workers (it may download): its run checks
+    ``trainer.monitor`` after the first epoch."""
+    import logging
+    import warnings
+
+    from torch.utils.data import DataLoader, Subset
+
+    from hydra_raytrain.tasks.lightning import Lightning, check_module, import_lightning
+
+    pl = import_lightning()
+    module = _build("model", cfg["model"], _fits_dataset(cfg["dataset"]))
+    check_module("model", cfg["model"]["_target_"], module, pl)
+    if cfg["datamodule"]:
+        check_module("datamodule", cfg["datamodule"]["_target_"], _build("datamodule", cfg["datamodule"]), pl)
+        return None
+    splits = build_dataset(cfg["dataset"])
+    if splits is None:
+        return None
+    count = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val))
+    loaders = [DataLoader(Subset(split, range(count)), batch_size=count) for split in (splits.train, splits.val)]
+    levels = {log: log.level for log in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric"))}
+    try:
+        for log in levels:
+            log.setLevel(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = pl.Trainer(
+                fast_dev_run=1,
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+            )
+            trainer.fit(module, *loaders)
+    except Exception as error:
+        if cfg["scaling"]["use_gpu"]:
+            warn(
+                f"the module's first step was not rehearsed on the driver's CPU ({type(error).__name__}: {error}); "
+                "the metrics that settings name are checked when the run starts."
+            )
+            return None
+        raise _does_not_fit(cfg, next(iter(loaders[0])), error) from None
+    finally:
+        for log, level in levels.items():
+            log.setLevel(level)
+    names = set(trainer.callback_metrics) | set(RUNNER_METRICS[:5]) | {"step"}  # no memory figures
+    check_monitors(cfg, names, Lightning, allow_any_train=False, reporter=cfg["model"]["_target_"])
+    return names
+
+
 def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> tuple[Any, dict[str, Any] | None, Any]:
     """The dataset's splits (None when its files are not on the driver and the workers download them), the models
     by name (None when not built here, with a warning) and the task."""
@@ -265,9 +321,12 @@ def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
         raise _failed("scheduler.lr_scheduler", node["_target_"], error) from None
 
 
-def check_monitors(cfg: Mapping[str, Any], names: set[str], task: Any, allow_any_train: bool) -> None:
+def check_monitors(
+    cfg: Mapping[str, Any], names: set[str], task: Any, allow_any_train: bool, reporter: str | None = None
+) -> None:
     """Every setting that names a metric names one the run reports. A task with its own ``train_batch`` may report
-    train metrics its validation step does not: any ``train_*`` name is accepted there."""
+    train metrics its validation step does not: any ``train_*`` name is accepted there. ``reporter``: what reports
+    the metrics (default: the task)."""
     trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
     monitor, _ = monitored(task, (trainer["monitor"], trainer["monitor_mode"]))  # the task's default must exist too
     settings = {
@@ -282,7 +341,7 @@ def check_monitors(cfg: Mapping[str, Any], names: set[str], task: Any, allow_any
                 ConfigError(
                     key,
                     metric,
-                    f"{cfg['task']['_target_']} does not report this metric{did_you_mean(metric, names)}.",
+                    f"{reporter or cfg['task']['_target_']} does not report this metric{did_you_mean(metric, names)}.",
                     ", ".join(sorted(names)),
                 )
             )

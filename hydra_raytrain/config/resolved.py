@@ -43,6 +43,8 @@ class Resolved:
     fsdp: FSDPConfig
     ray: RayConfig
     run: RunSettings
+    # task=lightning: a LightningDataModule's node; {}: the dataset's splits (absent from older config.json files)
+    datamodule: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, plain: Mapping[str, Any]) -> Resolved:
@@ -63,6 +65,8 @@ def typed(cls: Any, plain: Mapping[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     values = {}
     for field in dataclasses.fields(cls):
+        if field.name not in plain and field.default_factory is not dataclasses.MISSING:
+            continue  # a section added since the plain form was written: its default
         value = plain[field.name]
         if dataclasses.is_dataclass(hints[field.name]) and isinstance(value, Mapping):
             value = typed(hints[field.name], value)

@@ -347,6 +347,8 @@ class TrainerConfig:
     )
     profile: bool = False  # per-epoch time breakdown in the metrics: data, forward, backward, optimizer (rank 0)
     profiler_steps: int = 0  # > 0: a torch.profiler trace of that many steps of rank 0 into <run dir>/profiler
+    # task=lightning: more arguments of lightning.Trainer, e.g. {num_sanity_val_steps: 0, log_every_n_steps: 10}
+    lightning_kwargs: Any = None
 
     def __post_init__(self) -> None:
         _at_least("trainer.max_epochs", self.max_epochs, 1)
@@ -364,6 +366,7 @@ class TrainerConfig:
             )
         _mapping("trainer.compile_kwargs", self.compile_kwargs, "{backend: aot_eager}")
         _mapping("trainer.parallel_strategy_kwargs", self.parallel_strategy_kwargs, "{find_unused_parameters: true}")
+        _mapping("trainer.lightning_kwargs", self.lightning_kwargs, "{num_sanity_val_steps: 0}")
         if self.precision not in PRECISIONS:
             raise ConfigError("trainer.precision", self.precision, "unknown precision.", ", ".join(PRECISIONS))
         if self.parallel_strategy not in PARALLEL_STRATEGIES:
@@ -476,6 +479,8 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     logger: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
+    # task=lightning: a LightningDataModule's _target_ node; {}: the dataset group's splits feed the module
+    datamodule: dict[str, Any] = field(default_factory=dict)
     ray: RayConfig = field(default_factory=RayConfig)
     run: RunSettings = field(default_factory=RunSettings)
 

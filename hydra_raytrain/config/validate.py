@@ -24,9 +24,10 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import TYPED_SECTIONS, checkpointed_modules
 from hydra_raytrain.config.typecheck import wrong_type
 from hydra_raytrain.internals import child_node
+from hydra_raytrain.tasks.lightning import is_lightning
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
-COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger")
+COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger", "datamodule")
 HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
 # What the runner passes to a section's `_partial_` node at run time: a node without `_partial_: true` misses it.
 RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
@@ -70,6 +71,10 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
     if not problems.failed("trainer", "dataset", "scaling"):
         with problems.collect():
             check_streamed(resolved["dataset"], trainer, scaling)
+    lightning = not problems.failed("task") and is_lightning(resolved["task"]["_target_"])
+    if lightning:
+        with problems.collect():
+            check_lightning(resolved)
     if not problems.failed("trainer", "scaling", "fsdp"):
         with problems.collect():
             check_trainer_switches(trainer, scaling, resolved["fsdp"])
@@ -78,7 +83,12 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
                 max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1
             ):
                 per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
-    if rehearse and not problems.failed("model", "dataset", "task", "trainer", "checkpoint", "logger"):
+    if rehearse and lightning and not problems.failed("model", "dataset", "task", "trainer", "datamodule"):
+        from hydra_raytrain.config.rehearsal import rehearse_lightning
+
+        with problems.collect():
+            rehearse_lightning(resolved)
+    elif rehearse and not problems.failed("model", "dataset", "task", "trainer", "checkpoint", "logger"):
         from hydra_raytrain.config.rehearsal import rehearse as rehearse_step
 
         with problems.collect():
@@ -106,6 +116,73 @@ def check_streamed(dataset: dict[str, Any], trainer: dict[str, Any], scaling: di
         if wrong:
             problem = f"is not available with a dataset Ray Data streams ({dataset['_target_']})."
             raise ConfigError(key, value, problem, f"{key}={valid}")
+
+
+# What task=lightning leaves to the module and to lightning.Trainer, or does not map (yet): key, its unset value.
+LIGHTNING_UNMAPPED = (
+    ("trainer.parallel_strategy", "ddp"),
+    ("trainer.augment.random_crop_padding", 0),
+    ("trainer.augment.horizontal_flip", False),
+    ("trainer.data_on_device", None),
+    ("trainer.compile", False),
+    ("trainer.channels_last", False),
+    ("trainer.profile", False),
+    ("trainer.profiler_steps", 0),
+    ("trainer.sync_debug_mode", None),
+    ("checkpoint.every_n_steps", None),
+    ("checkpoint.every_n_minutes", None),
+    ("scheduler.warmup_steps", 0),
+    ("run.init_from", None),
+)
+
+
+def check_lightning(cfg: dict[str, Any]) -> None:
+    """``task=lightning``: the extra is installed; the settings that Lightning runs do not take are unset; a
+    dataset Ray Data streams and Ray Train's local mode are refused; ``trainer.lightning_kwargs`` are Trainer's."""
+    from hydra_raytrain.data import streamed
+    from hydra_raytrain.tasks.lightning import import_lightning
+
+    pl = import_lightning()
+    problems = Problems()
+    for key, unset in LIGHTNING_UNMAPPED:
+        section, *path = key.split(".")
+        value = cfg.get(section) or {}
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        if value != unset and not (unset is None and value is False):
+            problems.add(ConfigError(key, value, "is not available with task=lightning.", f"{key}={_plain(unset)}"))
+    if streamed.streams(cfg["dataset"]["_target_"]):
+        problems.add(
+            ConfigError(
+                "dataset",
+                cfg["dataset"]["_target_"],
+                "is streamed by Ray Data, which task=lightning does not read.",
+                "a dataset built in the workers (dataset=digits, imagefolder, ...) or a datamodule",
+            )
+        )
+    if cfg["scaling"]["num_workers"] == 0:
+        problems.add(
+            ConfigError(
+                "scaling.num_workers", 0, "task=lightning runs in Ray Train workers, not local mode.", "1 or more"
+            )
+        )
+    accepted = _keyword_names(pl.Trainer.__init__)
+    for name, value in (cfg["trainer"]["lightning_kwargs"] or {}).items():
+        if name not in accepted or name in ("strategy", "plugins"):
+            problems.add(
+                ConfigError(
+                    f"trainer.lightning_kwargs.{name}",
+                    value,
+                    f"is not an argument of lightning.Trainer that runs may set{did_you_mean(name, accepted)} "
+                    "(strategy and plugins are Ray's).",
+                    ", ".join(n for n in accepted if n not in ("strategy", "plugins")),
+                )
+            )
+    problems.raise_any()
+
+
+def _plain(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check_models_and_optimizers(

@@ -34,6 +34,7 @@ from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.recipe.loop import train_loop_per_worker
+from hydra_raytrain.tasks.lightning import is_lightning
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
 RAY_TRAIN_ENV = {
@@ -154,9 +155,13 @@ def _fit(
         loop_config["rows"] = stream.rows
         data = {"datasets": stream.ray_datasets(), "dataset_config": builders.ValidationOnce()}
 
+    loop = train_loop_per_worker
+    if is_lightning(resolved.task["_target_"]):
+        from hydra_raytrain.recipe.lightning import train_loop_lightning as loop
+
     def fit(notice: str | None) -> Any:
         trainer = TorchTrainer(
-            train_loop_per_worker,
+            loop,
             train_loop_config={**loop_config, "notice": notice},
             **data,
             scaling_config=builders.scaling_config(resolved.scaling),

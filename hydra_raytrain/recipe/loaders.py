@@ -38,16 +38,18 @@ def build_loader(
     options: DataLoaderConfig,
     num_workers: int | None = None,
     pin_memory: bool | None = None,
+    pad: bool | None = None,
 ) -> DataLoader:
     """``options`` as given; ``num_workers`` and ``pin_memory`` as the recipe sized them (else the options', null
-    meaning none). Persistent workers and a prefetch factor apply when there are loader processes."""
+    meaning none). Persistent workers and a prefetch factor apply when there are loader processes. ``pad``: as
+    ``sharded_sampler``."""
     size = len(dataset)  # type: ignore[arg-type]  # a map-style dataset has a length; torch's Dataset does not say so
     num_workers = (options.num_workers if num_workers is None else num_workers) or 0
     pin_memory = options.pin_memory if pin_memory is None else pin_memory
     # Training samples loaded in worker processes are seeded per position of the epoch (SeededSamples): their
     # augmentations then resume exactly mid-epoch. In-process loading draws from the rank's checkpointed RNG.
     seeded = train and num_workers > 0
-    sampler = sharded_sampler(size, train=train, rank=rank, world_size=world_size, seed=seed, seeds=seeded)
+    sampler = sharded_sampler(size, train=train, rank=rank, world_size=world_size, seed=seed, seeds=seeded, pad=pad)
     return DataLoader(
         SeededSamples(dataset) if seeded else dataset,
         batch_size=batch_size,
@@ -64,10 +66,13 @@ def build_loader(
 
 
 def sharded_sampler(
-    size: int, *, train: bool, rank: int, world_size: int, seed: int, seeds: bool = False
+    size: int, *, train: bool, rank: int, world_size: int, seed: int, seeds: bool = False, pad: bool | None = None
 ) -> ShardedSampler:
-    """Training: shuffled each epoch, padded so every rank takes as many steps; validation: in order, unpadded."""
-    return ShardedSampler(size, world_size, rank, shuffle=train, seed=seed, pad=train, seeds=seeds)
+    """Training: shuffled each epoch, padded so every rank takes as many steps; validation: in order, unpadded
+    unless ``pad`` (Lightning's validation, where every rank must run as many batches)."""
+    return ShardedSampler(
+        size, world_size, rank, shuffle=train, seed=seed, pad=train if pad is None else pad, seeds=seeds
+    )
 
 
 def worker_cpus() -> int:

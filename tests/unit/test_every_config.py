@@ -32,6 +32,8 @@ REQUIRED = {
     ("dataset", "fashion_mnist"): ["dataset.root=data"],
     ("dataset", "parquet"): ["dataset.path=table", "model=mlp"],
     ("dataset", "images"): ["dataset.path=pets"],
+    ("task", "lightning"): ["model=lit_classifier"],
+    ("model", "lit_classifier"): ["task=lightning"],
 }
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.

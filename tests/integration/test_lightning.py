@@ -1,0 +1,154 @@
+"""task=lightning on the real local cluster: a LightningModule trained by lightning.Trainer in two Ray Train
+workers (RayDDPStrategy, gloo), resumed after a killed worker, swept by Ray Tune; its config errors."""
+
+import json
+import signal
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from hydra_raytrain import evaluate, train
+from tests.conftest import compose_config, run_cli
+from tests.helpers.driver import start_driver, wait_for
+from tests.helpers.loggers import read_scalars
+from tests.helpers.wandb_files import wandb_runs
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 6
+
+
+def _history(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_lightning_module_trains_to_the_bar_and_a_killed_worker_resumes_to_the_same_metrics(ray_address, tmp_path):
+    """experiment=digits_lightning over 2 workers reaches the default run's bar, with the output contract. The
+    same run with rank 1 SIGKILLed at the start of epoch 3 resumes from Lightning's epoch-2 checkpoint in Ray
+    storage (weights, Adam's moments, epoch and step counters) and ends on the uninterrupted run's metrics."""
+    common = ("experiment=digits_lightning", "scaling.num_workers=2", f"trainer.max_epochs={EPOCHS}")
+    plain = train(compose_config(*common), run_dir=str(tmp_path / "plain"))
+    assert plain["status"] == "completed" and plain["best"]["val_accuracy"] >= 0.95, plain  # dataset=digits' bar
+    history = _history(tmp_path / "plain")
+    assert [m["epoch"] for m in history] == list(range(1, EPOCHS + 1)) and history[-1]["world_size"] == 2
+    steps = history[0]["step"]
+    assert [m["step"] for m in history] == [steps * e for e in range(1, EPOCHS + 1)]
+    for name in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr", "samples_per_second"):
+        assert all(name in m for m in history), name
+    for name in ("summary.json", "curves.png", "config.json"):
+        assert (tmp_path / "plain" / name).stat().st_size > 0
+    # model.pt is the module's state_dict: it loads into the configured module, which scores as the last epoch did.
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    module = instantiate(config["model"])
+    module.load_state_dict(torch.load(tmp_path / "plain" / "model.pt", weights_only=True))
+    evaluated = evaluate(str(tmp_path / "plain"))  # every one of the 359 validation digits once
+    # Training's validation shards are padded to 180 each (Lightning's rule: every rank runs as many batches), so
+    # one digit counted twice there: the two figures differ by at most one sample's share.
+    assert abs(evaluated["val_accuracy"] - history[-1]["val_accuracy"]) <= 1 / 359, evaluated
+
+    killed = train(
+        compose_config(
+            *common,
+            "model._target_=tests.helpers.lit.CrashOnceLit",
+            "model.net.hidden=128",  # set on the command line: the replaced target keeps its net
+            f"+model.marker={tmp_path / 'crashed'}",
+            "+model.at_epoch=3",
+            "+model.after=epoch_0002",
+            "failure.max_failures=1",
+            "logger=[wandb,tensorboard]",
+            "logger.wandb.mode=offline",
+        ),
+        run_dir=str(tmp_path / "killed"),
+    )
+    assert (tmp_path / "crashed").exists()
+    log = (tmp_path / "killed" / "driver.log").read_text()
+    assert f"Resuming from checkpoint epoch_0002: the start of epoch 3, optimizer step {2 * steps}" in log
+    resumed = _history(tmp_path / "killed")
+    assert [m["epoch"] for m in resumed] == list(range(1, EPOCHS + 1))  # each epoch once
+    [failure] = killed["failures"]
+    assert failure["retried"] is True and failure["why"] == "a worker process died", failure
+    # Our loggers, from rank 0: the resumed attempt continues the same W&B run; TensorBoard has each epoch once.
+    attempts = wandb_runs(tmp_path / "killed")
+    assert len(attempts) == 2 and len({run.name for run in attempts}) == 1
+    scalars = read_scalars(tmp_path / "killed" / "tensorboard")
+    assert sorted(step for step, _ in scalars["val_accuracy"]) == list(range(1, EPOCHS + 1))
+    # The same data order (the sampler's epoch) and no randomness after the weights' seeded start: the resumed run
+    # ends where the uninterrupted one did, up to float rounding.
+    for name in ("val_loss", "val_accuracy", "train_loss"):
+        assert abs(resumed[-1][name] - history[-1][name]) < 1e-5, (name, resumed[-1], history[-1])
+
+
+@pytest.mark.slow
+def test_lightning_sweep_with_a_datamodule_and_asha_on_the_modules_metric(ray_address, tmp_path):
+    """hydra/sweeper=ray_tune unchanged: two trials of a module fed by a LightningDataModule (Lightning's own
+    DistributedSampler), ASHA on the module's val_accuracy."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=asha",
+        "hydra.sweeper.max_concurrent_trials=2",
+        f"ray.address={ray_address}",
+        "experiment=digits_lightning",
+        "+datamodule._target_=tests.helpers.lit.DigitsDataModule",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-7",
+        "trainer.max_epochs=3",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    rows = {row["overrides"]: row for row in summary["trials"]}
+    assert set(rows) == {"optimizer.lr=0.003", "optimizer.lr=1e-07"}, rows
+    best = rows["optimizer.lr=0.003"]
+    assert best["status"] == "completed" and best["epochs"] == 3 and summary["best"]["overrides"] == best["overrides"]
+    assert best["best"] >= 0.8, best  # val_accuracy, as the module logged it
+    assert rows["optimizer.lr=1e-07"]["best"] < 0.5
+
+
+@pytest.mark.slow
+def test_sigterm_preempts_a_lightning_run_and_the_same_command_resumes_it(ray_address, tmp_path):
+    """SIGTERM in epoch 2 (23 optimizer steps per epoch, 0.1 s each): the workers stop at the next step, exit code
+    75, status preempted, epoch 2 neither reported nor checkpointed. The identical command finds the run by its
+    identity and resumes from Lightning's epoch-1 checkpoint in Ray storage."""
+    args = [
+        f"ray.address={ray_address}",
+        "experiment=digits_lightning",
+        "trainer.max_epochs=3",
+        "model._target_=tests.helpers.lit.SlowLit",
+        "model.net.hidden=128",
+        "+model.seconds_per_batch=0.1",
+    ]
+    with open(tmp_path / "preempted.txt", "w") as output:
+        driver = start_driver(args, tmp_path, output)
+        metrics = wait_for(lambda: next(tmp_path.glob("outputs/runs/*/metrics.jsonl"), None), driver)
+        driver.send_signal(signal.SIGTERM)  # in epoch 2: the first epoch's row is written at its end
+        assert driver.wait(timeout=60) == 75, (tmp_path / "preempted.txt").read_text()[-3000:]
+    run_dir = metrics.parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM"
+    assert [m["epoch"] for m in _history(run_dir)] == [1]
+    done = run_cli(args, cwd=str(tmp_path))  # the identical command
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Resuming from checkpoint epoch_0001: the start of epoch 2, optimizer step 23" in done.stdout
+    assert [m["epoch"] for m in _history(run_dir)] == [1, 2, 3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (
+        summary["status"] == "completed" and summary["final"]["step"] == 3 * 23 and f"Run dir: {run_dir}" in done.stdout
+    )
+
+
+def test_a_module_that_logs_no_validation_metric_is_refused_naming_trainer_monitor(tmp_path):
+    """Lightning's fast_dev_run on the driver finds what the module logs, before Ray starts."""
+    args = [
+        "experiment=digits_lightning",
+        "model._target_=tests.helpers.lit.NoValidationMetric",
+        "model.net.hidden=128",
+    ]
+    done = run_cli(args, str(tmp_path))
+    assert done.returncode != 0
+    assert "trainer.monitor" in done.stderr and "val_accuracy" in done.stderr, done.stderr[-3000:]
+    assert "train_accuracy" in done.stderr  # what it does log is listed
+    assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("metrics.jsonl"))
