@@ -15,6 +15,35 @@ from hydra_raytrain.tasks.base import StepOutput, Task
 
 EXTRA = "pip install 'hydra_raytrain[lightning]'"
 
+# lightning.Trainer's arguments that trainer.lightning_kwargs may not set: those our settings map onto (the key
+# to set instead), and those the runner decides (why).
+MAPPED_ARGUMENTS = {
+    "max_epochs": "trainer.max_epochs",
+    "precision": "trainer.precision",
+    "accumulate_grad_batches": "trainer.accumulate_grad_batches",
+    "gradient_clip_val": "trainer.gradient_clip_val",
+    "limit_train_batches": "trainer.limit_train_batches",
+    "limit_val_batches": "trainer.limit_val_batches",
+    "deterministic": "trainer.deterministic",
+    "enable_progress_bar": "trainer.progress_bar",
+    "accelerator": "scaling.use_gpu",
+    "devices": "scaling.num_workers (each worker drives its own device)",
+}
+RUNNER_ARGUMENTS = {
+    "strategy": "Ray's RayDDPStrategy runs the workers",
+    "plugins": "Ray's RayLightningEnvironment runs the workers",
+    "logger": "the logger group logs each epoch",
+    "enable_checkpointing": "checkpoints go to Ray storage at epoch ends",
+    "callbacks": "the runner's callbacks report and checkpoint each epoch",
+    "use_distributed_sampler": "the dataset group's loaders are sharded already; a datamodule's get Lightning's",
+    "check_val_every_n_epoch": "every epoch's report holds that epoch's validation",
+    "max_steps": "runs end on epochs (trainer.max_epochs)",
+    "min_steps": "runs end on epochs (trainer.max_epochs)",
+    "min_epochs": "early stopping is trainer.early_stopping",
+    "max_time": "runs end on epochs (trainer.max_epochs)",
+    "fast_dev_run": "the driver rehearses the module so already",
+}
+
 
 class Lightning(Task):
     monitor = "val_loss"  # what a module logs with self.log("val_loss", ...); else set trainer.monitor

@@ -65,8 +65,9 @@ def typed(cls: Any, plain: Mapping[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     values = {}
     for field in dataclasses.fields(cls):
-        if field.name not in plain and field.default_factory is not dataclasses.MISSING:
-            continue  # a section added since the plain form was written: its default
+        defaulted = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        if field.name not in plain and defaulted:
+            continue  # a setting added since the plain form was written (a sweep's job file): its default
         value = plain[field.name]
         if dataclasses.is_dataclass(hints[field.name]) and isinstance(value, Mapping):
             value = typed(hints[field.name], value)

@@ -24,7 +24,7 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import TYPED_SECTIONS, checkpointed_modules
 from hydra_raytrain.config.typecheck import wrong_type
 from hydra_raytrain.internals import child_node
-from hydra_raytrain.tasks.lightning import is_lightning
+from hydra_raytrain.tasks.lightning import MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, is_lightning
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
 COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger", "datamodule")
@@ -157,7 +157,8 @@ def check_lightning(cfg: dict[str, Any]) -> None:
                 "dataset",
                 cfg["dataset"]["_target_"],
                 "is streamed by Ray Data, which task=lightning does not read.",
-                "a dataset built in the workers (dataset=digits, imagefolder, ...) or a datamodule",
+                "a dataset the workers build (dataset=digits, imagefolder, ...); with a datamodule, leave dataset "
+                "at its default (it is not read)",
             )
         )
     if cfg["scaling"]["num_workers"] == 0:
@@ -168,17 +169,26 @@ def check_lightning(cfg: dict[str, Any]) -> None:
         )
     accepted = _keyword_names(pl.Trainer.__init__)
     for name, value in (cfg["trainer"]["lightning_kwargs"] or {}).items():
-        if name not in accepted or name in ("strategy", "plugins"):
+        key = f"trainer.lightning_kwargs.{name}"
+        if name in MAPPED_ARGUMENTS:
+            problems.add(ConfigError(key, value, "is set from our settings.", f"set {MAPPED_ARGUMENTS[name]}"))
+        elif name in RUNNER_ARGUMENTS:
+            problems.add(ConfigError(key, value, f"is the runner's: {RUNNER_ARGUMENTS[name]}.", _open(accepted)))
+        elif name not in accepted:
             problems.add(
                 ConfigError(
-                    f"trainer.lightning_kwargs.{name}",
+                    key,
                     value,
-                    f"is not an argument of lightning.Trainer that runs may set{did_you_mean(name, accepted)} "
-                    "(strategy and plugins are Ray's).",
-                    ", ".join(n for n in accepted if n not in ("strategy", "plugins")),
+                    f"is not an argument of lightning.Trainer{did_you_mean(name, accepted)}.",
+                    _open(accepted),
                 )
             )
     problems.raise_any()
+
+
+def _open(accepted: list[str]) -> str:
+    """lightning.Trainer's arguments that trainer.lightning_kwargs may set."""
+    return ", ".join(name for name in accepted if name not in MAPPED_ARGUMENTS and name not in RUNNER_ARGUMENTS)
 
 
 def _plain(value: Any) -> str:

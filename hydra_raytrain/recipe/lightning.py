@@ -43,6 +43,7 @@ from hydra_raytrain.recipe.loaders import (
     worker_cpus,
 )
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything
+from hydra_raytrain.rundir import CONFIG_FILE, write_json
 from hydra_raytrain.tasks.lightning import Lightning, check_module
 
 CHECKPOINT_FILE = "checkpoint.ckpt"  # Ray's RayTrainReportCallback name for the Lightning checkpoint
@@ -60,9 +61,9 @@ def train_loop_lightning(config: dict[str, Any]) -> dict[str, Any] | None:
     link_process_logs(config["run_dir"], f"rank{rank}")
     torch.set_num_threads(cfg.trainer.num_threads or worker_cpus())
     seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
-    module = instantiate(cfg.model)
+    module = instantiate(cfg.model, _convert_="all")  # plain lists and dicts, as the driver's rehearsal built it
     check_module("model", cfg.model["_target_"], module, pl)
-    datamodule = instantiate(cfg.datamodule) if cfg.datamodule else None
+    datamodule = instantiate(cfg.datamodule, _convert_="all") if cfg.datamodule else None
     loaders = {} if datamodule is not None else dataset_loaders(cfg, rank)
     seed_everything(rank_seed(cfg.trainer.seed, rank))  # dropout masks and random transforms differ by rank
     report = RunReport(cfg, config["run_dir"], config["run_name"], config.get("notice"), loaders.get("train"))
@@ -71,8 +72,12 @@ def train_loop_lightning(config: dict[str, Any]) -> dict[str, Any] | None:
     try:
         with LatestCheckpoint() as latest:
             report.resumed_from = latest.name
-            trainer.fit(module, datamodule=datamodule, ckpt_path=latest.path, **loaders_for_fit(loaders))
-        status = "preempted" if report.notice_seen else "completed"
+            try:  # the checkpoint is this run's own: objects a module saved in its hyperparameters load too
+                fit = dict(datamodule=datamodule, ckpt_path=latest.path, weights_only=False, **loaders_for_fit(loaders))
+                trainer.fit(module, **fit)
+                status = "completed"
+            except Preempted:
+                status = "preempted"
     finally:
         report.finish(status)
     if rank != 0:
@@ -109,7 +114,14 @@ def build_trainer(cfg: Resolved, report: RunReport) -> pl.Trainer:
     if stopping.patience is not None:
         monitor, mode = monitored(Lightning, (stopping.monitor, stopping.mode), trainer_monitor(cfg))
         callbacks.append(
-            pl.callbacks.EarlyStopping(monitor, patience=stopping.patience, mode=mode, min_delta=stopping.min_delta)
+            # Decided when validation ends, before RunReport's epoch end: the stopping epoch is checkpointed as final.
+            pl.callbacks.EarlyStopping(
+                monitor,
+                patience=stopping.patience,
+                mode=mode,
+                min_delta=stopping.min_delta,
+                check_on_train_epoch_end=False,
+            )
         )
     arguments = {**trainer_arguments(cfg), **(cfg.trainer.lightning_kwargs or {})}
     arguments["callbacks"] = callbacks + list(arguments.get("callbacks") or [])
@@ -176,6 +188,10 @@ def loaders_for_fit(loaders: dict[str, Any]) -> dict[str, Any]:
     return {"train_dataloaders": loaders["train"], "val_dataloaders": loaders["val"]} if loaders else {}
 
 
+class Preempted(Exception):
+    """Raised on every rank at the same optimizer step when the driver posted a preemption notice."""
+
+
 class LatestCheckpoint:
     """The latest checkpoint Ray holds for this run (after a worker failure, or a re-run of the same command),
     downloaded to a local folder: ``path`` for ``trainer.fit(ckpt_path=...)`` and ``name`` (its folder's, for the
@@ -216,7 +232,6 @@ class RunReport(pl.Callback):
             checkpoint.staging_folder(run_name, self.rank),
             local_mode=cfg.scaling.num_workers == 0,
         )
-        self.notice_seen = False
         self.resumed_from: str | None = None  # the checkpoint fit() resumes from
         self.started, self.samples = 0.0, 0
 
@@ -248,14 +263,10 @@ class RunReport(pl.Callback):
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.samples += _count(batch)
-        if self.cadence.after_step(trainer.global_step).stop:  # a preemption notice: stop, resume from the last
-            self.notice_seen = trainer.should_stop = (
-                True  # epoch checkpoint (Lightning's mid-epoch resume is not exact)
-            )
+        if self.cadence.after_step(trainer.global_step).stop:  # every rank at the same step
+            raise Preempted  # the epoch so far is neither reported nor checkpointed (mid-epoch resume is not exact)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-        if self.notice_seen:  # the epoch was cut short: neither reported nor checkpointed
-            return
         logged = {name: float(value) for name, value in trainer.callback_metrics.items() if _scalar(value)}
         if self.monitor not in logged:
             raise ConfigError(
@@ -282,8 +293,10 @@ class RunReport(pl.Callback):
             self.uploads.report(metrics)
             return
 
-        def write(folder: str) -> None:  # every rank calls it (a barrier); rank 0 writes the file
+        def write(folder: str) -> None:  # every rank calls it (a barrier); rank 0 writes the files
             trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_FILE), weights_only=False)
+            if self.rank == 0:  # what evaluate and run.init_from read a checkpoint folder's config from
+                write_json(os.path.join(folder, CONFIG_FILE), self.cfg.to_dict())
 
         self.uploads.report(metrics, write, f"epoch_{epoch:04d}")
 

@@ -2,7 +2,10 @@
 workers (RayDDPStrategy, gloo), resumed after a killed worker, swept by Ray Tune; its config errors."""
 
 import json
+import os
 import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -10,7 +13,6 @@ from hydra.utils import instantiate
 
 from hydra_raytrain import evaluate, train
 from tests.conftest import compose_config, run_cli
-from tests.helpers.driver import start_driver, wait_for
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import wandb_runs
 
@@ -47,6 +49,8 @@ def test_lightning_module_trains_to_the_bar_and_a_killed_worker_resumes_to_the_s
     # Training's validation shards are padded to 180 each (Lightning's rule: every rank runs as many batches), so
     # one digit counted twice there: the two figures differ by at most one sample's share.
     assert abs(evaluated["val_accuracy"] - history[-1]["val_accuracy"]) <= 1 / 359, evaluated
+    (last,) = (tmp_path / "plain" / "ray_storage").glob(f"*/epoch_{EPOCHS:04d}")  # a Lightning checkpoint folder
+    assert evaluate(str(last)) == evaluated
 
     killed = train(
         compose_config(
@@ -95,6 +99,7 @@ def test_lightning_sweep_with_a_datamodule_and_asha_on_the_modules_metric(ray_ad
         "scaling.num_workers=1",
         "optimizer.lr=3e-3,1e-7",
         "trainer.max_epochs=3",
+        "trainer.limit_train_batches=20",
         "hydra.sweep.dir=sweep",
     ]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)
@@ -109,35 +114,59 @@ def test_lightning_sweep_with_a_datamodule_and_asha_on_the_modules_metric(ray_ad
 
 
 @pytest.mark.slow
-def test_sigterm_preempts_a_lightning_run_and_the_same_command_resumes_it(ray_address, tmp_path):
-    """SIGTERM in epoch 2 (23 optimizer steps per epoch, 0.1 s each): the workers stop at the next step, exit code
-    75, status preempted, epoch 2 neither reported nor checkpointed. The identical command finds the run by its
-    identity and resumes from Lightning's epoch-1 checkpoint in Ray storage."""
-    args = [
-        f"ray.address={ray_address}",
+def test_sigterm_preempts_a_lightning_run_and_running_it_again_resumes_it(ray_address, tmp_path):
+    """SIGTERM to the driver (this process) in epoch 2 (23 optimizer steps per epoch, 0.1 s each): every worker
+    stops at the same step, status preempted, epoch 2 neither reported nor checkpointed. The same config run again
+    finds the run by its identity and resumes from Lightning's epoch-1 checkpoint in Ray storage."""
+    overrides = (
         "experiment=digits_lightning",
         "trainer.max_epochs=3",
         "model._target_=tests.helpers.lit.SlowLit",
         "model.net.hidden=128",
         "+model.seconds_per_batch=0.1",
-    ]
-    with open(tmp_path / "preempted.txt", "w") as output:
-        driver = start_driver(args, tmp_path, output)
-        metrics = wait_for(lambda: next(tmp_path.glob("outputs/runs/*/metrics.jsonl"), None), driver)
-        driver.send_signal(signal.SIGTERM)  # in epoch 2: the first epoch's row is written at its end
-        assert driver.wait(timeout=60) == 75, (tmp_path / "preempted.txt").read_text()[-3000:]
-    run_dir = metrics.parent
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM"
-    assert [m["epoch"] for m in _history(run_dir)] == [1]
-    done = run_cli(args, cwd=str(tmp_path))  # the identical command
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Resuming from checkpoint epoch_0001: the start of epoch 2, optimizer step 23" in done.stdout
-    assert [m["epoch"] for m in _history(run_dir)] == [1, 2, 3]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert (
-        summary["status"] == "completed" and summary["final"]["step"] == 3 * 23 and f"Run dir: {run_dir}" in done.stdout
     )
+    run_dir = tmp_path / "run"
+
+    def sigterm_once_epoch_1_is_written():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.05)
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):  # the driver's handler, never pytest's end
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=sigterm_once_epoch_1_is_written, daemon=True).start()
+    summary = train(compose_config(*overrides), run_dir=str(run_dir))
+    assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM", summary
+    assert [m["epoch"] for m in _history(run_dir)] == [1]
+    summary = train(compose_config(*overrides), run_dir=str(run_dir))  # the same config again
+    log = (run_dir / "driver.log").read_text()
+    assert "Resuming from checkpoint epoch_0001: the start of epoch 2, optimizer step 23" in log
+    assert [m["epoch"] for m in _history(run_dir)] == [1, 2, 3]
+    assert summary["status"] == "completed" and summary["final"]["step"] == 3 * 23
+
+
+def test_early_stopping_ends_the_run_on_a_checkpointed_epoch(ray_address, tmp_path):
+    """trainer.early_stopping becomes Lightning's EarlyStopping, decided when validation ends: the epoch it stops on
+    is the run's final one, checkpointed. Also: a datamodule with one worker, and trainer.lightning_kwargs."""
+    summary = train(
+        compose_config(
+            "experiment=digits_lightning",
+            "+datamodule._target_=tests.helpers.lit.DigitsDataModule",
+            "scaling.num_workers=1",
+            "optimizer.lr=1e-7",  # nothing is learned: no epoch improves val_accuracy by 0.1
+            "trainer.max_epochs=5",
+            "trainer.limit_train_batches=2",
+            "trainer.early_stopping.patience=1",
+            "trainer.early_stopping.min_delta=0.1",
+            "+trainer.lightning_kwargs.num_sanity_val_steps=0",
+            "checkpoint.every_n_epochs=3",  # epoch 2 is checkpointed only as the final one
+        ),
+        run_dir=str(tmp_path / "run"),
+    )
+    assert summary["status"] == "completed" and summary["stopped_early"] is True, summary
+    assert [m["epoch"] for m in _history(tmp_path / "run")] == [1, 2]
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "ray_storage").glob("*/epoch_*"))
+    assert checkpoints == ["epoch_0002"]
 
 
 def test_a_module_that_logs_no_validation_metric_is_refused_naming_trainer_monitor(tmp_path):

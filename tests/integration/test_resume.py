@@ -5,6 +5,9 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -14,8 +17,7 @@ from hydra_raytrain.data import digits
 from hydra_raytrain.driver.run import TrainingFailed
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.sampler import ShardedSampler
-from tests.conftest import compose_config, run_cli
-from tests.helpers.driver import start_driver, wait_for
+from tests.conftest import ROOT, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -111,6 +113,23 @@ def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupte
     ]
     models = load_model(str(tmp_path / "b"))  # both models, rebuilt from the run dir alone
     assert models["generator"](torch.randn(5, 32)).shape == (5, 1, 8, 8)
+
+
+def start_driver(args, cwd, output):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hydra_raytrain", *args], cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT
+    )
+
+
+def wait_for(condition, driver, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and driver.poll() is None:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not reached in {timeout} s (driver exit code {driver.poll()})")
 
 
 def step_checkpoints(tmp_path):

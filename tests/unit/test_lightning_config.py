@@ -7,8 +7,9 @@ import pytest
 
 from hydra_raytrain.config import ConfigError, validate
 from hydra_raytrain.config.identity import run_name
+from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.recipe.lightning import trainer_arguments
-from hydra_raytrain.tasks.lightning import EXTRA, import_lightning
+from hydra_raytrain.tasks.lightning import EXTRA, MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, import_lightning
 from tests.conftest import compose_config
 
 
@@ -41,6 +42,9 @@ def test_our_settings_become_lightning_trainer_arguments(tmp_path):
         "logger": False,
     }
     assert {key: arguments[key] for key in expected} == expected
+    # Every argument the runner sets is one that trainer.lightning_kwargs may not override, but these two.
+    reserved = set(MAPPED_ARGUMENTS) | set(RUNNER_ARGUMENTS)
+    assert set(arguments) - {"enable_model_summary", "default_root_dir"} <= reserved
     assert cfg.trainer.lightning_kwargs == {"num_sanity_val_steps": 0}
     with_datamodule = validate(
         compose_config("experiment=digits_lightning", "+datamodule._target_=tests.helpers.lit.DigitsDataModule"),
@@ -59,6 +63,8 @@ def test_our_settings_become_lightning_trainer_arguments(tmp_path):
         ("scaling.num_workers=0", "scaling.num_workers"),
         ("+trainer.lightning_kwargs.max_epoch=3", "trainer.lightning_kwargs.max_epoch"),
         ("+trainer.lightning_kwargs.strategy=ddp", "trainer.lightning_kwargs.strategy"),
+        ("+trainer.lightning_kwargs.max_epochs=3", "trainer.lightning_kwargs.max_epochs"),
+        ("+trainer.lightning_kwargs.check_val_every_n_epoch=2", "trainer.lightning_kwargs.check_val_every_n_epoch"),
     ],
 )
 def test_settings_a_lightning_run_does_not_take_are_refused_by_name(tmp_path, override, key):
@@ -67,6 +73,8 @@ def test_settings_a_lightning_run_does_not_take_are_refused_by_name(tmp_path, ov
     assert key in [error.key for error in caught.value.errors], str(caught.value)
     if key.endswith("max_epoch"):
         assert "did you mean 'max_epochs'" in str(caught.value)
+    if key.endswith("max_epochs"):
+        assert "set trainer.max_epochs" in str(caught.value)
 
 
 def test_the_missing_extra_is_named(tmp_path, monkeypatch):
@@ -92,3 +100,6 @@ def test_new_settings_left_unset_keep_earlier_run_names():
     before["trainer"] = {key: value for key, value in cfg["trainer"].items() if key != "lightning_kwargs"}
     assert run_name(cfg) == run_name(before)
     assert run_name({**cfg, "datamodule": {"_target_": "my.DataModule"}}) != run_name(cfg)
+    # A config written before them (a sweep's job file, a run's config.json) loads with their defaults.
+    older = Resolved.from_dict(before)
+    assert older.datamodule == {} and older.trainer.lightning_kwargs is None
