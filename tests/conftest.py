@@ -96,3 +96,15 @@ def ray_address(session_environment):
     ray.init(address="local", num_cpus=TEST_CLUSTER_CPUS, logging_level="WARNING", **local_cluster_environment(None))
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ddp_float64_run(ray_address, tmp_path_factory):
+    """SAME_RESULT on 2 workers at a global batch of 48 in float64, trained once for the session: a reference of
+    both test_training_features (worker-count independence) and test_fsdp (FSDP's result). (run dir, summary)."""
+    from hydra_raytrain import train
+    from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
+
+    run_dir = tmp_path_factory.mktemp("ddp-float64")
+    config = compose_config(*SAME_RESULT, "scaling.num_workers=2", *GLOBAL_48, "trainer.precision=64")
+    return run_dir, train(config, run_dir=str(run_dir))

@@ -201,6 +201,16 @@ BAD_INPUTS = [
     ),
     # No cluster at the address: refused in seconds, not after minutes of Ray's GCS retries.
     (["ray.address=127.0.0.1:1"], ["ray.address='127.0.0.1:1'", "no Ray cluster answers there", "ray start --head"]),
+    # task=lightning: a LightningModule that logs no trainer.monitor (Lightning's fast_dev_run on the driver finds
+    # what it logs); a setting Lightning runs do not take.
+    (
+        ["experiment=digits_lightning", "model._target_=tests.helpers.lit.NoValidationMetric", "model.net.hidden=128"],
+        ["trainer.monitor='val_accuracy'", "NoValidationMetric does not report this metric", "train_accuracy"],
+    ),
+    (
+        ["experiment=digits_lightning", "checkpoint.every_n_steps=10"],
+        ["checkpoint.every_n_steps=10", "is not available with task=lightning", "checkpoint.every_n_steps=null"],
+    ),
     # Several problems at once: every one in the same message.
     (
         ["dataset=imagefolder", "dataset.root=/no/such/folder", "trainer.max_epochs=0"],
@@ -209,6 +219,38 @@ BAD_INPUTS = [
     (
         ["optimizer.lr=abc", "trainer.max_epochs=0", "scaling.num_workers=64"],
         ["3 problems", "optimizer.lr='abc'", "trainer.max_epochs=0", "scaling.num_workers=64"],
+    ),
+    # Sweeps (hydra/sweeper=ray_tune), refused before any trial; last, as checking a sweep may start Ray in this
+    # process (the cases above would then be checked against that cluster, not this machine). ASHA where stopped
+    # trials' CPUs could not be freed (without the dashboard, Ray's state API, the sweep used to wait forever
+    # after ASHA's first stop); one bad trial (every trial is composed and checked on the driver first); a search
+    # algorithm with nothing to search.
+    (
+        [
+            "-m",
+            "hydra/sweeper=ray_tune",
+            "hydra.sweeper.scheduler=asha",
+            "ray.include_dashboard=false",
+            "model=mlp",
+            "scaling.num_workers=1",
+            "optimizer.lr=1e-3,1e-2",
+            "hydra.sweep.dir=sweep",
+        ],
+        ["hydra.sweeper.scheduler='asha'", "ray.include_dashboard=false", "hydra.sweeper.scheduler=fifo"],
+    ),
+    (
+        ["-m", "hydra/sweeper=ray_tune", "trainer.max_epochs=2,0", "hydra.sweep.dir=sweep"],
+        ["Invalid config: trainer.max_epochs=0: must be >= 1. (trial 1: trainer.max_epochs=0)"],
+    ),
+    (
+        [
+            "-m",
+            "hydra/sweeper=ray_tune",
+            "hydra.sweeper.search_alg=optuna",
+            "trainer.max_epochs=3",
+            "hydra.sweep.dir=sweep",
+        ],
+        ["hydra.sweeper.search_alg='optuna': has nothing to search"],
     ),
 ]
 
@@ -247,7 +289,7 @@ print("RESULTS " + json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def bad_input_results(tmp_path_factory):
+def bad_input_results(ray_address, tmp_path_factory):  # the session cluster up: the ASHA case is refused beside it
     folders = [tmp_path_factory.mktemp("bad_input") for _ in BAD_INPUTS]
     for folder in folders:
         write_images(folder / "pets", ["a", "b", "c"], 2)
@@ -270,10 +312,13 @@ def bad_input_results(tmp_path_factory):
 def test_bad_input_fails_fast_with_one_clear_message(overrides, named, bad_input_results):
     folder, done = bad_input_results[" ".join(overrides)]
     assert done["code"] not in (0, None), done["stderr"][-3000:]  # 2 for ours; Hydra's composition errors exit 1
+    if "-m" in overrides:  # a sweep refused before any trial: exit 2, as for a run
+        assert done["code"] == 2, done["stderr"][-3000:]
     for text in named:
         assert text in done["stderr"], done["stderr"]
     assert "Traceback" not in done["stderr"]
     assert not (folder / "run").exists()  # nothing half-written
+    assert not (folder / "sweep" / "sweep_summary.json").exists()
 
 
 def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp_path):

@@ -7,7 +7,8 @@ import torch
 from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.driver.run import TrainingFailed
 from tests.conftest import compose_config, run_cli
-from tests.integration.test_training_features import GLOBAL_48, SAME_RESULT, _difference, read_metrics
+from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
+from tests.integration.test_training_features import _difference, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,7 +38,7 @@ RUNS = {
 
 
 @pytest.fixture(scope="module")
-def runs(ray_address, tmp_path_factory):
+def runs(ray_address, ddp_float64_run, tmp_path_factory):
     """Each run of RUNS (2 workers, global batch 48): (metrics, model.pt, run dir)."""
     root = tmp_path_factory.mktemp("fsdp")
     results = {}
@@ -52,7 +53,10 @@ def runs(ray_address, tmp_path_factory):
             *extra,
             f"trainer.precision={precision}",
         ]
-        summary = train(compose_config(*config), run_dir=str(run_dir))
+        if (label, precision) == ("DDP", "64"):  # the session's run of this config (test_training_features' too)
+            run_dir, summary = ddp_float64_run
+        else:
+            summary = train(compose_config(*config), run_dir=str(run_dir))
         model = torch.load(run_dir / "model.pt", weights_only=True)
         results[label, precision] = {
             "metrics": read_metrics(run_dir),

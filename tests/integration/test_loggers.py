@@ -12,13 +12,19 @@ from tests.helpers.wandb_files import run_record, wandb_runs
 pytestmark = pytest.mark.integration
 
 
-def test_wandb_and_tensorboard_log_from_rank_zero_and_keep_no_secret(ray_address, tmp_path):
-    """Both loggers at once. (That a resumed run continues the same W&B run is tested in test_resume.py.)"""
-    cfg = compose_config(
-        "logger=[wandb,tensorboard]", "logger.wandb.mode=offline", "trainer.max_epochs=2", "debug=smoke"
-    )
+def test_wandb_and_tensorboard_log_from_rank_zero_follow_wandbs_environment_and_keep_no_secret(
+    ray_address, tmp_path, monkeypatch
+):
+    """Both loggers at once. WANDB_MODE / WANDB_PROJECT in the driver's environment work as with wandb.init: the
+    config leaves them to W&B, and the driver forwards them to the workers (which did not inherit this process's
+    environment). (logger.wandb.mode=offline in the config: the resume, sweep and Lightning tests; that a resumed
+    run continues the same W&B run: test_resume.py.)"""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
+    cfg = compose_config("logger=[wandb,tensorboard]", "trainer.max_epochs=2", "debug=smoke")
     summary = train(cfg, run_dir=str(tmp_path))
     (run,) = wandb_runs(tmp_path)  # one W&B run: rank 0 only
+    assert run_record(run).project == "from-the-environment"
     assert run.name == f"run-{validate(cfg, str(tmp_path)).run_name()}.wandb"  # the id is the run's identity
     content = run.read_bytes()
     assert b"val_accuracy" in content and b"train_loss" in content and b"hydra_raytrain.models.SimpleCNN" in content
@@ -28,17 +34,6 @@ def test_wandb_and_tensorboard_log_from_rank_zero_and_keep_no_secret(ray_address
     for path in tmp_path.rglob("*"):  # no secret in anything the run wrote
         if path.is_file():
             assert WANDB_TEST_KEY.encode() not in path.read_bytes(), path
-
-
-def test_wandb_follows_its_own_environment_variables(ray_address, tmp_path, monkeypatch):
-    """WANDB_MODE / WANDB_PROJECT in the driver's environment work as with wandb.init: the config leaves them to
-    W&B, and the driver forwards them to the workers (which did not inherit this process's environment)."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
-    summary = train(compose_config("logger=wandb", "debug=smoke", "trainer.max_epochs=1"), run_dir=str(tmp_path))
-    assert summary["status"] == "completed"
-    (run,) = wandb_runs(tmp_path)
-    assert run_record(run).project == "from-the-environment"
 
 
 def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(

@@ -286,6 +286,19 @@ def test_top_k_retention_keeps_the_best_and_the_latest(retained_run):
     assert os.path.isdir(summary["storage"])
 
 
+def test_load_model_and_evaluate_reproduce_the_reported_metrics(retained_run):
+    from hydra_raytrain import evaluate, load_model
+
+    tmp_path, summary = retained_run
+    for path in (tmp_path, tmp_path / "ray_storage" / os.path.basename(summary["storage"]) / "epoch_0005"):
+        model = load_model(str(path))  # a run dir, then its latest checkpoint
+        assert model(torch.zeros(1, 1, 8, 8)).shape == (1, 10) and not model.training
+        metrics = evaluate(str(path))
+        for name in ("val_loss", "val_accuracy"):
+            assert abs(metrics[name] - summary["final"][name]) <= 1e-5
+        assert json.loads((path / "evaluation.json").read_text()) == metrics
+
+
 # A warm start trained with a learning rate of 0 keeps the weights it started from: its epoch shows them.
 WARM = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "optimizer.lr=0"]
 

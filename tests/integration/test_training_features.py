@@ -8,6 +8,7 @@ import torch
 from hydra_raytrain import train
 from hydra_raytrain.recipe.metrics import should_stop
 from tests.conftest import compose_config
+from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 
 pytestmark = pytest.mark.integration
 
@@ -16,23 +17,7 @@ def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-# An MLP without batch norm or dropout, SGD with momentum, clipping, a warm-up and a cosine schedule, random crops
-# and flips on the workers. 29 full global batches of 48 per epoch (1,437 training images: the 30th would be
-# partial, and padded differently for different worker counts). The digits are in memory: they take the
-# device-resident path, unless trainer.data_on_device=false.
-SAME_RESULT = [
-    "model=mlp",
-    "optimizer=sgd",
-    "scheduler=cosine",
-    "scheduler.warmup_steps=10",
-    "trainer.gradient_clip_val=1.0",
-    "trainer.max_epochs=2",
-    "trainer.seed=3",
-    "trainer.augment.random_crop_padding=1",
-    "trainer.augment.horizontal_flip=true",
-]
 COMPARED = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
-GLOBAL_48 = ["trainer.batch_size=48", "trainer.limit_train_batches=29"]
 RUNS = {
     "1 worker": ["scaling.num_workers=1", *GLOBAL_48],
     "2 workers": ["scaling.num_workers=2", *GLOBAL_48],
@@ -64,7 +49,7 @@ def _difference(run, reference):
 
 
 @pytest.mark.slow
-def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(ray_address, tmp_path):
+def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(ray_address, ddp_float64_run, tmp_path):
     """At a fixed global batch, in float64: 1, 2 and 3 workers, and 2 workers accumulating 2 micro-batches of 12,
     give the same metrics and weights (to 1e-9). In float32 (the default), 3 workers give the float64 result to
     float32's accuracy, and the same run again, reading through DataLoaders instead of slicing data on the device,
@@ -75,7 +60,10 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
     results = {}
     for (label, precision), overrides in runs.items():
         run_dir = tmp_path / f"{label.replace(' ', '_')}-{precision}"
-        train(compose_config(*SAME_RESULT, *overrides, f"trainer.precision={precision}"), run_dir=str(run_dir))
+        if (label, precision) == ("2 workers", "64"):  # the session's run of this config (test_fsdp's too)
+            run_dir, _ = ddp_float64_run
+        else:
+            train(compose_config(*SAME_RESULT, *overrides, f"trainer.precision={precision}"), run_dir=str(run_dir))
         results[label, precision] = (read_metrics(run_dir), torch.load(run_dir / "model.pt", weights_only=True))
 
     reference_history, reference_weights = results["1 worker", "64"]
