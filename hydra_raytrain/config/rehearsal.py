@@ -95,6 +95,7 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
     that name a metric may name. A datamodule prepares its data in the workers (it may download): its run checks
     ``trainer.monitor`` after the first epoch."""
     import logging
+    import tempfile
     import warnings
 
     from torch.utils.data import DataLoader, Subset
@@ -126,6 +127,7 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
                 enable_checkpointing=False,
                 enable_progress_bar=False,
                 enable_model_summary=False,
+                default_root_dir=tempfile.gettempdir(),  # nothing is written; nothing could land in the user's folder
             )
             trainer.fit(module, *loaders)
     except Exception as error:

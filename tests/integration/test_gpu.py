@@ -78,3 +78,16 @@ def test_fsdp_shards_on_a_gpu_in_bf16(ray_address, tmp_path):
         "fsdp.shard_modules=[BasicBlock]",
     )
     assert summary["final"]["param_bytes"] > 0
+
+
+def test_a_lightning_module_trains_on_a_gpu_worker_in_bf16(ray_address, tmp_path):
+    """task=lightning: lightning.Trainer with accelerator=gpu on Ray's device, NCCL, bf16-mixed."""
+    _, summary = gpu_run(
+        ray_address,
+        tmp_path,
+        "experiment=digits_lightning",
+        "scaling.num_workers=1",
+        "trainer.max_epochs=2",
+        sync_debug_mode=None,  # a setting Lightning runs do not take
+    )
+    assert summary["epochs_completed"] == 2 and summary["final"]["val_accuracy"] > 0.3  # it trains (chance: 0.1)

@@ -24,6 +24,7 @@ def test_every_shipped_experiment_checks_in_one_command_and_leaves_nothing(tmp_p
     assert done.stdout.splitlines() == [
         "ok   experiment=diabetes_regression",
         "ok   experiment=digits_gan",
+        "ok   experiment=digits_lightning",
         "ok   experiment=digits_resnet18",
     ]
     assert list(tmp_path.iterdir()) == []  # no run dir, no outputs/, no multirun/
