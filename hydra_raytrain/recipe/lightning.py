@@ -295,7 +295,7 @@ class RunReport(pl.Callback):
 
         def write(folder: str) -> None:  # every rank calls it (a barrier); rank 0 writes the files
             trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_FILE), weights_only=False)
-            if self.rank == 0:  # what evaluate and run.init_from read a checkpoint folder's config from
+            if self.rank == 0:  # where evaluate reads a checkpoint folder's config from
                 write_json(os.path.join(folder, CONFIG_FILE), self.cfg.to_dict())
 
         self.uploads.report(metrics, write, f"epoch_{epoch:04d}")
