@@ -108,63 +108,44 @@ def evaluate(path: str) -> dict[str, float]:
     cfg = load_config(path)
     check_config(cfg, path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    task = instantiate(cfg["task"])
     model = _load_model(path, cfg["model"])
     model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
     if is_lightning(cfg["task"]["_target_"]):
         metrics = _validate_lightning(cfg, model, device)
-        write_json(os.path.join(path, EVALUATION_FILE), metrics)
-        return metrics
+    else:
+        task = instantiate(cfg["task"])
+        totals = validation_totals(task, model, _val_loader(cfg), lambda b: move_to(b, device))
+        metrics = {f"val_{name}": value for name, value in task.compute(totals).items()}
+    write_json(os.path.join(path, EVALUATION_FILE), metrics)
+    return metrics
+
+
+def _val_loader(cfg: dict[str, Any]) -> Any:
+    """The whole validation split, read in this process: a built dataset's through a DataLoader, a streamed one's
+    files (Ray Data streamed them in training) read here."""
+    from hydra_raytrain.data.streamed import Streamed
+
     splits = instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
-    from hydra_raytrain.data.streamed import Streamed
-
-    if isinstance(splits, Streamed):  # Ray Data streamed it in training: its validation files, read here
-        loader: Any = splits.read("val", batch)
-    else:
-        loader = build_loader(
-            splits.val,
-            batch,
-            train=False,
-            rank=0,
-            world_size=1,
-            seed=trainer["seed"],
-            options=DataLoaderConfig(**trainer["dataloader"]),
-        )
-    metrics = {
-        f"val_{name}": value
-        for name, value in task.compute(validation_totals(task, model, loader, lambda b: move_to(b, device))).items()
-    }
-    write_json(os.path.join(path, EVALUATION_FILE), metrics)
-    return metrics
+    if isinstance(splits, Streamed):
+        return splits.read("val", batch)
+    options = DataLoaderConfig(**trainer["dataloader"])
+    return build_loader(splits.val, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=options)
 
 
 def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device) -> dict[str, float]:
     """``task=lightning``: ``lightning.Trainer.validate`` on one device, over the datamodule's validation loader
     or the dataset's whole validation split; the metrics are what the module logs."""
     from hydra_raytrain.recipe.lightning import quiet_lightning
-    from hydra_raytrain.tasks.lightning import import_lightning
+    from hydra_raytrain.tasks.lightning import import_lightning, one_device_trainer
 
-    pl = import_lightning()
     quiet_lightning("WARNING")
-    trainer = pl.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = one_device_trainer(import_lightning(), accelerator="gpu" if device.type == "cuda" else "cpu")
     if cfg.get("datamodule"):
-        [logged] = trainer.validate(module, datamodule=instantiate(cfg["datamodule"]), verbose=False)
+        [logged] = trainer.validate(module, datamodule=instantiate(cfg["datamodule"], _convert_="all"), verbose=False)
     else:
-        settings = cfg["trainer"]
-        batch = settings["val_batch_size_per_worker"] or settings["batch_size_per_worker"] or settings["batch_size"]
-        splits = instantiate(cfg["dataset"], _convert_="all")
-        options = DataLoaderConfig(**settings["dataloader"])
-        loader = build_loader(splits.val, batch, train=False, rank=0, world_size=1, seed=0, options=options)
-        [logged] = trainer.validate(module, dataloaders=loader, verbose=False)
+        [logged] = trainer.validate(module, dataloaders=_val_loader(cfg), verbose=False)
     return {name: float(value) for name, value in logged.items()}
 
 

@@ -92,3 +92,19 @@ def check_module(key: str, target: str, built: Any, pl: Any) -> None:
             f"builds a {type(built).__name__}, not a lightning.{expected.__name__} (task=lightning).",
             valid,
         )
+
+
+def one_device_trainer(pl: Any, **arguments: Any) -> Any:
+    """A ``lightning.Trainer`` in this process on one device that writes nothing (no logger, no checkpoint, no
+    bar or summary): the driver's rehearsal and ``evaluate``."""
+    import tempfile
+
+    return pl.Trainer(
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tempfile.gettempdir(),
+        **arguments,
+    )

@@ -95,12 +95,11 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
     that name a metric may name. A datamodule prepares its data in the workers (it may download): its run checks
     ``trainer.monitor`` after the first epoch."""
     import logging
-    import tempfile
     import warnings
 
     from torch.utils.data import DataLoader, Subset
 
-    from hydra_raytrain.tasks.lightning import Lightning, check_module, import_lightning
+    from hydra_raytrain.tasks.lightning import Lightning, check_module, import_lightning, one_device_trainer
 
     pl = import_lightning()
     module = _build("model", cfg["model"], _fits_dataset(cfg["dataset"]))
@@ -119,16 +118,7 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
             log.setLevel(logging.WARNING)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer = pl.Trainer(
-                fast_dev_run=1,
-                accelerator="cpu",
-                devices=1,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                default_root_dir=tempfile.gettempdir(),  # nothing is written; nothing could land in the user's folder
-            )
+            trainer = one_device_trainer(pl, fast_dev_run=1, accelerator="cpu")
             trainer.fit(module, *loaders)
     except Exception as error:
         if cfg["scaling"]["use_gpu"]:
