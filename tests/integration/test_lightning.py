@@ -13,6 +13,7 @@ import torch
 from hydra.utils import instantiate
 
 from hydra_raytrain import evaluate, train
+from hydra_raytrain.driver.run import TrainingFailed
 from tests.conftest import compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import wandb_runs
@@ -172,3 +173,25 @@ def test_early_stopping_ends_the_run_on_a_checkpointed_epoch(ray_address, tmp_pa
     assert [m["epoch"] for m in _history(tmp_path / "run")] == [1, 2]
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "ray_storage").glob("*/epoch_*"))
     assert checkpoints == ["epoch_0002"]
+
+
+def test_a_datamodule_run_whose_module_logs_no_monitored_metric_stops_naming_trainer_monitor(ray_address, tmp_path):
+    """A datamodule is not rehearsed on the driver (its data may download): the workers check trainer.monitor after
+    the first epoch and stop the run with the config error, not retried."""
+    cfg = compose_config(
+        "experiment=digits_lightning",
+        "model._target_=tests.helpers.lit.NoValidationMetric",
+        "model.net.hidden=128",
+        "+datamodule._target_=tests.helpers.lit.DigitsDataModule",
+        "scaling.num_workers=1",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=2",
+        "failure.max_failures=1",
+    )
+    with pytest.raises(TrainingFailed) as caught:
+        train(cfg, run_dir=str(tmp_path))
+    message = str(caught.value)
+    assert "ConfigError" in message and "trainer.monitor='val_accuracy'" in message, message
+    assert "NoValidationMetric logs no such metric" in message and "train_accuracy" in message, message
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and [f["retried"] for f in summary["failures"]] == [False], summary
