@@ -6,7 +6,7 @@ The runner adds the sums over batches and over workers, then calls :meth:`Task.c
 metrics are exact whatever the number of workers (a mean of per-worker means would not be).
 
 A task with several models or optimizers (a GAN) overrides :meth:`Task.train_batch`, which receives the
-runner's :class:`~hydra_raytrain.recipe.step.TrainStep` and decides itself what to step; its
+runner's step (:class:`Step`: ``hydra_raytrain/recipe/step.py``'s ``TrainStep``) and decides itself what to step; its
 ``training_step`` / ``validation_step`` then receive the dict of models (``config.model`` names them).
 The runner still provides DDP for every model, autocast and the fp16 scaler, accumulation, clipping,
 checkpoints and resume of every model and optimizer.
@@ -14,16 +14,30 @@ checkpoints and resume of every model and optimizer.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from hydra_raytrain.recipe.step import TrainStep
-
 Sums = dict[str, torch.Tensor]
+
+
+class Step(Protocol):
+    """What :meth:`Task.train_batch` may use of the runner's step: the models (DDP-wrapped or FSDP-sharded, and
+    unwrapped), the forward context (autocast; no gradient sync inside an accumulation window) and ``optimize``
+    (backward, then at the end of an accumulation window: unscale, clip, step, zero the gradients)."""
+
+    models: dict[str, nn.Module]
+    unwrapped: dict[str, nn.Module]
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    def forward(self) -> contextlib.AbstractContextManager: ...
+
+    def optimize(self, loss: torch.Tensor, name: str | None = None) -> None: ...
 
 
 @dataclass
@@ -36,10 +50,11 @@ class Task:
     monitor: str = "val_loss"  # the metric that picks the best epoch unless trainer.monitor says otherwise
     mode: str = "min"
 
-    def training_step(self, model: nn.Module, batch: Any) -> StepOutput:
+    # ``model`` is the model, or the dict of models of a task with several (``config.model`` names them).
+    def training_step(self, model: Any, batch: Any) -> StepOutput:
         raise NotImplementedError
 
-    def validation_step(self, model: nn.Module, batch: Any) -> Sums:
+    def validation_step(self, model: Any, batch: Any) -> Sums:
         return self.training_step(model, batch).sums
 
     def compute(self, sums: dict[str, float]) -> dict[str, float]:
@@ -47,7 +62,7 @@ class Task:
         count = sums["count"]
         return {name: value / count for name, value in sums.items() if name != "count"}
 
-    def train_batch(self, step: TrainStep, batch: Any) -> Sums:
+    def train_batch(self, step: Step, batch: Any) -> Sums:
         """One micro-batch: forward under autocast, then backward and (at the end of an accumulation window)
         an optimizer step. Override for several models or optimizers."""
         with step.forward():

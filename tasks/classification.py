@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from hydra_raytrain.tasks.base import StepOutput, Task
+from .base import StepOutput, Task
 
 
 class Classification(Task):

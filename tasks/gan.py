@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hydra_raytrain.tasks.base import Sums, Task
+from .base import Step, Sums, Task
 
 SAMPLES_DIR = "samples"
 
@@ -61,7 +62,7 @@ class GAN(Task):
             "count": logits.new_full((), count),
         }
 
-    def train_batch(self, step, batch) -> Sums:
+    def train_batch(self, step: Step, batch: Any) -> Sums:
         real = batch[0]
         generator, discriminator = step.models["generator"], step.models["discriminator"]
         with step.forward():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hydra_raytrain.tasks.base import StepOutput, Task
+from .base import StepOutput, Task
 
 
 class Regression(Task):
