@@ -6,7 +6,7 @@
 
 Each config is composed as the training command composes it and goes through the same driver-side checks
 (every ``_target_`` imports and takes its arguments, values and ranges, the dataset, models and task built and
-rehearsed on a few samples, the metrics that settings name; see config/rehearsal.py), then the resources: a local
+rehearsed on a few samples, the metrics that settings name; see preflight/rehearsal.py), then the resources: a local
 cluster this machine could start for it, or a ``ray.address`` that answers. No Ray cluster starts, nothing trains,
 no run dir is written.
 Exit 0 when every config passes, 2 when one does not (each problem printed). ``-m`` expands the sweep with
@@ -24,9 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.overrides import check_override_keys
+from hydra_raytrain.preflight.replaced import apply_command_line_targets
 
 FAILED: list[str] = []
 

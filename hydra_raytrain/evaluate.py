@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.schema import DataLoaderConfig
-from hydra_raytrain.config.validate import check_targets
+from hydra_raytrain.preflight.targets import check_targets
+from hydra_raytrain.recipe.lightning_setup import import_lightning, is_lightning, one_device_trainer
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
 from hydra_raytrain.rundir import CONFIG_FILE, SUMMARY_FILE, write_json
-from hydra_raytrain.tasks.lightning import is_lightning
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -138,7 +138,6 @@ def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device) 
     """``task=lightning``: ``lightning.Trainer.validate`` on one device, over the datamodule's validation loader
     or the dataset's whole validation split; the metrics are what the module logs."""
     from hydra_raytrain.recipe.lightning import quiet_lightning
-    from hydra_raytrain.tasks.lightning import import_lightning, one_device_trainer
 
     quiet_lightning("WARNING")
     trainer = one_device_trainer(import_lightning(), accelerator="gpu" if device.type == "cuda" else "cpu")

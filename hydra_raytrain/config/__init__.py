@@ -1,11 +1,8 @@
-"""Config: typed schemas for the framework's own settings, and driver-side validation of the whole config."""
+"""Config's ground floor: the typed schema of the framework's own settings (``schema.py``), ``ConfigError``, the
+resolved config (``resolved.py``), path markers, the monitored-metric rule and the run's name. It imports neither
+torch nor Ray nor anything of this package above it, so anything may import it cheaply; the checks that build
+datasets, models and tasks are the floor above the worker side, ``hydra_raytrain/preflight/``."""
 
 from hydra_raytrain.config.errors import ConfigError, ConfigErrors
-from hydra_raytrain.config.identity import register_resolver, run_name
-from hydra_raytrain.config.schema import register_configs
-from hydra_raytrain.config.validate import validate
 
-register_configs()
-register_resolver()
-
-__all__ = ["ConfigError", "ConfigErrors", "run_name", "validate"]
+__all__ = ["ConfigError", "ConfigErrors"]

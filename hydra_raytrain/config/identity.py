@@ -1,17 +1,17 @@
 """A run's identity: a name derived from the composed config, used for Ray's ``RunConfig.name`` and the
 default run dir (``outputs/runs/<name>``). The same config always gives the same name, so re-running a
-command finds its run again (and resumes it); a change that can alter the result gives a new name."""
+command finds its run again (and resumes it); a change that can alter the result gives a new name.
+
+A pure function of the resolved config (``Resolved.to_dict()``): the driver, a sweep and the workers name a run
+alike. The name of a *composed* config as the driver will run it (``${run_name:}`` in ``hydra.run.dir``) applies
+the command line's replaced targets and absolute paths first: ``preflight/resolvers.py``."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-import os
-from collections.abc import Callable, Mapping
-from typing import Any, cast
-
-from omegaconf import DictConfig, OmegaConf
+from collections.abc import Mapping
+from typing import Any
 
 # Keys that cannot change what is learned: how Ray is reached, where results go, what is logged, when and
 # which checkpoints are kept, whether to resume, which failures are retried (a retry resumes exactly), how FSDP
@@ -60,70 +60,8 @@ def _label(node: Mapping[str, Any]) -> str:
     return str(node.get("arch") or node["_target_"].rsplit(".", 1)[-1]).lower()
 
 
-def run_identity(cfg: DictConfig, cwd: str) -> str:
-    """The run name of a composed config as the driver will run it: ``_target_`` replacements of the command line
-    applied (``replaced.py``; the overrides come from ``hydra.overrides.task`` when the config has them) and path
-    arguments made absolute against ``cwd``, as ``validate`` does. So a relative ``dataset.root`` names the same run
-    in the run dir and in Ray storage, and the same relative path from another folder is another run."""
-    from hydra_raytrain.config.replaced import drop_replaced_arguments
-    from hydra_raytrain.config.validate import absolute_target_paths
-
-    overrides = OmegaConf.select(cfg, "hydra.overrides.task", default=None)
-    sections = [str(key) for key in cfg if key != "hydra"]
-    if overrides:
-        cfg = copy.deepcopy(cfg)  # the caller's config stays as composed
-        drop_replaced_arguments(cfg, list(overrides))
-    resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in sections}
-    for section in ("model", "dataset", "task", "optimizer", "scheduler"):
-        absolute_target_paths(resolved.get(section), cwd)
-    run = cast(dict[str, Any], resolved.get("run") or {})
-    if run.get("init_from"):
-        from hydra_raytrain.recipe.warm_start import source_path
-
-        run["init_from"] = source_path(run["init_from"], cwd)
-    return run_name(resolved)
-
-
-def run_name_resolver(*, _root_: DictConfig) -> str:
-    """``${run_name:}`` in ``hydra.run.dir``. A config that does not resolve gets a placeholder name: the
-    driver's validation then reports what is wrong (and removes the run dir)."""
-    try:
-        return run_identity(_root_, os.getcwd())
-    except Exception:
-        return "unresolved-config"
-
-
 def sweep_name(*argument_lists: Any) -> str:
     """``${sweep_name:${hydra.overrides.task},${hydra.overrides.hydra}}`` in ``hydra.sweep.dir``: the same sweep
     command (its arguments in any order) finds the same sweep dir again, which is how a sweep resumes."""
     listed = sorted(str(argument) for arguments in argument_lists for argument in (arguments or []))
     return "sweep-" + hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:10]
-
-
-def _streamed(name: str) -> Callable[..., Any]:
-    """A resolver of ``data/streamed.py``, imported when first used: that module imports this package."""
-
-    def resolve(*arguments: Any) -> Any:
-        from hydra_raytrain.data import streamed
-
-        return getattr(streamed, name)(*arguments)
-
-    return resolve
-
-
-def register_resolver() -> None:
-    from hydra_raytrain.data import folders
-
-    resolvers: dict[str, Callable[..., Any]] = {
-        "run_name": run_name_resolver,
-        "sweep_name": sweep_name,
-        "class_count": folders.class_count,
-        "image_shape": folders.image_shape,
-        "parquet_shape": _streamed("parquet_shape"),
-        "parquet_outputs": _streamed("parquet_outputs"),
-        "stream_classes": _streamed("stream_classes"),
-        "stream_image_shape": _streamed("stream_image_shape"),
-    }
-    for name, resolver in resolvers.items():
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, resolver)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hydra_raytrain.config.identity import run_name
 from hydra_raytrain.config.schema import (
     CheckpointConfig,
     FailureConfig,
@@ -55,8 +56,6 @@ class Resolved:
         return dataclasses.asdict(self)
 
     def run_name(self) -> str:
-        from hydra_raytrain.config.identity import run_name
-
         return run_name(self.to_dict())
 
 

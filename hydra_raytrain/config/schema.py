@@ -2,7 +2,7 @@
 
 Hydra type-checks every override against these dataclasses while composing (``scaling.num_workers=two`` and
 ``trainer.max_epoch=3`` fail there). Range checks live in ``__post_init__``, which runs when
-:func:`hydra_raytrain.config.validate.validate` turns the composed config into objects.
+:func:`hydra_raytrain.preflight.validate` turns the composed config into objects.
 
 Models, datasets, optimizers, schedulers and tasks stay free-form ``_target_`` nodes; they are checked
 against their callables' signatures instead. Names follow Ray's and PyTorch's own.

@@ -23,6 +23,7 @@ from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver.builders import scaling_config
 from hydra_raytrain.internals import resources_per_worker
+from hydra_raytrain.recipe.loaders import machine_cores
 
 # A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
 WORKER_MEMORY_BYTES = 700 * 2**20
@@ -59,11 +60,6 @@ def resource_request(scaling: ScalingConfig, data_cpus: int = 0) -> ResourceRequ
     return ResourceRequest(
         scaling.num_workers, per_worker, scaling.max_workers, data_cpus if scaling.num_workers else 0
     )
-
-
-def machine_cores() -> int:
-    """The cores this command may run on (its CPU affinity, as ``taskset`` or a container's cpuset limit it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def machine_share(scaling: ScalingConfig, cores: int) -> ScalingConfig:

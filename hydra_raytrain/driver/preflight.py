@@ -1,4 +1,4 @@
-"""Everything a run checks before Ray starts, reported together: the config (``config.validate``) and the
+"""Everything a run checks before Ray starts, reported together: the config (``hydra_raytrain.preflight``) and the
 resources (a local cluster this machine can start for the request, or a ``ray.address`` that answers).
 ``train`` and ``python -m hydra_raytrain.check`` both call it."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import ray
 from omegaconf import DictConfig
 
-from hydra_raytrain.config import validate
 from hydra_raytrain.config.errors import Problems
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.resolved import Resolved, typed
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver import cluster
+from hydra_raytrain.preflight import validate
 
 
 def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:

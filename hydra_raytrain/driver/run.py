@@ -23,7 +23,6 @@ from rich.console import Console
 from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
-from hydra_raytrain.config.replaced import apply_command_line_targets
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data import streamed
 from hydra_raytrain.data.streamed import Streamed
@@ -33,8 +32,10 @@ from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
+from hydra_raytrain.preflight.rehearsal import build_dataset
+from hydra_raytrain.preflight.replaced import apply_command_line_targets
+from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.recipe.loop import train_loop_per_worker
-from hydra_raytrain.tasks.lightning import is_lightning
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
 RAY_TRAIN_ENV = {
@@ -82,7 +83,7 @@ def train(
     if replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
         _save_composed(run_dir, cfg)
     storage = resolved.storage.path or os.path.join(run_dir, "ray_storage")
-    name = resolved.run_name()  # the run dir's ${run_name:} too (config.identity.run_identity)
+    name = resolved.run_name()  # the run dir's ${run_name:} too (preflight.resolvers.run_identity)
     if resolved.trainer.progress_bar is None:  # bars in a log file or CI output are noise
         trainer = dataclasses.replace(resolved.trainer, progress_bar=sys.stderr.isatty())
         resolved = dataclasses.replace(resolved, trainer=trainer)
@@ -224,8 +225,6 @@ def _fit(
 
 def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
     """The dataset as the driver built it when Ray Data streams it (``data/streamed.py``), else None."""
-    from hydra_raytrain.config.rehearsal import build_dataset
-
     if not streamed.streams(node["_target_"]):
         return None
     built = build_dataset(node)

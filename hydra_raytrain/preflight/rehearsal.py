@@ -22,6 +22,14 @@ from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 from hydra_raytrain.config.monitor import monitored
+from hydra_raytrain.data.streamed import Streamed
+from hydra_raytrain.recipe import checkpoint, warm_start
+from hydra_raytrain.recipe.augment import Augment
+from hydra_raytrain.recipe.lightning_setup import check_module, import_lightning, one_device_trainer
+from hydra_raytrain.recipe.parallel import matching_modules, module_classes
+from hydra_raytrain.recipe.step import build_lr_scheduler
+from hydra_raytrain.tasks.base import Task
+from hydra_raytrain.tasks.lightning import Lightning
 
 # What every epoch's metrics hold besides the task's own train_*/val_* (see recipe/loop.py).
 RUNNER_METRICS = (
@@ -49,8 +57,6 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
     optimizer's or the schedule's arguments were refused); ``warm_start``: also load ``run.init_from``'s weights
     (not when that setting was refused)."""
-    from hydra_raytrain.tasks.base import Task
-
     on_gpu = cfg["scaling"]["use_gpu"]  # the workers' device is not the driver's CPU: what fails here may work there
     splits, models, task = _build_parts(cfg, on_gpu)
     if splits is None or models is None:
@@ -98,8 +104,6 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
     import warnings
 
     from torch.utils.data import DataLoader, Subset
-
-    from hydra_raytrain.tasks.lightning import Lightning, check_module, import_lightning, one_device_trainer
 
     pl = import_lightning()
     module = _build("model", cfg["model"], _fits_dataset(cfg["dataset"]))
@@ -177,8 +181,6 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
                 )
                 return None
             raise
-        from hydra_raytrain.data.streamed import Streamed
-
         counts = splits.rows if isinstance(splits, Streamed) else {s: len(getattr(splits, s)) for s in ("train", "val")}
         for split in ("train", "val"):
             if counts[split] == 0:
@@ -227,8 +229,6 @@ def step_sums(task: Any, model: Any, batch: Any) -> tuple[dict[str, float], dict
     step (eval mode, no gradients) on ``batch``; nothing is optimised."""
     import torch
 
-    from hydra_raytrain.tasks.base import Task
-
     modules = list(model.values()) if isinstance(model, dict) else [model]
     for module in modules:
         module.eval()
@@ -260,8 +260,6 @@ def warn(message: str) -> None:
 
 def check_module_classes(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
     """The module classes that FSDP shards and activation checkpointing recomputes: each in some model."""
-    from hydra_raytrain.recipe.parallel import matching_modules, module_classes
-
     trainer, recomputed = cfg["trainer"], cfg["trainer"]["activation_checkpointing_modules"]
     full = trainer["activation_checkpointing"] == "full"
     named = {}
@@ -284,8 +282,6 @@ def check_module_classes(cfg: Mapping[str, Any], models: dict[str, Any]) -> None
 def check_warm_start(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
     """``run.init_from``'s weights loaded into the rehearsed models, as the workers load them: what does not fit
     is named here, key by key, before any worker starts."""
-    from hydra_raytrain.recipe import checkpoint, warm_start
-
     run, several = cfg["run"], "_target_" not in cfg["model"]
     saved = checkpoint.unpack_models(warm_start.read(run["init_from"], False)["model"], several)
     warm_start.check_fit(models, saved, run["init_from"], run["init_from_strict"])
@@ -297,8 +293,6 @@ def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
     import warnings
 
     from hydra.utils import instantiate
-
-    from hydra_raytrain.recipe.step import build_lr_scheduler
 
     node = cfg["scheduler"]["lr_scheduler"]
     if node is None:
@@ -379,8 +373,6 @@ def _augmented(cfg: Mapping[str, Any], batch: Any) -> Any:
     """``batch`` as ``trainer.augment`` hands it to the step (a ConfigError when the batch holds no images)."""
     import torch
 
-    from hydra_raytrain.recipe.augment import Augment
-
     settings = cfg["trainer"]["augment"]
     augment = Augment(settings["random_crop_padding"], settings["horizontal_flip"], cfg["trainer"]["seed"])
     return augment(batch, 0, torch.arange(len(_first(batch)))) if augment.enabled else batch
@@ -389,8 +381,6 @@ def _augmented(cfg: Mapping[str, Any], batch: Any) -> Any:
 def _spread_samples(dataset: Any) -> Any:
     """Up to REHEARSED_SAMPLES samples spread evenly over ``dataset``, collated as a DataLoader collates them."""
     from torch.utils.data import default_collate
-
-    from hydra_raytrain.data.streamed import Streamed
 
     if isinstance(dataset, Streamed):  # read here, decoded as Ray Data's tasks decode
         return dataset.sample(REHEARSED_SAMPLES)

@@ -21,7 +21,9 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.plain import as_dict
+from hydra_raytrain.preflight.targets import locate  # quiet: Hydra's own get_object logs an ERROR story
 
 # Hydra's own keys of an instantiable node: they say how to call the target, so they stay.
 KEPT_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_")
@@ -70,7 +72,7 @@ def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> list[s
 
 
 def apply_command_line_targets(cfg: DictConfig) -> list[str]:
-    """A ``_target_`` set on the command line starts its node afresh (``config/replaced.py``); each dropped
+    """A ``_target_`` set on the command line starts its node afresh (``preflight/replaced.py``); each dropped
     argument is said once. Under the CLI the overrides are Hydra's; a composed config passed to ``train()``
     from Python keeps what it holds."""
     from hydra.core.hydra_config import HydraConfig
@@ -95,9 +97,6 @@ def dropped_note(key: str, target: str, dropped: dict[str, object]) -> str:
 def _accepted_arguments(target: object):
     """The keyword names the target takes; None when any is accepted or it cannot be told (not importable: the
     validation reports that)."""
-    from hydra_raytrain.config.errors import ConfigError
-    from hydra_raytrain.config.validate import locate  # quiet: Hydra's own get_object logs an ERROR story
-
     try:
         parameters = inspect.signature(locate("", str(target))).parameters
     except (ConfigError, TypeError, ValueError):

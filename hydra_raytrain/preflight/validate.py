@@ -2,36 +2,48 @@
 
 ``validate(cfg, cwd)`` returns the config resolved to a plain dict with absolute paths: what workers receive
 (they run in Ray's session folder, where relative paths and ``${hydra:...}`` mean nothing).
+
+First each section alone (the schema's range checks, every ``_target_`` and its arguments: ``targets.py``), then
+``CHECKS``: the checks that read several sections, each run in one loop when the sections it needs passed their
+own; the rehearsal of a validation step (``rehearsal.py``) comes last.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import logging
-import os
-import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
-from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
-from hydra_raytrain.config.paths import PathArg
+from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import TYPED_SECTIONS, checkpointed_modules
-from hydra_raytrain.config.typecheck import wrong_type
+from hydra_raytrain.data import streamed
 from hydra_raytrain.internals import child_node
-from hydra_raytrain.tasks.lightning import MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, is_lightning
+from hydra_raytrain.preflight import rehearsal
+from hydra_raytrain.preflight.targets import HYDRA_KEYS, absolute, check_targets
+from hydra_raytrain.recipe.lightning_setup import MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, import_lightning, is_lightning
+from hydra_raytrain.recipe.loaders import per_worker_batch_size
+from hydra_raytrain.recipe.warm_start import locate as locate_warm_start
+from hydra_raytrain.tasks.base import Task
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
 COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger", "datamodule")
-HYDRA_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
-# What the runner passes to a section's `_partial_` node at run time: a node without `_partial_: true` misses it.
-RUNTIME_ARGUMENTS = {"optimizer": "params", "scheduler": "optimizer"}
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "fsdp", "scaling", "checkpoint")
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check that reads several sections of the resolved config: it runs when every section it ``needs``
+    passed its own checks and ``applies`` to the config (and to whether the step is rehearsed)."""
+
+    needs: tuple[str, ...]
+    run: Callable[[dict[str, Any], Problems], object]
+    applies: Callable[[dict[str, Any], bool], bool] = lambda cfg, rehearse: True
 
 
 def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
@@ -39,6 +51,20 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
     (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
     that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``)."""
     problems = Problems()
+    resolved = check_sections(cfg, cwd, problems)
+    if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
+        problems.raise_any()
+    for check in CHECKS:
+        if not problems.failed(*check.needs) and check.applies(resolved, rehearse):
+            with problems.collect():
+                check.run(resolved, problems)
+    problems.raise_any()
+    return Resolved.from_dict(resolved)
+
+
+def check_sections(cfg: DictConfig, cwd: str, problems: Problems) -> dict[str, Any]:
+    """Each section on its own: the schema's range checks, values that resolve, every ``_target_`` and its
+    arguments; paths made absolute. Returns the sections that resolve, as plain containers."""
     for section in TYPED_SECTIONS:
         with problems.collect():
             try:
@@ -53,58 +79,61 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
         resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
     run = resolved.get("run") or {}
     if run.get("init_from"):
-        from hydra_raytrain.recipe.warm_start import locate
+        with problems.collect():
+            run["init_from"] = locate_warm_start(run["init_from"], cwd, run["init_optimizer"])
+    return resolved
 
-        with problems.collect():
-            run["init_from"] = locate(run["init_from"], cwd, run["init_optimizer"])
-    if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
-        problems.raise_any()
-    from hydra_raytrain.recipe.loaders import per_worker_batch_size
 
-    # Each check below reads several sections: it runs only when they passed their own checks.
-    trainer, scaling = resolved["trainer"], resolved["scaling"]
-    if not problems.failed("model", "task"):
-        with problems.collect():
-            check_models_and_optimizers(
-                resolved["model"], resolved["optimizer"], resolved["task"], values=not problems.failed("optimizer")
-            )
-    if not problems.failed("trainer", "dataset", "scaling"):
-        with problems.collect():
-            check_streamed(resolved["dataset"], trainer, scaling)
-    lightning = not problems.failed("task") and is_lightning(resolved["task"]["_target_"])
-    if lightning:
-        with problems.collect():
-            check_lightning(resolved)
-    if not problems.failed("trainer", "scaling", "fsdp"):
-        with problems.collect():
-            check_trainer_switches(trainer, scaling, resolved["fsdp"])
-        with problems.collect():
-            for world_size in range(
-                max(1, scaling["num_workers"]), max(1, scaling["num_workers"], scaling["max_workers"] or 0) + 1
-            ):
-                per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
-    if rehearse and lightning and not problems.failed("model", "dataset", "task", "trainer", "datamodule"):
-        from hydra_raytrain.config.rehearsal import rehearse_lightning
+def _lightning(cfg: dict[str, Any], rehearse: bool = False) -> bool:
+    return is_lightning(cfg["task"]["_target_"])
 
-        with problems.collect():
-            rehearse_lightning(resolved)
-    elif rehearse and not problems.failed("model", "dataset", "task", "trainer", "checkpoint", "logger"):
-        from hydra_raytrain.config.rehearsal import rehearse as rehearse_step
 
-        with problems.collect():
-            rehearse_step(
-                resolved, schedule=not problems.failed("scheduler", "optimizer"), warm_start=not problems.failed("run")
-            )
-    problems.raise_any()
-    return Resolved.from_dict(resolved)
+def _models_and_optimizers(cfg: dict[str, Any], problems: Problems) -> None:
+    values = not problems.failed("optimizer")
+    check_models_and_optimizers(cfg["model"], cfg["optimizer"], cfg["task"], values=values)
+
+
+def _batch_split(cfg: dict[str, Any], problems: Problems) -> None:
+    """The batch splits evenly over every worker count the run may have (an elastic run's too)."""
+    trainer, scaling = cfg["trainer"], cfg["scaling"]
+    smallest = max(1, scaling["num_workers"])
+    for world_size in range(smallest, max(smallest, scaling["max_workers"] or 0) + 1):
+        per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
+
+
+def _rehearse_step(cfg: dict[str, Any], problems: Problems) -> None:
+    schedule, warm_start = not problems.failed("scheduler", "optimizer"), not problems.failed("run")
+    rehearsal.rehearse(cfg, schedule=schedule, warm_start=warm_start)
+
+
+CHECKS = (
+    Check(("model", "task"), _models_and_optimizers),
+    Check(
+        ("trainer", "dataset", "scaling"), lambda cfg, _: check_streamed(cfg["dataset"], cfg["trainer"], cfg["scaling"])
+    ),
+    Check(("task",), lambda cfg, _: check_lightning(cfg), applies=_lightning),
+    Check(
+        ("trainer", "scaling", "fsdp"),
+        lambda cfg, _: check_trainer_switches(cfg["trainer"], cfg["scaling"], cfg["fsdp"]),
+    ),
+    Check(("trainer", "scaling", "fsdp"), _batch_split),
+    Check(
+        ("model", "dataset", "task", "trainer", "datamodule"),
+        lambda cfg, _: rehearsal.rehearse_lightning(cfg),
+        applies=lambda cfg, rehearse: rehearse and _lightning(cfg),
+    ),
+    Check(
+        ("model", "dataset", "task", "trainer", "checkpoint", "logger"),
+        _rehearse_step,
+        applies=lambda cfg, rehearse: rehearse and not _lightning(cfg),
+    ),
+)
 
 
 def check_streamed(dataset: dict[str, Any], trainer: dict[str, Any], scaling: dict[str, Any]) -> None:
     """What a dataset that Ray Data streams (``data/streamed.py``) cannot do: FSDP (its validation forwards are
     collectives, and a streamed validation shard's length is known only once read), the device-resident path
     (the data never sits in one worker), Ray Train's local mode (no cluster to read it)."""
-    from hydra_raytrain.data import streamed
-
     if not streamed.streams(dataset["_target_"]):
         return
     refused = [  # key, value, whether it is refused, what is valid
@@ -139,9 +168,6 @@ LIGHTNING_UNMAPPED = (
 def check_lightning(cfg: dict[str, Any]) -> None:
     """``task=lightning``: the extra is installed; the settings that Lightning runs do not take are unset; a
     dataset Ray Data streams and Ray Train's local mode are refused; ``trainer.lightning_kwargs`` are Trainer's."""
-    from hydra_raytrain.data import streamed
-    from hydra_raytrain.tasks.lightning import import_lightning
-
     pl = import_lightning()
     problems = Problems()
     for key, unset in LIGHTNING_UNMAPPED:
@@ -201,8 +227,6 @@ def check_models_and_optimizers(
     """``model`` is one ``_target_`` node, or several named ones (a GAN) for a task that owns its step;
     ``optimizer`` is one node for every model, or one per model name. ``values``: also build each optimizer
     (not when its arguments were already refused)."""
-    from hydra_raytrain.tasks.base import Task
-
     names = sorted(model) if "_target_" not in model else ["model"]
     task_cls = get_object(task["_target_"])
     if len(names) > 1 and getattr(task_cls, "train_batch", None) is Task.train_batch:
@@ -373,151 +397,3 @@ def _missing_keys(node: Any, prefix: str = "") -> list[str]:
             elif not OmegaConf.is_interpolation(node, key):
                 found += _missing_keys(child_node(node, key), f"{prefix}{key}.")
     return found
-
-
-def check_targets(key: str, node: Any, cwd: str, problems: Problems) -> None:
-    """Every `_target_` in the tree imports and accepts its arguments; path arguments become absolute."""
-    if isinstance(node, dict):
-        if "_target_" in node:
-            with problems.collect():
-                check_call(key, node, cwd)
-        for name, value in node.items():
-            if name not in HYDRA_KEYS:
-                check_targets(f"{key}.{name}", value, cwd, problems)
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            check_targets(f"{key}[{index}]", value, cwd, problems)
-
-
-def locate(key: str, path: str) -> Callable:
-    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure as an ERROR too; ours is the one message
-    try:
-        hydra_log.disabled = True
-        return get_object(path)
-    except Exception as error:  # Hydra raises ImportError or ValueError with a multi-line story
-        module_name, _, attribute = str(path).rpartition(".")
-        hint = ""
-        try:
-            module = importlib.import_module(module_name)
-            hint = did_you_mean(attribute, [name for name in dir(module) if not name.startswith("_")])
-        except Exception:
-            pass
-        raise ConfigError(
-            f"{key}._target_",
-            path,
-            f"cannot be imported{hint}: {one_line(error)}",
-            "the dotted path of an importable class or function, e.g. torch.optim.SGD.",
-        ) from None
-    finally:
-        hydra_log.disabled = False
-
-
-def check_call(key: str, node: dict[str, Any], cwd: str) -> None:
-    """The node's arguments against its target's signature: names, values of a plainly wrong type, required
-    ones, then paths. Every argument's problem is reported, not the first one only."""
-    target = locate(key, node["_target_"])
-    try:
-        signature = inspect.signature(target)
-    except (TypeError, ValueError):  # some builtins have no signature to check against
-        return
-    kwargs = {name: value for name, value in node.items() if name not in HYDRA_KEYS}
-    params = signature.parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    accepted = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    problems = Problems()
-    hints = _type_hints(target)
-    for name, value in kwargs.items():
-        if name not in params and not takes_any:
-            problems.add(
-                ConfigError(
-                    f"{key}.{name}",
-                    value,
-                    f"{node['_target_']} has no argument {name!r}{did_you_mean(name, accepted)}.",
-                    ", ".join(accepted) or "(no arguments)",
-                )
-            )
-        elif name in params and value != "???":  # a missing value is reported as such
-            expected = wrong_type(value, hints.get(name), params[name].default)
-            if expected:
-                default = params[name].default
-                example = (
-                    f", e.g. {key}.{name}={default}"
-                    if default is not inspect.Parameter.empty and default is not None
-                    else ""
-                )
-                problems.add(
-                    ConfigError(
-                        f"{key}.{name}",
-                        value,
-                        f"{node['_target_']} takes {expected} for {name!r}, not {type(value).__name__}.",
-                        f"{expected}{example}",
-                    )
-                )
-    problems.raise_any()
-    bind = signature.bind_partial if node.get("_partial_") else signature.bind
-    try:
-        bind(*node.get("_args_", []), **kwargs)
-    except TypeError as error:
-        passed = RUNTIME_ARGUMENTS.get(key.split(".")[0])
-        if passed and not node.get("_partial_") and f"'{passed}'" in str(error):
-            raise ConfigError(
-                f"{key}._partial_",
-                None,
-                f"{node['_target_']} needs {passed!r}, which the runner passes at run time.",
-                f"add `_partial_: true` to {key} (on the command line: +{key}._partial_=true)",
-            ) from None
-        raise ConfigError(
-            key,
-            node["_target_"],
-            f"its arguments do not fit: {error}.",
-            f"arguments of {node['_target_']}: {', '.join(accepted)}",
-        ) from None
-    _check_paths(key, target, node, cwd)
-
-
-def _type_hints(target: Callable) -> dict[str, Any]:
-    try:
-        return typing.get_type_hints(target.__init__ if inspect.isclass(target) else target, include_extras=True)
-    except Exception:  # a hint that does not evaluate: nothing to check by
-        return {}
-
-
-def _check_paths(key: str, target: Callable, node: dict[str, Any], cwd: str) -> None:
-    for name, must_exist in absolute_paths(target, node, cwd):
-        if must_exist and not os.path.isdir(node[name]):
-            raise ConfigError(f"{key}.{name}", node[name], "no such folder.", "the path of an existing folder.")
-
-
-def absolute_paths(target: Callable, node: dict[str, Any], cwd: str) -> list[tuple[str, bool]]:
-    """Make the node's path arguments (``LocalPath`` / ``ExistingDir``) absolute against ``cwd``, in place;
-    returns each one's name and whether it must exist."""
-    paths = []
-    for name, hint in _type_hints(target).items():
-        markers = [m for m in getattr(hint, "__metadata__", ()) if isinstance(m, PathArg)]
-        if markers and isinstance(node.get(name), str):
-            node[name] = absolute(node[name], cwd)
-            paths.append((name, markers[0].must_exist))
-    return paths
-
-
-def absolute_target_paths(node: Any, cwd: str) -> None:
-    """``absolute_paths`` for every importable ``_target_`` node in a tree (the run identity's view of a config)."""
-    if isinstance(node, dict):
-        if isinstance(node.get("_target_"), str):
-            try:
-                absolute_paths(locate("", node["_target_"]), node, cwd)
-            except ConfigError:
-                pass  # not importable: validation reports it
-        for name, value in node.items():
-            if name not in HYDRA_KEYS:
-                absolute_target_paths(value, cwd)
-    elif isinstance(node, list):
-        for value in node:
-            absolute_target_paths(value, cwd)
-
-
-def absolute(path: str, cwd: str) -> str:
-    """Local paths become absolute against the driver's cwd; URIs (s3://...) stay as they are."""
-    if "://" in path:
-        return path
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))

@@ -35,6 +35,7 @@ from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, star
 from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.cadence import Cadence
+from hydra_raytrain.recipe.lightning_setup import check_module
 from hydra_raytrain.recipe.loaders import (
     build_loader,
     loader_processes,
@@ -44,7 +45,7 @@ from hydra_raytrain.recipe.loaders import (
 )
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything
 from hydra_raytrain.rundir import CONFIG_FILE, write_json
-from hydra_raytrain.tasks.lightning import Lightning, check_module
+from hydra_raytrain.tasks.lightning import Lightning
 
 CHECKPOINT_FILE = "checkpoint.ckpt"  # Ray's RayTrainReportCallback name for the Lightning checkpoint
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -75,12 +76,15 @@ def sharded_sampler(
     )
 
 
+def machine_cores() -> int:
+    """The cores this command may run on (its CPU affinity, as ``taskset`` or a container's cpuset limit it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def worker_cpus() -> int:
     """The CPUs Ray gave this worker (floored, at least 1: a GPU worker given no CPU drives its GPU from one);
     outside a Ray worker (Ray Train's local mode runs in the driver), the cores this process may run on."""
     import ray
-
-    from hydra_raytrain.driver.cluster import machine_cores
 
     context = ray.get_runtime_context() if ray.is_initialized() else None
     if context is not None and context.worker.mode == ray.WORKER_MODE:

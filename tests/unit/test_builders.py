@@ -3,8 +3,9 @@
 import pytest
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-from hydra_raytrain.config import ConfigError, schema, validate
+from hydra_raytrain.config import ConfigError, schema
 from hydra_raytrain.driver import builders
+from hydra_raytrain.preflight import validate
 from tests.conftest import compose_config
 
 
@@ -82,7 +83,7 @@ def test_the_default_run_dir_is_the_run_name():
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from hydra_raytrain.config import run_name
+    from hydra_raytrain.config.identity import run_name
 
     with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):
         cfg = compose("train", overrides=["optimizer.lr=0.01"], return_hydra_config=True)

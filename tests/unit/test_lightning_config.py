@@ -5,11 +5,12 @@ import sys
 
 import pytest
 
-from hydra_raytrain.config import ConfigError, validate
+from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.identity import run_name
 from hydra_raytrain.config.resolved import Resolved
+from hydra_raytrain.preflight import validate
 from hydra_raytrain.recipe.lightning import trainer_arguments
-from hydra_raytrain.tasks.lightning import EXTRA, MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, import_lightning
+from hydra_raytrain.recipe.lightning_setup import EXTRA, MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, import_lightning
 from tests.conftest import compose_config
 
 

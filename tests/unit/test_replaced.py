@@ -1,6 +1,6 @@
 """A ``_target_`` set on the command line starts its node afresh (hydra_raytrain/config/replaced.py)."""
 
-from hydra_raytrain.config.replaced import drop_replaced_arguments, replaced_targets
+from hydra_raytrain.preflight.replaced import drop_replaced_arguments, replaced_targets
 from tests.conftest import compose_config
 
 

@@ -4,8 +4,9 @@ import pytest
 from hydra.errors import ConfigCompositionException, HydraException
 from omegaconf import OmegaConf
 
-from hydra_raytrain.config import ConfigError, validate
+from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import TrainerConfig
+from hydra_raytrain.preflight import validate
 from tests.conftest import compose_config
 
 

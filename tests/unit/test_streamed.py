@@ -6,11 +6,12 @@ import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
 
-from hydra_raytrain.config import ConfigError, validate
-from hydra_raytrain.config.rehearsal import build_dataset
+from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.data import streamed
 from hydra_raytrain.driver.cluster import ResourceRequest, plan_local_cpus
+from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.rehearsal import build_dataset
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet, write_images
 

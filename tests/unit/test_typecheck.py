@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from hydra_raytrain.config.typecheck import wrong_type
+from hydra_raytrain.preflight.typecheck import wrong_type
 
 EMPTY = inspect.Parameter.empty
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from hydra_raytrain.config import ConfigError, ConfigErrors, validate
+from hydra_raytrain.config import ConfigError, ConfigErrors
 from hydra_raytrain.config.resolved import Resolved
+from hydra_raytrain.preflight import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_images, write_mnist
 
@@ -252,7 +253,7 @@ def test_an_lr_schedule_is_built_and_stepped_on_the_driver(tmp_path, overrides, 
 
 
 def test_a_model_too_large_for_the_driver_is_counted_not_built(tmp_path, monkeypatch, capsys):
-    from hydra_raytrain.config import rehearsal
+    from hydra_raytrain.preflight import rehearsal
 
     monkeypatch.setattr(rehearsal, "MAX_REHEARSED_PARAMETERS", 1000)
     validate(compose_config("trainer.monitor=val_bogus"), str(tmp_path))  # not checked: the step was not rehearsed

@@ -4,8 +4,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from hydra_raytrain.config import ConfigError, validate
+from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.identity import run_name
+from hydra_raytrain.preflight import validate
 from hydra_raytrain.recipe.warm_start import mismatches
 from tests.conftest import compose_config
 
