@@ -29,3 +29,19 @@ def test_the_package_exports_load_lazily_and_stay_functions():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_extension_api_is_importable_from_the_package():
+    """What docs/own-task.md, own-data.md and architecture.md have users import, from one place."""
+    from hydra_raytrain import ExistingDir, LocalPath, Logger, Splits, Step, StepOutput, Sums, Task
+    from hydra_raytrain.config.paths import ExistingDir as existing_dir
+    from hydra_raytrain.data.splits import Splits as splits
+    from hydra_raytrain.loggers.base import Logger as logger
+    from hydra_raytrain.tasks.base import Task as task
+
+    assert (Task, Splits, Logger, ExistingDir) == (task, splits, logger, existing_dir)
+    assert LocalPath is not ExistingDir and Sums is not None and Step is not None
+    assert StepOutput.__module__ == "hydra_raytrain.tasks.base"
+    import hydra_raytrain
+
+    assert set(hydra_raytrain.__all__) <= set(dir(hydra_raytrain))
