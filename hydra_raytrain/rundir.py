@@ -10,6 +10,7 @@ from typing import Any
 from ray.train import UserCallback
 
 from hydra_raytrain.logfiles import link_process_logs
+from hydra_raytrain.outcome import RunStatus
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -97,7 +98,7 @@ def best_epoch(history: list[dict[str, Any]], monitor: str, mode: str) -> dict[s
 
 
 def make_summary(
-    status: str,
+    status: RunStatus,
     history: list[dict[str, Any]],
     monitor: str,
     mode: str,

@@ -9,7 +9,8 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -32,6 +33,7 @@ from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
+from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import build_dataset
 from hydra_raytrain.preflight.replaced import apply_command_line_targets
 from hydra_raytrain.recipe.lightning_setup import is_lightning
@@ -136,15 +138,37 @@ def _fit(
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
-    trainer = resolved.trainer
-    monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
+    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary)
     epoch_log = rundir.EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
-    failure_log = failures.FailureLog(run_dir, resolved.failure)
+    callbacks = [epoch_log, failures.FailureLog(run_dir, resolved.failure), *extra_callbacks]
+    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks)
+    try:
+        if local_mode:  # nothing persists a checkpoint: no notice to act on
+            result = trainer_for(None).fit()
+        else:
+            with posted_on_sigterm(f"hydra_raytrain.notice.{name}") as notice:
+                result = trainer_for(notice).fit()
+    except TrainingFailedError as error:
+        summarize("failed", error=str(error))
+        raise TrainingFailed(
+            f"Training failed: {_first_cause(error)}\nRun dir: {run_dir} (summary.json has the full error)"
+        ) from None
+    outcome: WorkerResult = result.return_value
+    if local_mode:  # local mode runs no callbacks: write the epochs it returned
+        for metrics in outcome.history:
+            epoch_log.write(metrics)
+    return _conclude(outcome, summarize, run_dir)
+
+
+def _trainer_factory(
+    resolved: Resolved, run_dir: str, storage: str, name: str, stream: Streamed | None, callbacks: list[Any]
+) -> Callable[[str | None], TorchTrainer]:
+    """The run's ``TorchTrainer`` for a preemption notice's name (None: no notice): the workers' loop (ours, or
+    Lightning's), its config, Ray Data's datasets, and Ray's config objects (``builders.py``)."""
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
-
     loop_config: dict[str, Any] = {"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name}
     data: dict[str, Any] = {}
     if stream is not None:
@@ -155,70 +179,69 @@ def _fit(
         context.print_on_execution_start = False  # two INFO lines per split and epoch
         loop_config["rows"] = stream.rows
         data = {"datasets": stream.ray_datasets(), "dataset_config": builders.ValidationOnce()}
-
     loop = train_loop_per_worker
     if is_lightning(resolved.task["_target_"]):
-        from hydra_raytrain.recipe.lightning import train_loop_lightning as loop
+        from hydra_raytrain.recipe.lightning import train_loop_lightning as loop  # imports Lightning
 
-    def fit(notice: str | None) -> Any:
-        trainer = TorchTrainer(
+    def trainer_for(notice: str | None) -> TorchTrainer:
+        return TorchTrainer(
             loop,
             train_loop_config={**loop_config, "notice": notice},
             **data,
             scaling_config=builders.scaling_config(resolved.scaling),
             torch_config=builders.torch_config(resolved.scaling),
-            run_config=builders.run_config(
-                resolved, storage, name, callbacks=[epoch_log, failure_log, *extra_callbacks], worker_env=worker_env
-            ),
+            run_config=builders.run_config(resolved, storage, name, callbacks=callbacks, worker_env=worker_env),
         )
-        return trainer.fit()
 
-    def finish(status: str, error: str | None = None, **extra: Any) -> dict[str, Any]:
-        history = rundir.read_history(run_dir)
-        summary = rundir.make_summary(
-            status, history, monitor, mode, run_dir, os.path.join(storage, name), time.time() - started, error
-        )
-        summary["stopped_early"] = status == "completed" and len(history) < resolved.trainer.max_epochs
-        summary["loggers"] = sorted(resolved.logger)  # what logged the run: a logger added later replays it
+    return trainer_for
+
+
+@dataclass
+class Summary:
+    """Writes the run's ``summary.json`` (and ``curves.png``, the process logs) when the fit ends, and shows the
+    summary table; returns the summary."""
+
+    resolved: Resolved
+    run_dir: str
+    checkpoints: str  # the run's folder in Ray storage
+    started: float
+    show: bool
+
+    def __call__(self, status: RunStatus, error: str | None = None, **extra: Any) -> dict[str, Any]:
+        trainer = self.resolved.trainer
+        monitor, mode = monitored(get_object(self.resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
+        history = rundir.read_history(self.run_dir)
+        elapsed = time.time() - self.started
+        summary = rundir.make_summary(status, history, monitor, mode, self.run_dir, self.checkpoints, elapsed, error)
+        summary["stopped_early"] = status == "completed" and len(history) < trainer.max_epochs
+        summary["loggers"] = sorted(self.resolved.logger)  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
-        summary["failures"] = failures.read(run_dir)  # what failed in this command, what was retried and why
+        summary["failures"] = failures.read(self.run_dir)  # what failed in this command, what was retried and why
         summary.update(extra)
-        rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
+        rundir.write_json(os.path.join(self.run_dir, rundir.SUMMARY_FILE), summary)
         if history:
-            report.plot_curves(history, os.path.join(run_dir, report.CURVES_FILE))
-        keep_process_logs(run_dir)
-        if show_summary:
+            report.plot_curves(history, os.path.join(self.run_dir, report.CURVES_FILE))
+        keep_process_logs(self.run_dir)
+        if self.show:
             Console().print(report.summary_table(summary))
             print(report.storage_line(summary), flush=True)
         return summary
 
-    try:
-        if local_mode:  # nothing persists a checkpoint: no notice to act on
-            result = fit(None)
-        else:
-            with posted_on_sigterm(f"hydra_raytrain.notice.{name}") as notice:
-                result = fit(notice)
-    except TrainingFailedError as error:
-        finish("failed", error=str(error))
-        raise TrainingFailed(
-            f"Training failed: {_first_cause(error)}\nRun dir: {run_dir} (summary.json has the full error)"
-        ) from None
 
-    if local_mode:  # local mode runs no callbacks: write the epochs it returned
-        for metrics in result.return_value["history"]:
-            epoch_log.write(metrics)
-    if result.return_value["status"] == "preempted":
-        notice = result.return_value["notice"]
-        summary = finish("preempted", preempted_by=notice)
+def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str) -> dict[str, Any]:
+    """A preempted run's summary and how to resume it; a completed one's ``model.pt`` and summary."""
+    if outcome.status == "preempted":
+        summary = summarize("preempted", preempted_by=outcome.notice)
         print(
-            f"Preempted ({notice}) after optimizer step {result.return_value['steps']}: checkpointed; the same "
+            f"Preempted ({outcome.notice}) after optimizer step {outcome.steps}: checkpointed; the same "
             f"command resumes the run (exit code {PREEMPTED_EXIT_CODE}).\nRun dir: {run_dir}",
             flush=True,
         )
         return summary
+    assert outcome.weights is not None, outcome.status
     with open(os.path.join(run_dir, rundir.MODEL_FILE), "wb") as file:
-        file.write(result.return_value["weights"])
-    summary = finish("completed")
+        file.write(outcome.weights)
+    summary = summarize("completed")
     print(f"Run dir: {run_dir}", flush=True)
     return summary
 

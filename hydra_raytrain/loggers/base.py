@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 from hydra.utils import instantiate
 
+from hydra_raytrain.outcome import RunStatus
+
 log = logging.getLogger(__name__)
 
 
@@ -21,7 +23,7 @@ class Logger(Protocol):
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: RunStatus) -> None:
         """Always called, on failure too (``status`` "failed"), so a multirun logs every job."""
 
 
@@ -51,7 +53,7 @@ def log_all(loggers: MutableMapping[str, Logger], metrics: Mapping[str, float], 
             _drop(loggers, name, "failed to log", error)
 
 
-def finish_all(loggers: Mapping[str, Logger], status: str) -> list[str]:
+def finish_all(loggers: Mapping[str, Logger], status: RunStatus) -> list[str]:
     """Finish every logger even if one fails; returns the errors so the caller can report them."""
     errors = []
     for name, logger in loggers.items():

@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from hydra_raytrain.outcome import RunStatus
+
 
 class TensorBoardLogger:
     def __init__(self, subdir: str = "tensorboard"):
@@ -25,7 +27,7 @@ class TensorBoardLogger:
                 self.writer.add_scalar(name, value, global_step=step)
         self.writer.flush()
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: RunStatus) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
+from hydra_raytrain.outcome import RunStatus
+
 MODES = ("online", "offline", "disabled")
 DEFAULT_PROJECT = "hydra_raytrain"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
@@ -62,7 +64,7 @@ class WandbLogger:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics))
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: RunStatus) -> None:
         if self.run is not None:
             self.run.finish(exit_code=0 if status == "completed" else 1)
             self.run = None

@@ -33,6 +33,7 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
+from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.lightning_setup import check_module
@@ -52,7 +53,7 @@ CHECKPOINT_FILE = "checkpoint.ckpt"  # Ray's RayTrainReportCallback name for the
 logger = logging.getLogger(__name__)
 
 
-def train_loop_lightning(config: dict[str, Any]) -> dict[str, Any] | None:
+def train_loop_lightning(config: dict[str, Any]) -> WorkerResult | None:
     """``recipe.loop.train_loop_per_worker``'s contract: rank 0 returns the status, the epoch history, the
     optimizer steps and the module's final ``state_dict`` as ``torch.save`` bytes (``model.pt``)."""
     cfg = Resolved.from_dict(config["cfg"])
@@ -69,7 +70,7 @@ def train_loop_lightning(config: dict[str, Any]) -> dict[str, Any] | None:
     seed_everything(rank_seed(cfg.trainer.seed, rank))  # dropout masks and random transforms differ by rank
     report = RunReport(cfg, config["run_dir"], config["run_name"], config.get("notice"), loaders.get("train"))
     trainer = build_trainer(cfg, report)
-    status = "failed"
+    status: RunStatus = "failed"
     try:
         with LatestCheckpoint() as latest:
             report.resumed_from = latest.name
@@ -88,13 +89,8 @@ def train_loop_lightning(config: dict[str, Any]) -> dict[str, Any] | None:
         buffer = io.BytesIO()
         torch.save(module.state_dict(), buffer)
         weights = buffer.getvalue()
-    return {
-        "status": status,
-        "notice": report.notice_reader.notice if report.notice_reader else None,
-        "history": report.history,
-        "steps": trainer.global_step,
-        "weights": weights,
-    }
+    notice = report.notice_reader.notice if report.notice_reader else None
+    return WorkerResult(status, report.history, trainer.global_step, weights, notice)
 
 
 def quiet_lightning(level: str) -> None:
@@ -301,7 +297,7 @@ class RunReport(pl.Callback):
 
         self.uploads.report(metrics, write, f"epoch_{epoch:04d}")
 
-    def finish(self, status: str) -> None:
+    def finish(self, status: RunStatus) -> None:
         if status != "failed":  # a failed rank's peers may be gone: nothing in flight is waited for
             self.cadence.close()
         for error in finish_all(self.loggers, status):

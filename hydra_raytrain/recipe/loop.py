@@ -32,6 +32,7 @@ from hydra_raytrain.config.schema import checkpointed_modules
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
+from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.recipe import checkpoint, parallel, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.cadence import Cadence
@@ -66,7 +67,7 @@ PROFILER_DIR = "profiler"
 logger = logging.getLogger(__name__)
 
 
-def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
+def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
     """Rank 0 returns the status (completed, or preempted after a notice), the epoch history, the optimizer steps
     and the final weights as ``torch.save`` bytes (``Result.return_value``; Ray refuses tensors there). Ray's local
     mode persists no checkpoint, so this is how the driver gets ``model.pt`` in every mode."""
@@ -80,7 +81,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         notice=config.get("notice"),
         rows=config.get("rows"),
     )
-    status = "failed"
+    status: RunStatus = "failed"
     try:
         recipe.setup()
         weights = recipe.train()
@@ -90,13 +91,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     if recipe.rank != 0:
         return None
     notice = recipe.notice_reader.notice if recipe.notice_reader is not None else None
-    return {
-        "status": status,
-        "notice": notice,
-        "history": recipe.history,
-        "steps": recipe.global_step,
-        "weights": weights,
-    }
+    return WorkerResult(status, recipe.history, recipe.global_step, weights, notice)
 
 
 class Recipe:
@@ -139,7 +134,8 @@ class Recipe:
         self.val_steps = self._lockstep_val_batches() if self.sharded else self.val_batches
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
-        self.start_epoch, self.global_step, self.status = 0, 0, "completed"  # global_step: optimizer steps
+        self.start_epoch, self.global_step = 0, 0  # global_step: optimizer steps
+        self.status: RunStatus = "completed"
         self.position: dict[str, Any] | None = None  # where in start_epoch a mid-epoch checkpoint left off
         self.history: list[dict[str, Any]] = []
         self.tracker_ids: dict[str, str] = {}
@@ -169,7 +165,7 @@ class Recipe:
         if rng is not None:  # last: nothing above draws from the streams the checkpoint left
             checkpoint.set_rng_state(rng)
 
-    def cleanup(self, status: str) -> None:
+    def cleanup(self, status: RunStatus) -> None:
         torch.set_default_dtype(self.default_dtype)
         for error in finish_all(getattr(self, "loggers", {}), status):
             logger.warning(f"a logger failed to finish: {error}")

@@ -10,6 +10,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from hydra_raytrain import rundir
+from hydra_raytrain.outcome import RunStatus, TrialStatus
 from hydra_raytrain.sweep.trial import TRIAL_FILE
 
 if TYPE_CHECKING:
@@ -31,12 +32,13 @@ def read_previous(sweep_dir: str) -> dict[str, dict[str, Any]]:
         return {os.path.basename(row["run_dir"]): row for row in json.load(file)["trials"]}
 
 
-def trial_status(summary: dict[str, Any] | None, history: list[dict[str, Any]], error: str | None) -> str:
+def trial_status(summary: dict[str, Any] | None, history: list[dict[str, Any]], error: str | None) -> TrialStatus:
     """completed / stopped (by the scheduler, between epochs) / failed / not run."""
     if error is not None:
         return "failed"
     if summary is not None:
-        return summary["status"]
+        status: RunStatus = summary["status"]
+        return status
     # Tune ended it after an epoch (the scheduler's decision; at a rung on the last epoch too, before the run
     # could write its summary).
     return "stopped" if history else "not run"

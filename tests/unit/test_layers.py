@@ -25,8 +25,14 @@ SOURCES["hydra_plugins"] = "hydra_plugins"
 # From the ground up; a module belongs to the floor of the longest prefix that names it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "ground: the schema, errors, path markers, run names; Ray's private names; lazy exports; notices",
-        ("hydra_raytrain.config", "hydra_raytrain.internals", "hydra_raytrain.lazy", "hydra_raytrain.notice"),
+        "ground: the schema, errors, path markers, run names; run outcomes; Ray's private names; lazy exports; notices",
+        (
+            "hydra_raytrain.config",
+            "hydra_raytrain.outcome",
+            "hydra_raytrain.internals",
+            "hydra_raytrain.lazy",
+            "hydra_raytrain.notice",
+        ),
     ),
     (
         "the worker side's parts: data, models, tasks, loggers, the run dir's files and logs",
@@ -140,7 +146,9 @@ def test_no_import_circle():
             assert circle is None, " -> ".join(circle)
 
 
-@pytest.mark.parametrize("module", sorted(name for name in MODULES if name.startswith("hydra_raytrain.config")))
+@pytest.mark.parametrize(
+    "module", sorted(name for name in MODULES if name.startswith(("hydra_raytrain.config", "hydra_raytrain.outcome")))
+)
 def test_the_ground_floor_imports_neither_torch_nor_ray(module):
     code = (
         f"import sys, {module}; heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'torch', 'ray'}}); "

@@ -1,4 +1,4 @@
-"""A ``_target_`` set on the command line starts its node afresh (hydra_raytrain/config/replaced.py)."""
+"""A ``_target_`` set on the command line starts its node afresh (hydra_raytrain/preflight/replaced.py)."""
 
 from hydra_raytrain.preflight.replaced import drop_replaced_arguments, replaced_targets
 from tests.conftest import compose_config
