@@ -80,34 +80,18 @@ def train(
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
-    replaced = apply_command_line_targets(cfg)
-    resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
-    if replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
-        _save_composed(run_dir, cfg)
+    resolved = _checked(cfg, run_dir, rehearse)
     storage = resolved.storage.path or os.path.join(run_dir, "ray_storage")
     name = resolved.run_name()  # the run dir's ${run_name:} too (preflight.resolvers.run_identity)
-    if resolved.trainer.progress_bar is None:  # bars in a log file or CI output are noise
-        trainer = dataclasses.replace(resolved.trainer, progress_bar=sys.stderr.isatty())
-        resolved = dataclasses.replace(resolved, trainer=trainer)
-    resume = resolved.run.resume
-    finished = rundir.finished_summary(run_dir) if resume == "auto" else None
+    finished = rundir.finished_summary(run_dir) if resolved.run.resume == "auto" else None
     if finished is not None:
         print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
     stream = streamed_dataset(resolved.dataset)
-    data_cpus = stream.cpus if stream is not None else 0  # CPUs kept free for Ray Data's tasks
-    if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
-        # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
-        # gets its share of the cores (less the CPUs Ray Data's tasks keep, where the cluster's CPUs are set).
-        cpus = cluster.local_cpus(resolved.ray, data_cpus)
-        resolved = dataclasses.replace(resolved, scaling=cluster.machine_share(resolved.scaling, cpus))
-    request = cluster.resource_request(resolved.scaling, data_cpus)
-    if request.num_workers:  # 0 is Ray Train's local mode: no cluster at all
-        cluster.connect(resolved.ray, request)
-    nodes = len([node for node in ray.nodes() if node["Alive"]]) if request.num_workers else 1
+    resolved, nodes = _size_and_connect(resolved, stream)
     check_storage(storage, nodes, resolved.storage.shared_filesystem)
-    if resume == "never":
+    if resolved.run.resume == "never":
         _discard_previous_state(run_dir, storage, name)
     _write_config(run_dir, cfg, resolved)
     quiet_ray_train(resolved.ray.logging_level)
@@ -117,12 +101,41 @@ def train(
             run_dir,
             storage,
             name,
-            local_mode=request.num_workers == 0,
+            local_mode=nodes == 0,
             started=started,
             stream=stream,
             extra_callbacks=extra_callbacks,
             show_summary=show_summary,
         )
+
+
+def _checked(cfg: DictConfig, run_dir: str, rehearse: bool) -> Resolved:
+    """The command line's replaced targets applied, every check before Ray starts (``preflight``), and the
+    progress bar's default: on for a terminal (bars in a log file or CI output are noise)."""
+    replaced = apply_command_line_targets(cfg)
+    resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
+    if replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
+        _save_composed(run_dir, cfg)
+    if resolved.trainer.progress_bar is None:
+        trainer = dataclasses.replace(resolved.trainer, progress_bar=sys.stderr.isatty())
+        resolved = dataclasses.replace(resolved, trainer=trainer)
+    return resolved
+
+
+def _size_and_connect(resolved: Resolved, stream: Streamed | None) -> tuple[Resolved, int]:
+    """The workers' share of a local cluster, then the cluster started or joined; the config as sized and the
+    number of live nodes (0: Ray Train's local mode, no cluster at all)."""
+    data_cpus = stream.cpus if stream is not None else 0  # CPUs kept free for Ray Data's tasks
+    if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
+        # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
+        # gets its share of the cores (less the CPUs Ray Data's tasks keep, where the cluster's CPUs are set).
+        cpus = cluster.local_cpus(resolved.ray, data_cpus)
+        resolved = dataclasses.replace(resolved, scaling=cluster.machine_share(resolved.scaling, cpus))
+    request = cluster.resource_request(resolved.scaling, data_cpus)
+    if not request.num_workers:
+        return resolved, 0
+    cluster.connect(resolved.ray, request)
+    return resolved, len([node for node in ray.nodes() if node["Alive"]])
 
 
 def _fit(

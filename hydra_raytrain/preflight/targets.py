@@ -72,37 +72,11 @@ def check_call(key: str, node: dict[str, Any], cwd: str) -> None:
         return
     kwargs = {name: value for name, value in node.items() if name not in HYDRA_KEYS}
     params = signature.parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     accepted = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    problems = Problems()
-    hints = _type_hints(target)
+    problems, hints = Problems(), _type_hints(target)
     for name, value in kwargs.items():
-        if name not in params and not takes_any:
-            problems.add(
-                ConfigError(
-                    f"{key}.{name}",
-                    value,
-                    f"{node['_target_']} has no argument {name!r}{did_you_mean(name, accepted)}.",
-                    ", ".join(accepted) or "(no arguments)",
-                )
-            )
-        elif name in params and value != "???":  # a missing value is reported as such
-            expected = wrong_type(value, hints.get(name), params[name].default)
-            if expected:
-                default = params[name].default
-                example = (
-                    f", e.g. {key}.{name}={default}"
-                    if default is not inspect.Parameter.empty and default is not None
-                    else ""
-                )
-                problems.add(
-                    ConfigError(
-                        f"{key}.{name}",
-                        value,
-                        f"{node['_target_']} takes {expected} for {name!r}, not {type(value).__name__}.",
-                        f"{expected}{example}",
-                    )
-                )
+        with problems.collect():
+            check_argument(key, node["_target_"], name, value, signature, hints)
     problems.raise_any()
     bind = signature.bind_partial if node.get("_partial_") else signature.bind
     try:
@@ -123,6 +97,36 @@ def check_call(key: str, node: dict[str, Any], cwd: str) -> None:
             f"arguments of {node['_target_']}: {', '.join(accepted)}",
         ) from None
     _check_paths(key, target, node, cwd)
+
+
+def check_argument(
+    key: str, target: str, name: str, value: Any, signature: inspect.Signature, hints: dict[str, Any]
+) -> None:
+    """One argument: a name the target takes, a value not of a plainly wrong type (a missing ``???`` value is
+    reported as such)."""
+    params = signature.parameters
+    accepted = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if name not in params:
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        raise ConfigError(
+            f"{key}.{name}",
+            value,
+            f"{target} has no argument {name!r}{did_you_mean(name, accepted)}.",
+            ", ".join(accepted) or "(no arguments)",
+        )
+    expected = wrong_type(value, hints.get(name), params[name].default) if value != "???" else None
+    if expected:
+        default = params[name].default
+        example = (
+            f", e.g. {key}.{name}={default}" if default is not inspect.Parameter.empty and default is not None else ""
+        )
+        raise ConfigError(
+            f"{key}.{name}",
+            value,
+            f"{target} takes {expected} for {name!r}, not {type(value).__name__}.",
+            f"{expected}{example}",
+        )
 
 
 def _type_hints(target: Callable) -> dict[str, Any]:

@@ -36,30 +36,38 @@ def _fits(value: Any, hint: Any) -> bool | None:
     if hint is Any or isinstance(hint, typing.TypeVar):
         return True
     if hint in (bool, int, float, str, type(None)):
-        if hint is float:
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-        if hint is int:  # 1e4 is an int written as a float
-            return (isinstance(value, int) or (isinstance(value, float) and value.is_integer())) and not isinstance(
-                value, bool
-            )
-        return isinstance(value, hint)
+        return _fits_plain(value, hint)
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Union or origin is types.UnionType:
         verdicts = [_fits(value, arg) for arg in args]
         return True if True in verdicts else (None if None in verdicts else False)
     if origin in (tuple, list) or _is_sequence(origin):
-        if not isinstance(value, (list, tuple)):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                return False
-            verdicts = [_fits(item, arg) for item, arg in zip(value, args, strict=False)]
-        else:
-            verdicts = [_fits(item, args[0]) for item in value] if args else []
-        return False if False in verdicts else (None if None in verdicts else True)
+        return _fits_sequence(value, origin, args)
     if _is_tensor(hint):
         return False if isinstance(value, (bool, int, float, str, list, dict)) else None
     return None
+
+
+def _fits_plain(value: Any, hint: type) -> bool:
+    if isinstance(value, bool) and hint in (int, float):
+        return False
+    if hint is float:
+        return isinstance(value, (int, float))
+    if hint is int:  # 1e4 is an int written as a float
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return isinstance(value, hint)
+
+
+def _fits_sequence(value: Any, origin: Any, args: tuple[Any, ...]) -> bool | None:
+    if not isinstance(value, (list, tuple)):
+        return False
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(args) != len(value):
+            return False
+        verdicts = [_fits(item, arg) for item, arg in zip(value, args, strict=False)]
+    else:
+        verdicts = [_fits(item, args[0]) for item in value] if args else []
+    return False if False in verdicts else (None if None in verdicts else True)
 
 
 def _wrong_for_default(value: Any, default: Any) -> str | None:

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.utils import get_object
@@ -107,43 +108,81 @@ def probe_jobs(compose: Callable[..., Job], fixed: list[str], space: dict[str, P
     return [compose(fixed + pinned + list(combination), -1) for combination in itertools.product(*varying)]
 
 
+@dataclass
+class Plan:
+    """The sweep's trials: every one known (``jobs``), the finished ones of earlier runs of this sweep (``done``),
+    those to run again first (``todo``: interrupted or failed), how many to start (``budget``), and the configs
+    that size the cluster (``probes``: every trial of a grid; for a search algorithm, configs spanning its space)."""
+
+    jobs: list[Job]
+    done: list[Job]
+    todo: list[Job]
+    budget: int
+    total: int  # trials the sweep has in all, earlier runs' included
+    probes: list[Job]
+    fixed: list[str] = field(default_factory=list)  # a search algorithm's fixed overrides and its space
+    space: dict[str, Parameter] = field(default_factory=dict)
+
+
 def run_sweep(
     sweep_config: DictConfig, config_loader: Any, arguments: Sequence[str], settings: SweepSettings
 ) -> dict[str, Any]:
-    import ray
-    from ray import tune
-
-    from hydra_raytrain.driver import cluster
-    from hydra_raytrain.driver.run import RAY_TRAIN_ENV, import_path, streamed_cpus
-
+    """Plan the trials (composed and checked up front), size the cluster, run Tune's Tuner, write the results."""
+    errors: dict[int, Any]
     settings.check()
     sweep_dir = os.path.abspath(str(sweep_config.hydra.sweep.dir))
     compose = functools.partial(compose_job, sweep_config, config_loader, sweep_dir)
     previous = results.read_previous(sweep_dir)
+    plan = plan_trials(compose, arguments, settings, sweep_dir, previous)
+    trainer = plan.probes[0].cfg.trainer
+    task = get_object(plan.probes[0].cfg.task["_target_"])
+    metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
+    concurrent = size_cluster(plan, settings, sweep_dir)
+    jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
+    if plan.budget > 0:
+        jobs, errors = run_trials(plan, settings, compose, sweep_dir, (metric, mode), concurrent)
+    summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, scheduler=settings.scheduler)
+    results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
+    return summary
+
+
+def plan_trials(
+    compose: Callable[..., Job],
+    arguments: Sequence[str],
+    settings: SweepSettings,
+    sweep_dir: str,
+    previous: dict[str, dict[str, Any]],
+) -> Plan:
+    """The basic search's grid, composed up front; a search algorithm's earlier trials and probes of its space."""
     finished = ("completed", "stopped")
     if settings.search_alg == "basic":
         jobs = compose_jobs(compose, arguments, settings)
         todo = [job for job in jobs if previous.get(job.name, {}).get("status") not in finished]
-        probes, budget = jobs, len(todo)
-    else:
-        fixed, space = parameter_space(arguments)
-        if not space:
-            raise ConfigError(
-                "hydra.sweeper.search_alg",
-                settings.search_alg,
-                "has nothing to search: no swept key.",
-                "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
-            )
-        jobs = [compose(job.overrides, job.index, job.params) for job in earlier_jobs(sweep_dir)]
-        done = [job for job in jobs if _status(job, previous) in finished]
-        todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
-        probes, budget = probe_jobs(compose, fixed, space), settings.num_samples - len(done)
-    trainer = probes[0].cfg.trainer
-    task = get_object(probes[0].cfg.task["_target_"])
-    metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
+        return Plan(jobs, [job for job in jobs if job not in todo], todo, len(todo), len(jobs), probes=jobs)
+    fixed, space = parameter_space(arguments)
+    if not space:
+        raise ConfigError(
+            "hydra.sweeper.search_alg",
+            settings.search_alg,
+            "has nothing to search: no swept key.",
+            "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
+        )
+    jobs = [compose(job.overrides, job.index, job.params) for job in earlier_jobs(sweep_dir)]
+    done = [job for job in jobs if _status(job, previous) in finished]
+    todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
+    budget = settings.num_samples - len(done)
+    return Plan(jobs, done, todo, budget, settings.num_samples, probe_jobs(compose, fixed, space), fixed, space)
+
+
+def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
+    """Start or join the cluster for the largest trial; how many trials run at once (printed with the plan)."""
+    import ray
+
+    from hydra_raytrain.driver import cluster
+    from hydra_raytrain.driver.run import RAY_TRAIN_ENV, streamed_cpus
 
     # A dataset Ray Data streams keeps a CPU per trial free of the trial's workers (its tasks stall without one).
-    requests = [cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset)) for job in probes]
+    requests = [cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset)) for job in plan.probes]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
     if largest.num_workers == 0:
         raise ConfigError(
@@ -154,80 +193,82 @@ def run_sweep(
         )
     # A new local cluster gets one CPU per core (or the largest trial's CPUs, oversubscribed as for one run):
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
-    cluster.connect(probes[0].cfg.ray, largest)
+    cluster.connect(plan.probes[0].cfg.ray, largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
     if settings.scheduler == "asha":
-        _check_asha_can_free_stopped_trials(probes[0].cfg.ray)
+        _check_asha_can_free_stopped_trials(plan.probes[0].cfg.ray)
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
     fits = max(1, int(cpus // max(1, largest.total.get("CPU", 1))))
-    concurrent = min(fits, settings.max_concurrent_trials or fits, max(1, budget))
-    _print_plan(
-        len(jobs) if settings.search_alg == "basic" else settings.num_samples, budget, concurrent, cpus, sweep_dir
-    )
+    concurrent = min(fits, settings.max_concurrent_trials or fits, max(1, plan.budget))
+    _print_plan(plan.total, plan.budget, concurrent, cpus, sweep_dir)
+    return concurrent
 
-    errors = {}
-    if budget > 0:
-        scheduler = None
-        if settings.scheduler == "asha":
-            scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (todo or probes)))
-        searcher = None
-        if settings.search_alg == "optuna":
-            # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
-            searcher = HydraSearch(
-                _optuna_search(space, metric, mode, settings.seed + len(jobs), done),
-                space,
-                fixed,
-                compose,
-                known=jobs,
-                replay=todo,
-                budget=budget,
-            )
-        # The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
-        # nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it).
-        node = f"node:{ray.util.get_node_ip_address()}"
-        trainable = tune.with_resources(
-            tune.with_parameters(
-                run_trial,
-                jobs=jobs if searcher is None else [],
-                sweep_dir=sweep_dir,
-                cwd=os.getcwd(),
-                pythonpath=import_path(),
-            ),
-            {"CPU": 0, "memory": 1, node: 0.001},
+
+def run_trials(
+    plan: Plan,
+    settings: SweepSettings,
+    compose: Callable[..., Job],
+    sweep_dir: str,
+    objective: tuple[str, str],
+    concurrent: int,
+) -> tuple[list[Job], dict[int, Any]]:
+    """Tune's Tuner over the trials still to run; every trial of the sweep, and the errors of those that failed."""
+    from ray import tune
+
+    metric, mode = objective
+    scheduler = None
+    if settings.scheduler == "asha":
+        scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
+    searcher = None
+    if settings.search_alg == "optuna":
+        # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
+        optuna = _optuna_search(plan.space, metric, mode, settings.seed + len(plan.jobs), plan.done)
+        searcher = HydraSearch(
+            optuna, plan.space, plan.fixed, compose, known=plan.jobs, replay=plan.todo, budget=plan.budget
         )
-        # Under ASHA the grid starts in a seeded random order (space.start_order says why).
-        order = start_order([job.index for job in todo], shuffle=scheduler is not None, seed=settings.seed)
-        tuner = tune.Tuner(
-            trainable,
-            param_space={} if searcher else {"index": tune.grid_search(order)},
-            # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
-            # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
-            tune_config=tune.TuneConfig(
-                metric=metric,
-                mode=mode,
-                scheduler=scheduler,
-                search_alg=searcher,
-                num_samples=budget if searcher else 1,
-                max_concurrent_trials=concurrent,
-                reuse_actors=scheduler is None,
-                trial_dirname_creator=_trial_dirname,
-            ),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=os.path.join(sweep_dir, "tune"),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
-        grid = tuner.fit()
-        errors = {result.config["index"]: result.error for result in grid if result.error is not None}
-        if searcher is not None:
-            jobs = sorted(done + searcher.jobs, key=lambda job: job.index)
-    summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, scheduler=settings.scheduler)
-    results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
-    return summary
+    # Under ASHA the grid starts in a seeded random order (space.start_order says why).
+    order = start_order([job.index for job in plan.todo], shuffle=scheduler is not None, seed=settings.seed)
+    tuner = tune.Tuner(
+        _trainable(plan.jobs if searcher is None else [], sweep_dir),
+        param_space={} if searcher else {"index": tune.grid_search(order)},
+        # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
+        # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
+        tune_config=tune.TuneConfig(
+            metric=metric,
+            mode=mode,
+            scheduler=scheduler,
+            search_alg=searcher,
+            num_samples=plan.budget if searcher else 1,
+            max_concurrent_trials=concurrent,
+            reuse_actors=scheduler is None,
+            trial_dirname_creator=_trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=os.path.join(sweep_dir, "tune"),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    grid = tuner.fit()
+    errors = {result.config["index"]: result.error for result in grid if result.error is not None}
+    jobs = plan.jobs if searcher is None else sorted(plan.done + searcher.jobs, key=lambda job: job.index)
+    return jobs, errors
+
+
+def _trainable(jobs: list[Job], sweep_dir: str) -> Any:
+    """The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
+    nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it)."""
+    import ray
+    from ray import tune
+
+    from hydra_raytrain.driver.run import import_path
+
+    node = f"node:{ray.util.get_node_ip_address()}"
+    trial = tune.with_parameters(run_trial, jobs=jobs, sweep_dir=sweep_dir, cwd=os.getcwd(), pythonpath=import_path())
+    return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: 0.001})
 
 
 def asha_scheduler(settings: SweepSettings, max_epochs: int):
