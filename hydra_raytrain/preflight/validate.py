@@ -20,8 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean
-from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.config.schema import TYPED_SECTIONS, checkpointed_modules
+from hydra_raytrain.config.resolved import Resolved, typed
+from hydra_raytrain.config.schema import (
+    TYPED_SECTIONS,
+    FSDPConfig,
+    ScalingConfig,
+    TrainerConfig,
+    checkpointed_modules,
+)
 from hydra_raytrain.data import streamed
 from hydra_raytrain.internals import child_node
 from hydra_raytrain.preflight import rehearsal
@@ -37,12 +43,34 @@ CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "fsdp", "sc
 
 
 @dataclass(frozen=True)
+class Sections:
+    """The resolved config as a check across sections reads it: the framework's sections typed by the schema (a
+    check runs only when the sections it needs passed their own checks), the components as their plain nodes, and
+    which sections failed."""
+
+    plain: dict[str, Any]
+    problems: Problems
+
+    @property
+    def trainer(self) -> TrainerConfig:
+        return typed(TrainerConfig, self.plain["trainer"])
+
+    @property
+    def scaling(self) -> ScalingConfig:
+        return typed(ScalingConfig, self.plain["scaling"])
+
+    @property
+    def fsdp(self) -> FSDPConfig:
+        return typed(FSDPConfig, self.plain["fsdp"])
+
+
+@dataclass(frozen=True)
 class Check:
-    """A check that reads several sections of the resolved config: it runs when every section it ``needs``
-    passed its own checks and ``applies`` to the config (and to whether the step is rehearsed)."""
+    """A check that reads several sections: it runs when every section it ``needs`` passed its own checks and it
+    ``applies`` to the config (and to whether the step is rehearsed)."""
 
     needs: tuple[str, ...]
-    run: Callable[[dict[str, Any], Problems], object]
+    run: Callable[[Sections], object]
     applies: Callable[[dict[str, Any], bool], bool] = lambda cfg, rehearse: True
 
 
@@ -54,10 +82,11 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
     resolved = check_sections(cfg, cwd, problems)
     if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
         problems.raise_any()
+    sections = Sections(resolved, problems)
     for check in CHECKS:
         if not problems.failed(*check.needs) and check.applies(resolved, rehearse):
             with problems.collect():
-                check.run(resolved, problems)
+                check.run(sections)
     problems.raise_any()
     return Resolved.from_dict(resolved)
 
@@ -88,38 +117,34 @@ def _lightning(cfg: dict[str, Any], rehearse: bool = False) -> bool:
     return is_lightning(cfg["task"]["_target_"])
 
 
-def _models_and_optimizers(cfg: dict[str, Any], problems: Problems) -> None:
-    values = not problems.failed("optimizer")
-    check_models_and_optimizers(cfg["model"], cfg["optimizer"], cfg["task"], values=values)
+def _models_and_optimizers(cfg: Sections) -> None:
+    values = not cfg.problems.failed("optimizer")  # each optimizer is built only when its arguments passed
+    check_models_and_optimizers(cfg.plain["model"], cfg.plain["optimizer"], cfg.plain["task"], values=values)
 
 
-def _batch_split(cfg: dict[str, Any], problems: Problems) -> None:
+def check_batch_split(trainer: TrainerConfig, scaling: ScalingConfig) -> None:
     """The batch splits evenly over every worker count the run may have (an elastic run's too)."""
-    trainer, scaling = cfg["trainer"], cfg["scaling"]
-    smallest = max(1, scaling["num_workers"])
-    for world_size in range(smallest, max(smallest, scaling["max_workers"] or 0) + 1):
-        per_worker_batch_size(trainer["batch_size"], trainer["batch_size_per_worker"], world_size)
+    smallest = max(1, scaling.num_workers)
+    for world_size in range(smallest, max(smallest, scaling.max_workers or 0) + 1):
+        per_worker_batch_size(trainer.batch_size, trainer.batch_size_per_worker, world_size)
 
 
-def _rehearse_step(cfg: dict[str, Any], problems: Problems) -> None:
-    schedule, warm_start = not problems.failed("scheduler", "optimizer"), not problems.failed("run")
-    rehearsal.rehearse(cfg, schedule=schedule, warm_start=warm_start)
+def _rehearse_step(cfg: Sections) -> None:
+    schedule, warm_start = not cfg.problems.failed("scheduler", "optimizer"), not cfg.problems.failed("run")
+    rehearsal.rehearse(cfg.plain, schedule=schedule, warm_start=warm_start)
 
 
 CHECKS = (
     Check(("model", "task"), _models_and_optimizers),
     Check(
-        ("trainer", "dataset", "scaling"), lambda cfg, _: check_streamed(cfg["dataset"], cfg["trainer"], cfg["scaling"])
+        ("trainer", "dataset", "scaling"), lambda cfg: check_streamed(cfg.plain["dataset"], cfg.trainer, cfg.scaling)
     ),
-    Check(("task",), lambda cfg, _: check_lightning(cfg), applies=_lightning),
-    Check(
-        ("trainer", "scaling", "fsdp"),
-        lambda cfg, _: check_trainer_switches(cfg["trainer"], cfg["scaling"], cfg["fsdp"]),
-    ),
-    Check(("trainer", "scaling", "fsdp"), _batch_split),
+    Check(("task",), lambda cfg: check_lightning(cfg.plain), applies=_lightning),
+    Check(("trainer", "scaling", "fsdp"), lambda cfg: check_trainer_switches(cfg.trainer, cfg.scaling, cfg.fsdp)),
+    Check(("trainer", "scaling", "fsdp"), lambda cfg: check_batch_split(cfg.trainer, cfg.scaling)),
     Check(
         ("model", "dataset", "task", "trainer", "datamodule"),
-        lambda cfg, _: rehearsal.rehearse_lightning(cfg),
+        lambda cfg: rehearsal.rehearse_lightning(cfg.plain),
         applies=lambda cfg, rehearse: rehearse and _lightning(cfg),
     ),
     Check(
@@ -130,16 +155,16 @@ CHECKS = (
 )
 
 
-def check_streamed(dataset: dict[str, Any], trainer: dict[str, Any], scaling: dict[str, Any]) -> None:
+def check_streamed(dataset: dict[str, Any], trainer: TrainerConfig, scaling: ScalingConfig) -> None:
     """What a dataset that Ray Data streams (``data/streamed.py``) cannot do: FSDP (its validation forwards are
     collectives, and a streamed validation shard's length is known only once read), the device-resident path
     (the data never sits in one worker), Ray Train's local mode (no cluster to read it)."""
     if not streamed.streams(dataset["_target_"]):
         return
     refused = [  # key, value, whether it is refused, what is valid
-        ("trainer.parallel_strategy", trainer["parallel_strategy"], trainer["parallel_strategy"] == "fsdp", "ddp"),
-        ("trainer.data_on_device", trainer["data_on_device"], trainer["data_on_device"] is True, "null or false"),
-        ("scaling.num_workers", scaling["num_workers"], scaling["num_workers"] == 0, "1 or more"),
+        ("trainer.parallel_strategy", trainer.parallel_strategy, trainer.parallel_strategy == "fsdp", "ddp"),
+        ("trainer.data_on_device", trainer.data_on_device, trainer.data_on_device is True, "null or false"),
+        ("scaling.num_workers", scaling.num_workers, scaling.num_workers == 0, "1 or more"),
     ]
     for key, value, wrong, valid in refused:
         if wrong:
@@ -285,16 +310,16 @@ def _keyword_names(function: Callable) -> list[str]:
     return [name for name in inspect.signature(function).parameters if name not in ("self", "model", "module")]
 
 
-def check_fsdp(trainer: dict[str, Any], fsdp: dict[str, Any], on_gpu: bool) -> None:
-    if trainer["parallel_strategy_kwargs"]:
-        name = next(iter(trainer["parallel_strategy_kwargs"]))
+def check_fsdp(trainer: TrainerConfig, fsdp: FSDPConfig, on_gpu: bool) -> None:
+    if trainer.parallel_strategy_kwargs:
+        name = next(iter(trainer.parallel_strategy_kwargs))
         raise ConfigError(
             f"trainer.parallel_strategy_kwargs.{name}",
-            trainer["parallel_strategy_kwargs"][name],
+            trainer.parallel_strategy_kwargs[name],
             "these are DDP's arguments; FSDP's settings are the fsdp section.",
             "fsdp.shard_modules, fsdp.reshard_after_forward, fsdp.cpu_offload",
         )
-    if fsdp["cpu_offload"] and not on_gpu:
+    if fsdp.cpu_offload and not on_gpu:
         raise ConfigError(
             "fsdp.cpu_offload",
             True,
@@ -303,23 +328,16 @@ def check_fsdp(trainer: dict[str, Any], fsdp: dict[str, Any], on_gpu: bool) -> N
         )
 
 
-def check_trainer_switches(trainer: dict[str, Any], scaling: dict[str, Any], fsdp: dict[str, Any]) -> None:
+def check_trainer_switches(trainer: TrainerConfig, scaling: ScalingConfig, fsdp: FSDPConfig) -> None:
     import torch
 
-    on_gpu = scaling["use_gpu"]
-    if trainer["parallel_strategy"] == "fsdp":
+    on_gpu = scaling.use_gpu
+    if trainer.parallel_strategy == "fsdp":
         check_fsdp(trainer, fsdp, on_gpu)
-    accepted = _keyword_names(torch.nn.parallel.DistributedDataParallel.__init__)
-    for name, value in (trainer["parallel_strategy_kwargs"] or {}).items():
-        if name not in accepted:
-            raise ConfigError(
-                f"trainer.parallel_strategy_kwargs.{name}",
-                value,
-                f"DistributedDataParallel has no argument {name!r}{did_you_mean(name, accepted)}.",
-                ", ".join(accepted),
-            )
-    named = trainer["activation_checkpointing_modules"]
-    if trainer["activation_checkpointing"] == "full" and not checkpointed_modules(named, fsdp["shard_modules"]):
+    ddp = torch.nn.parallel.DistributedDataParallel
+    _check_keywords("trainer.parallel_strategy_kwargs", trainer.parallel_strategy_kwargs, ddp.__init__, ddp)
+    named = trainer.activation_checkpointing_modules
+    if trainer.activation_checkpointing == "full" and not checkpointed_modules(named, fsdp.shard_modules):
         raise ConfigError(
             "trainer.activation_checkpointing_modules",
             named,
@@ -327,22 +345,27 @@ def check_trainer_switches(trainer: dict[str, Any], scaling: dict[str, Any], fsd
             + (" (fsdp.shard_modules names none either)." if named is None else "."),
             "e.g. 'trainer.activation_checkpointing_modules=[BasicBlock]' (the model's repeated blocks)",
         )
-    accepted = _keyword_names(torch.compile)
-    for name, value in (trainer["compile_kwargs"] or {}).items():
-        if name not in accepted:
-            raise ConfigError(
-                f"trainer.compile_kwargs.{name}",
-                value,
-                f"torch.compile has no argument {name!r}{did_you_mean(name, accepted)}.",
-                ", ".join(accepted),
-            )
-    if trainer["precision"] == "16-mixed" and not on_gpu and not _cpu_supports_fp16_autocast():
+    _check_keywords("trainer.compile_kwargs", trainer.compile_kwargs, torch.compile, torch.compile, "torch.")
+    if trainer.precision == "16-mixed" and not on_gpu and not _cpu_supports_fp16_autocast():
         raise ConfigError(
             "trainer.precision",
             "16-mixed",
             f"this torch ({torch.__version__}) has no float16 autocast on CPU.",
             "trainer.precision=bf16-mixed on CPU workers, or scaling.use_gpu=true",
         )
+
+
+def _check_keywords(key: str, kwargs: dict[str, Any] | None, function: Callable, named: Any, prefix: str = "") -> None:
+    """``key``'s entries are keyword arguments of ``function`` (``named``: what the message calls it)."""
+    accepted = _keyword_names(function)
+    for name, value in (kwargs or {}).items():
+        if name not in accepted:
+            raise ConfigError(
+                f"{key}.{name}",
+                value,
+                f"{prefix}{named.__name__} has no argument {name!r}{did_you_mean(name, accepted)}.",
+                ", ".join(accepted),
+            )
 
 
 def _cpu_supports_fp16_autocast() -> bool:
