@@ -117,7 +117,6 @@ def _gpu_loop(record_to: str, overrides, report) -> None:
     from hydra.utils import instantiate
     from torch.utils.data import DataLoader
 
-    import hydra_raytrain.config  # noqa: F401  (registers the config schema the root config extends)
     from hydra_raytrain.recipe.step import AUTOCAST_DTYPES
 
     with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.schema import DataLoaderConfig
+from hydra_raytrain.preflight.resolvers import register_resolvers
 from hydra_raytrain.preflight.targets import check_targets
 from hydra_raytrain.recipe.lightning_setup import import_lightning, is_lightning, one_device_trainer
 from hydra_raytrain.recipe.loaders import build_loader, move_to
@@ -39,6 +40,7 @@ def load_config(path: str) -> dict[str, Any]:
             return json.load(file)
     hydra_config = os.path.join(path, ".hydra", "config.yaml")
     if os.path.exists(hydra_config):
+        register_resolvers()  # a dataset's ${class_count:...} and the like, outside Hydra
         return as_dict(OmegaConf.load(hydra_config))
     raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
 

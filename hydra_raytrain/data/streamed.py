@@ -8,7 +8,7 @@ the cluster's CPUs (its tasks, not the training loop), and each worker iterates 
 
 ``conf/dataset/parquet.yaml`` infers the shape of a sample and the number of outputs with the resolvers below
 (``parquet_shape``, ``parquet_outputs``), so ``dataset=parquet dataset.path=PATH model=mlp`` needs nothing else.
-No torch or Ray at import: the config layer imports this module.
+No torch or Ray at import: the config's resolvers (``preflight/resolvers.py``) import this module.
 """
 
 from __future__ import annotations

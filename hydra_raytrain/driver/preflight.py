@@ -12,7 +12,7 @@ from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.resolved import Resolved, typed
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver import cluster
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 
 
 def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:

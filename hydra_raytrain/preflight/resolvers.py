@@ -16,7 +16,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config.identity import run_name, sweep_name
-from hydra_raytrain.data import folders
+from hydra_raytrain.data import folders, streamed
 from hydra_raytrain.preflight.replaced import drop_replaced_arguments
 from hydra_raytrain.preflight.targets import absolute_target_paths
 
@@ -51,27 +51,16 @@ def run_name_resolver(*, _root_: DictConfig) -> str:
         return "unresolved-config"
 
 
-def _streamed(name: str) -> Callable[..., Any]:
-    """A resolver of ``data/streamed.py``, imported when first used (it imports pyarrow and Ray Data)."""
-
-    def resolve(*arguments: Any) -> Any:
-        from hydra_raytrain.data import streamed
-
-        return getattr(streamed, name)(*arguments)
-
-    return resolve
-
-
 def register_resolvers() -> None:
     resolvers: dict[str, Callable[..., Any]] = {
         "run_name": run_name_resolver,
         "sweep_name": sweep_name,
         "class_count": folders.class_count,
         "image_shape": folders.image_shape,
-        "parquet_shape": _streamed("parquet_shape"),
-        "parquet_outputs": _streamed("parquet_outputs"),
-        "stream_classes": _streamed("stream_classes"),
-        "stream_image_shape": _streamed("stream_image_shape"),
+        "parquet_shape": streamed.parquet_shape,
+        "parquet_outputs": streamed.parquet_outputs,
+        "stream_classes": streamed.stream_classes,
+        "stream_image_shape": streamed.stream_image_shape,
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

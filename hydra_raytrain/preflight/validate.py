@@ -122,6 +122,13 @@ def _models_and_optimizers(cfg: Sections) -> None:
     check_models_and_optimizers(cfg.plain["model"], cfg.plain["optimizer"], cfg.plain["task"], values=values)
 
 
+def _trainer(cfg: Sections) -> None:
+    """The trainer's switches and the batch split: each reported, even when the other fails."""
+    with cfg.problems.collect():
+        check_trainer_switches(cfg.trainer, cfg.scaling, cfg.fsdp)
+    check_batch_split(cfg.trainer, cfg.scaling)
+
+
 def check_batch_split(trainer: TrainerConfig, scaling: ScalingConfig) -> None:
     """The batch splits evenly over every worker count the run may have (an elastic run's too)."""
     smallest = max(1, scaling.num_workers)
@@ -140,8 +147,7 @@ CHECKS = (
         ("trainer", "dataset", "scaling"), lambda cfg: check_streamed(cfg.plain["dataset"], cfg.trainer, cfg.scaling)
     ),
     Check(("task",), lambda cfg: check_lightning(cfg.plain), applies=_lightning),
-    Check(("trainer", "scaling", "fsdp"), lambda cfg: check_trainer_switches(cfg.trainer, cfg.scaling, cfg.fsdp)),
-    Check(("trainer", "scaling", "fsdp"), lambda cfg: check_batch_split(cfg.trainer, cfg.scaling)),
+    Check(("trainer", "scaling", "fsdp"), _trainer),
     Check(
         ("model", "dataset", "task", "trainer", "datamodule"),
         lambda cfg: rehearsal.rehearse_lightning(cfg.plain),

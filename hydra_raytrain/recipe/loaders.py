@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.recipe.sampler import SeededSamples, ShardedSampler
 
@@ -150,8 +151,6 @@ def _record_stream(batch: Any, stream: Any) -> None:
 def per_worker_batch_size(batch_size: int | None, batch_size_per_worker: int | None, world_size: int) -> int:
     """``trainer.batch_size`` is global and split evenly (RaySGD's BATCH_SIZE); the per-worker size is the
     alternative."""
-    from hydra_raytrain.config.errors import ConfigError
-
     if batch_size_per_worker is not None:
         return batch_size_per_worker
     assert batch_size is not None, "the schema requires one of the two"

@@ -24,8 +24,8 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
-from hydra_raytrain.preflight import validate
 from hydra_raytrain.preflight.replaced import drop_replaced_arguments
+from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.sweep import results
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions

@@ -4,7 +4,7 @@ import pytest
 
 from hydra_raytrain import train
 from hydra_raytrain.driver.cluster import free_port
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import WANDB_TEST_KEY, compose_config
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import run_record, wandb_runs

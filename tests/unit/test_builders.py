@@ -5,7 +5,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 from hydra_raytrain.config import ConfigError, schema
 from hydra_raytrain.driver import builders
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 
 

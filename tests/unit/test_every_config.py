@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 import hydra_raytrain
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import TYPED_SECTIONS, TrainConfig
-from hydra_raytrain.preflight import validate
 from hydra_raytrain.preflight.rehearsal import build_dataset
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet, write_images, write_mnist
 

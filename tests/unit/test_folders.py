@@ -6,8 +6,8 @@ from PIL import Image
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data.folders import class_count, image_shape
-from hydra_raytrain.preflight import validate
 from hydra_raytrain.preflight.resolvers import run_identity
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_images
 

@@ -156,3 +156,25 @@ def test_the_ground_floor_imports_neither_torch_nor_ray(module):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_registering_the_configs_loads_neither_torch_nor_ray():
+    """Hydra imports ``hydra_raytrain.conf`` to compose (and reports a failing import as a missing config
+    module): it registers the schema and the resolvers from the ground floor and ``preflight/resolvers.py``."""
+    code = (
+        "import sys, hydra_raytrain.conf; from omegaconf import OmegaConf; assert OmegaConf.has_resolver('run_name'); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'pyarrow'}); assert not heavy, heavy"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_run_dirs_composed_config_resolves_outside_hydra(tmp_path):
+    """``evaluate`` of a run dir without config.json reads ``.hydra/config.yaml``, whose values may use our
+    resolvers: they are registered there too, in a process that never composed a config."""
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text("dataset:\n  name: ${sweep_name:[a]}\n")
+    code = f"from hydra_raytrain.evaluate import load_config; print(load_config({str(tmp_path)!r})['dataset']['name'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("sweep-"), done.stdout

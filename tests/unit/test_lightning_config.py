@@ -8,7 +8,7 @@ import pytest
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.identity import run_name
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning import trainer_arguments
 from hydra_raytrain.recipe.lightning_setup import EXTRA, MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, import_lightning
 from tests.conftest import compose_config
@@ -104,3 +104,11 @@ def test_new_settings_left_unset_keep_earlier_run_names():
     # A config written before them (a sweep's job file, a run's config.json) loads with their defaults.
     older = Resolved.from_dict(before)
     assert older.datamodule == {} and older.trainer.lightning_kwargs is None
+
+
+def test_a_datamodule_that_does_not_import_is_the_one_problem(tmp_path):
+    """The module is not rehearsed as a plain model when the datamodule fails (that added a second, wrong problem)."""
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("experiment=digits_lightning", "+datamodule._target_=no_such_module.Data"), str(tmp_path))
+    assert caught.value.key == "datamodule._target_" and "cannot be imported" in str(caught.value)
+    assert "problems" not in str(caught.value).splitlines()[0]

@@ -4,7 +4,7 @@ import os
 import sys
 
 from hydra_raytrain.logfiles import keep_process_logs, tee_output
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 
 

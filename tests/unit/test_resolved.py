@@ -5,7 +5,7 @@ import json
 from hydra_raytrain.config.identity import run_name
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import DataLoaderConfig, EarlyStoppingConfig, ScalingConfig, TrainerConfig
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.sweep.job import Job
 from tests.conftest import compose_config
 

@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import TrainerConfig
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 
 

@@ -10,8 +10,8 @@ from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.data import streamed
 from hydra_raytrain.driver.cluster import ResourceRequest, plan_local_cpus
-from hydra_raytrain.preflight import validate
 from hydra_raytrain.preflight.rehearsal import build_dataset
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet, write_images
 

@@ -8,7 +8,7 @@ from omegaconf import open_dict
 
 from hydra_raytrain.config import ConfigError, ConfigErrors
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_images, write_mnist
 
@@ -219,6 +219,13 @@ def test_the_metrics_a_run_reports_are_found_on_the_driver(tmp_path):
         str(tmp_path),
     )
     validate(compose_config("experiment=diabetes_regression", "trainer.monitor=val_r2"), str(tmp_path))
+
+
+def test_the_trainer_switches_and_the_batch_split_are_both_reported(tmp_path):
+    with pytest.raises(ConfigErrors) as caught:
+        validate(compose_config("+trainer.compile_kwargs.mod=x", "trainer.batch_size=33"), str(tmp_path))
+    assert [error.key for error in caught.value.errors] == ["trainer.compile_kwargs.mod", "trainer.batch_size"]
+    assert "did you mean 'mode'" in str(caught.value)
 
 
 def test_every_independent_problem_is_reported_at_once(tmp_path):

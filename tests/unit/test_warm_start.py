@@ -6,7 +6,7 @@ from hydra.utils import instantiate
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.identity import run_name
-from hydra_raytrain.preflight import validate
+from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.warm_start import mismatches
 from tests.conftest import compose_config
 
