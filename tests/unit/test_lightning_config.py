@@ -109,6 +109,8 @@ def test_new_settings_left_unset_keep_earlier_run_names():
 def test_a_datamodule_that_does_not_import_is_the_one_problem(tmp_path):
     """The module is not rehearsed as a plain model when the datamodule fails (that added a second, wrong problem)."""
     with pytest.raises(ConfigError) as caught:
-        validate(compose_config("experiment=digits_lightning", "+datamodule._target_=no_such_module.Data"), str(tmp_path))
+        validate(
+            compose_config("experiment=digits_lightning", "+datamodule._target_=no_such_module.Data"), str(tmp_path)
+        )
     assert caught.value.key == "datamodule._target_" and "cannot be imported" in str(caught.value)
     assert "problems" not in str(caught.value).splitlines()[0]
