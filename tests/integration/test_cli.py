@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -129,7 +130,8 @@ def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
 
 
 def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
-    """Both workers raise: the terminal gets the first rank's cause in one line, not a traceback per rank;
+    """Both workers raise: the terminal gets one cause in one line (the lowest rank's that Ray reports: the
+    controller may end the group on one rank's error before the other's arrives), not a traceback per rank;
     summary.json keeps the tracebacks."""
     done = run_cli(
         [
@@ -143,7 +145,7 @@ def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     output = done.stdout + done.stderr
     assert output.count("RuntimeError: the loss diverged at the first step") == 1, output
-    assert "Training failed: worker 0: RuntimeError: the loss diverged at the first step" in done.stderr
+    assert re.search(r"Training failed: worker [01]: RuntimeError: the loss diverged at the first step", done.stderr)
     assert "Traceback" not in output and "Error in training function" not in output, output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["epochs_completed"] == 0
