@@ -10,12 +10,14 @@ own; the rehearsal of a validation step (``rehearsal.py``) comes last.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hydra.utils import get_object
+import torch
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, InterpolationToMissingValueError, MissingMandatoryValue
 
@@ -42,26 +44,32 @@ COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "log
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "fsdp", "scaling", "checkpoint")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Sections:
     """The resolved config as a check across sections reads it: the framework's sections typed by the schema (a
-    check runs only when the sections it needs passed their own checks), the components as their plain nodes, and
-    which sections failed."""
+    check runs only when the sections it needs passed their own checks), the components as their plain nodes,
+    which sections failed, and whether the step is rehearsed. Each typed view is built once, when first read."""
 
     plain: dict[str, Any]
     problems: Problems
+    rehearse: bool
 
-    @property
+    @functools.cached_property
     def trainer(self) -> TrainerConfig:
         return typed(TrainerConfig, self.plain["trainer"])
 
-    @property
+    @functools.cached_property
     def scaling(self) -> ScalingConfig:
         return typed(ScalingConfig, self.plain["scaling"])
 
-    @property
+    @functools.cached_property
     def fsdp(self) -> FSDPConfig:
         return typed(FSDPConfig, self.plain["fsdp"])
+
+    @functools.cached_property
+    def lightning(self) -> bool:
+        """Whether the task is Lightning's (read by checks that need the task section)."""
+        return is_lightning(self.plain["task"]["_target_"])
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class Check:
 
     needs: tuple[str, ...]
     run: Callable[[Sections], object]
-    applies: Callable[[dict[str, Any], bool], bool] = lambda cfg, rehearse: True
+    applies: Callable[[Sections], bool] = lambda cfg: True
 
 
 def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
@@ -82,9 +90,9 @@ def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
     resolved = check_sections(cfg, cwd, problems)
     if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
         problems.raise_any()
-    sections = Sections(resolved, problems)
+    sections = Sections(resolved, problems, rehearse)
     for check in CHECKS:
-        if not problems.failed(*check.needs) and check.applies(resolved, rehearse):
+        if not problems.failed(*check.needs) and check.applies(sections):
             with problems.collect():
                 check.run(sections)
     problems.raise_any()
@@ -111,10 +119,6 @@ def check_sections(cfg: DictConfig, cwd: str, problems: Problems) -> dict[str, A
         with problems.collect():
             run["init_from"] = locate_warm_start(run["init_from"], cwd, run["init_optimizer"])
     return resolved
-
-
-def _lightning(cfg: dict[str, Any], rehearse: bool = False) -> bool:
-    return is_lightning(cfg["task"]["_target_"])
 
 
 def _models_and_optimizers(cfg: Sections) -> None:
@@ -146,17 +150,17 @@ CHECKS = (
     Check(
         ("trainer", "dataset", "scaling"), lambda cfg: check_streamed(cfg.plain["dataset"], cfg.trainer, cfg.scaling)
     ),
-    Check(("task",), lambda cfg: check_lightning(cfg.plain), applies=_lightning),
+    Check(("task",), lambda cfg: check_lightning(cfg.plain), applies=lambda cfg: cfg.lightning),
     Check(("trainer", "scaling", "fsdp"), _trainer),
     Check(
         ("model", "dataset", "task", "trainer", "datamodule"),
         lambda cfg: rehearsal.rehearse_lightning(cfg.plain),
-        applies=lambda cfg, rehearse: rehearse and _lightning(cfg),
+        applies=lambda cfg: cfg.rehearse and cfg.lightning,
     ),
     Check(
         ("model", "dataset", "task", "trainer", "checkpoint", "logger"),
         _rehearse_step,
-        applies=lambda cfg, rehearse: rehearse and not _lightning(cfg),
+        applies=lambda cfg: cfg.rehearse and not cfg.lightning,
     ),
 )
 
@@ -290,9 +294,6 @@ def check_optimizer_values(key: str, node: dict[str, Any]) -> None:
     """torch's own checks of an optimizer's values (lr < 0, a beta outside [0, 1), eps < 0...), run here on one
     dummy parameter as the training loop builds it (``instantiate(node)(parameters)``): a bad value is a config
     error naming its key before any worker starts, not a failure in every worker."""
-    import torch
-    from hydra.utils import instantiate
-
     target = get_object(node["_target_"])
     if not (node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer)):
         return
@@ -335,8 +336,6 @@ def check_fsdp(trainer: TrainerConfig, fsdp: FSDPConfig, on_gpu: bool) -> None:
 
 
 def check_trainer_switches(trainer: TrainerConfig, scaling: ScalingConfig, fsdp: FSDPConfig) -> None:
-    import torch
-
     on_gpu = scaling.use_gpu
     if trainer.parallel_strategy == "fsdp":
         check_fsdp(trainer, fsdp, on_gpu)
@@ -376,8 +375,6 @@ def _check_keywords(key: str, kwargs: dict[str, Any] | None, function: Callable,
 
 def _cpu_supports_fp16_autocast() -> bool:
     import warnings
-
-    import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -154,11 +154,10 @@ def plan_trials(
     previous: dict[str, dict[str, Any]],
 ) -> Plan:
     """The basic search's grid, composed up front; a search algorithm's earlier trials and probes of its space."""
-    finished = ("completed", "stopped")
     if settings.search_alg == "basic":
         jobs = compose_jobs(compose, arguments, settings)
-        todo = [job for job in jobs if previous.get(job.name, {}).get("status") not in finished]
-        return Plan(jobs, [job for job in jobs if job not in todo], todo, len(todo), len(jobs), probes=jobs)
+        done, todo = _finished(jobs, lambda job: previous.get(job.name, {}).get("status"))
+        return Plan(jobs, done, todo, len(todo), len(jobs), probes=jobs)
     fixed, space = parameter_space(arguments)
     if not space:
         raise ConfigError(
@@ -168,8 +167,7 @@ def plan_trials(
             "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
         )
     jobs = [compose(job.overrides, job.index, job.params) for job in earlier_jobs(sweep_dir)]
-    done = [job for job in jobs if _status(job, previous) in finished]
-    todo = [job for job in jobs if job not in done]  # interrupted or failed: suggested again first
+    done, todo = _finished(jobs, lambda job: _status(job, previous))  # todo: interrupted or failed, suggested first
     budget = settings.num_samples - len(done)
     return Plan(jobs, done, todo, budget, settings.num_samples, probe_jobs(compose, fixed, space), fixed, space)
 
@@ -307,6 +305,15 @@ def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig) -> None:
             "ray.include_dashboard=null (Ray's default: the dashboard serves the state API), a cluster started with "
             "its dashboard, or hydra.sweeper.scheduler=fifo",
         )
+
+
+def _finished(jobs: list[Job], status: Callable[[Job], str | None]) -> tuple[list[Job], list[Job]]:
+    """The jobs an earlier run of the sweep finished (completed, or stopped by the scheduler), and the others."""
+    done: list[Job] = []
+    others: list[Job] = []
+    for job in jobs:
+        (done if status(job) in ("completed", "stopped") else others).append(job)
+    return done, others
 
 
 def _status(job: Job, previous: dict[str, dict[str, Any]]) -> str:

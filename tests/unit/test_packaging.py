@@ -33,15 +33,14 @@ def test_the_package_exports_load_lazily_and_stay_functions():
 
 def test_the_extension_api_is_importable_from_the_package():
     """What docs/own-task.md, own-data.md and architecture.md have users import, from one place."""
+    import hydra_raytrain
     from hydra_raytrain import ExistingDir, LocalPath, Logger, Splits, Step, StepOutput, Sums, Task
-    from hydra_raytrain.config.paths import ExistingDir as existing_dir
+    from hydra_raytrain.config import paths
     from hydra_raytrain.data.splits import Splits as splits
     from hydra_raytrain.loggers.base import Logger as logger
-    from hydra_raytrain.tasks.base import Task as task
+    from hydra_raytrain.tasks import base
 
-    assert (Task, Splits, Logger, ExistingDir) == (task, splits, logger, existing_dir)
-    assert LocalPath is not ExistingDir and Sums is not None and Step is not None
-    assert StepOutput.__module__ == "hydra_raytrain.tasks.base"
-    import hydra_raytrain
+    assert (Task, StepOutput, Sums, Step) == (base.Task, base.StepOutput, base.Sums, base.Step)
+    assert (Splits, Logger, ExistingDir, LocalPath) == (splits, logger, paths.ExistingDir, paths.LocalPath)
 
     assert set(hydra_raytrain.__all__) <= set(dir(hydra_raytrain))
