@@ -14,6 +14,7 @@ These dataclasses are the one source of the typed sections' defaults: conf/ has 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -422,14 +423,16 @@ class SchedulerConfig:
 
 @dataclass
 class RayConfig:
-    """How the driver reaches Ray: without ``address`` a local cluster starts, sized for the run
+    """How the driver reaches Ray: without ``address`` it joins the cluster ``RAY_ADDRESS`` names (Ray's own
+    convention: `ray job submit` sets it for every job), else a local cluster starts, sized for the run
     (docs/clusters.md)::
 
         python -m hydra_raytrain ray.address=auto            # the cluster `ray start --head` started here
         python -m hydra_raytrain ray.address=10.0.0.5:6379   # a remote head node
+        python -m hydra_raytrain ray.address=local           # a local cluster of this run's, whatever RAY_ADDRESS says
     """
 
-    address: str | None = None  # "auto" or "host:port" of an existing cluster
+    address: str | None = None  # "auto", "host:port" of an existing cluster, "local"; None: RAY_ADDRESS, else local
     num_cpus: int | None = None  # logical CPUs of a local cluster; None: max(cores, what the run asks)
     max_cpu_oversubscription: float = 4.0  # a local cluster may promise at most this many CPUs per core
     include_dashboard: bool | None = None  # None: Ray decides (on with ray[default]; the state API needs it)
@@ -439,6 +442,17 @@ class RayConfig:
     def __post_init__(self) -> None:
         _at_least("ray.num_cpus", self.num_cpus, 1)
         _at_least("ray.max_cpu_oversubscription", self.max_cpu_oversubscription, 1)
+
+
+def cluster_address(address: str | None, environ: Mapping[str, str]) -> str | None:
+    """The cluster a run joins, by Ray's own convention: ``ray.address`` when set, else the environment's
+    ``RAY_ADDRESS`` (every `ray job submit` job has it, as may a user's shell). None, or ``local`` in either: a
+    local cluster of the run's own."""
+    chosen = address if address is not None else environ.get(RAY_ADDRESS_ENV) or None
+    return None if chosen == "local" else chosen
+
+
+RAY_ADDRESS_ENV = "RAY_ADDRESS"
 
 
 @dataclass

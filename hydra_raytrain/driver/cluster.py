@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.config.schema import RayConfig, ScalingConfig
+from hydra_raytrain.config.schema import RAY_ADDRESS_ENV, RayConfig, ScalingConfig
 from hydra_raytrain.driver.builders import scaling_config
 from hydra_raytrain.internals import resources_per_worker
 from hydra_raytrain.recipe.loaders import machine_cores
@@ -126,8 +126,14 @@ def check_fits(request: ResourceRequest, available: Mapping[str, float], where: 
 
 RAY_ADDRESS_VALID = (
     "the HOST:PORT of a running cluster's head (what `ray start --head` prints), auto for the cluster "
-    "started on this machine, or null to start a local cluster"
+    "started on this machine, local for a local cluster of the run's own, or null (the cluster RAY_ADDRESS names, "
+    "else a local cluster)"
 )
+
+
+def address_key(address: str) -> str:
+    """Where a joined cluster's address came from, for messages: the environment's RAY_ADDRESS, or ray.address."""
+    return RAY_ADDRESS_ENV if os.environ.get(RAY_ADDRESS_ENV) == address else "ray.address"
 
 
 def check_reachable(address: str, timeout_s: float = 3.0) -> None:
@@ -141,7 +147,10 @@ def check_reachable(address: str, timeout_s: float = 3.0) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as error:
         raise ConfigError(
-            "ray.address", address, f"no Ray cluster answers there ({error.strerror or error}).", RAY_ADDRESS_VALID
+            address_key(address),
+            address,
+            f"no Ray cluster answers there ({error.strerror or error}).",
+            RAY_ADDRESS_VALID,
         ) from None
 
 
@@ -193,9 +202,11 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
             ray.init(address=ray_cfg.address, runtime_env=runtime_env, **common)
         except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
             raise ConfigError(
-                "ray.address", ray_cfg.address, f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID
+                address_key(ray_cfg.address), ray_cfg.address, f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID
             ) from None
-        check_fits(request, ray.cluster_resources(), f"the cluster at ray.address={ray_cfg.address}")
+        where = f"the cluster at {address_key(ray_cfg.address)}={ray_cfg.address}"
+        check_fits(request, ray.cluster_resources(), where)
+        print(f"Ray: joined {where}: {describe_cluster()}", flush=True)
         return
     gpus = local_gpu_count()
     runtime_env = local_runtime_env(runtime_env, ray_cfg.include_dashboard)
@@ -209,6 +220,14 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
         ray.shutdown()
         ray.init(**local, **local_cluster_environment(ray_cfg.include_dashboard, port=free_port()))
     _started_here = ray.get_runtime_context().gcs_address
+
+
+def describe_cluster() -> str:
+    """The connected cluster's live nodes and resources: "2 nodes, 8 CPUs, 1 GPU"."""
+    nodes = len([node for node in ray.nodes() if node["Alive"]])
+    total = ray.cluster_resources()
+    counts = [(nodes, "node"), (int(total.get("CPU", 0)), "CPU"), (int(total.get("GPU", 0)), "GPU")]
+    return ", ".join(f"{count} {name}{'s' if count != 1 else ''}" for count, name in counts if count or name != "GPU")
 
 
 def check_request(ray_cfg: RayConfig, request: ResourceRequest) -> int | None:

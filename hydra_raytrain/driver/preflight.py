@@ -4,13 +4,15 @@ resources (a local cluster this machine can start for the request, or a ``ray.ad
 
 from __future__ import annotations
 
+import os
+
 import ray
 from omegaconf import DictConfig
 
 from hydra_raytrain.config.errors import Problems
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.resolved import Resolved, typed
-from hydra_raytrain.config.schema import RayConfig, ScalingConfig
+from hydra_raytrain.config.schema import RayConfig, ScalingConfig, cluster_address
 from hydra_raytrain.driver import cluster
 from hydra_raytrain.preflight.validate import validate
 
@@ -32,7 +34,7 @@ def preflight(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
                 if resolved
                 else (
                     typed(ScalingConfig, as_dict(cfg.scaling)),
-                    typed(RayConfig, as_dict(cfg.ray)),
+                    typed(RayConfig, {**as_dict(cfg.ray), "address": cluster_address(cfg.ray.address, os.environ)}),
                 )
             )
         except Exception:  # an interpolation of these sections that does not resolve is reported by validate

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from hydra_raytrain.config.schema import (
     ScalingConfig,
     TrainerConfig,
     checkpointed_modules,
+    cluster_address,
 )
 from hydra_raytrain.data import streamed
 from hydra_raytrain.internals import child_node
@@ -112,6 +114,8 @@ def check_sections(cfg: DictConfig, cwd: str, problems: Problems) -> dict[str, A
     for section in COMPONENT_SECTIONS:
         if section in resolved:
             check_targets(section, resolved[section], cwd, problems)
+    if "ray" in resolved:  # Ray's convention: RAY_ADDRESS names the cluster when ray.address does not
+        resolved["ray"]["address"] = cluster_address(resolved["ray"].get("address"), os.environ)
     if resolved.get("storage", {}).get("path"):
         resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
     run = resolved.get("run") or {}

@@ -9,12 +9,11 @@ import pytest
 from tests.conftest import ROOT
 
 
-def run_check(args, cwd):
+def run_check(args, cwd, **environ):
     """The check CLI in a fresh process; the timeout guards against a hang (its speed is a benchmark figure)."""
     env_args = dict(cwd=str(cwd), capture_output=True, text=True, timeout=60)
-    return subprocess.run(
-        [sys.executable, "-m", "hydra_raytrain.check", *args], **env_args, env={**os.environ, "PYTHONPATH": ROOT}
-    )
+    env = {**os.environ, "PYTHONPATH": ROOT, **environ}
+    return subprocess.run([sys.executable, "-m", "hydra_raytrain.check", *args], **env_args, env=env)
 
 
 @pytest.mark.slow
@@ -45,6 +44,11 @@ def test_resources_are_checked_without_starting_ray(tmp_path):
     assert done.returncode == 2 and "scaling.num_workers=64" in done.stderr and "this machine has" in done.stderr
     done = run_check(["ray.address=127.0.0.1:1"], tmp_path)
     assert done.returncode == 2 and "no Ray cluster answers there" in done.stderr
+    # Ray's convention: RAY_ADDRESS (set in every `ray job submit` job) names the cluster when ray.address is unset
+    done = run_check([], tmp_path, RAY_ADDRESS="127.0.0.1:1")
+    assert done.returncode == 2 and "RAY_ADDRESS='127.0.0.1:1': no Ray cluster answers there" in done.stderr
+    done = run_check(["ray.address=local"], tmp_path, RAY_ADDRESS="127.0.0.1:1")
+    assert done.returncode == 0 and done.stdout == "ok   ray.address=local\n", done.stderr[-2000:]
     probe = (
         "from tests.conftest import compose_config; from hydra_raytrain.check import check; import ray; "
         "check(compose_config('scaling.num_workers=2')); print(ray.is_initialized())"

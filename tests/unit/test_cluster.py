@@ -5,7 +5,7 @@ import os
 import pytest
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.config.schema import RayConfig, ScalingConfig
+from hydra_raytrain.config.schema import RayConfig, ScalingConfig, cluster_address
 from hydra_raytrain.driver.cluster import (
     ResourceRequest,
     check_fits,
@@ -158,3 +158,11 @@ def test_the_workers_share_the_cores_up_to_the_clusters_cpus(monkeypatch):
     assert cluster.local_cpus(RayConfig(num_cpus=None)) == 8
     assert cluster.local_cpus(RayConfig(num_cpus=2)) == 2  # a smaller cluster: its CPUs
     assert cluster.local_cpus(RayConfig(num_cpus=32)) == 8  # oversubscribed: no more threads than cores
+
+
+def test_the_cluster_is_ray_address_else_the_environments_ray_address_and_local_is_a_cluster_of_the_runs_own():
+    job = {"RAY_ADDRESS": "10.0.0.5:6379"}  # what `ray job submit` sets for every job
+    assert cluster_address(None, job) == "10.0.0.5:6379"
+    assert cluster_address("auto", job) == "auto" and cluster_address("local", job) is None
+    assert cluster_address(None, {}) is None and cluster_address(None, {"RAY_ADDRESS": ""}) is None
+    assert cluster_address(None, {"RAY_ADDRESS": "local"}) is None
