@@ -1,5 +1,5 @@
 """Model builders that adapt to the dataset through config (``input_shape``, ``num_outputs``).
-Exports resolve lazily: a config without a ResNet never imports torchvision."""
+Exports resolve lazily: a config without a zoo model never imports torchvision or timm."""
 
 from hydra_raytrain.lazy import lazy_exports
 
@@ -7,6 +7,8 @@ _EXPORTS = {
     "MLP": "mlp",
     "SimpleCNN": "simple_cnn",
     "torchvision_resnet": "resnet",
+    "torchvision_model": "zoo",
+    "timm_model": "zoo",
     "Generator": "dcgan",
     "Discriminator": "dcgan",
 }

@@ -23,6 +23,7 @@ from typing import Any
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.data.streamed import Streamed
+from hydra_raytrain.models.zoo import weights_on_disk
 from hydra_raytrain.recipe import checkpoint, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.lightning_setup import check_module, import_lightning, one_device_trainer
@@ -196,7 +197,12 @@ def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> dict[str, Any] | None
     several = "_target_" not in cfg["model"]  # a task with several models (a GAN) names them
     specs = dict(cfg["model"]) if several else {"model": cfg["model"]}
     keys = {name: f"model.{name}" if several else "model" for name in specs}
-    downloads = [keys[name] for name, spec in specs.items() if any(spec.get(arg) for arg in WEIGHT_ARGUMENTS)]
+    # A zoo model's weights: refused here when neither cached nor reachable; built here when cached.
+    downloads = [
+        keys[name]
+        for name, spec in specs.items()
+        if any(spec.get(arg) for arg in WEIGHT_ARGUMENTS) and not weights_on_disk(spec)
+    ]
     if downloads:
         warn(
             f"{', '.join(downloads)}: pretrained weights are loaded by the workers, not on the driver; the model's fit "
@@ -243,13 +249,14 @@ def step_sums(task: Any, model: Any, batch: Any) -> tuple[dict[str, float], dict
 
 def _parameter_count(spec: Mapping[str, Any]) -> int:
     """Parameters of the model ``spec`` builds, counted on the meta device (no memory); 0 when it cannot be built
-    there (the real build then reports the problem)."""
+    there (the real build then reports the problem). Pretrained weights are left out: the count is the same."""
     import torch
     from hydra.utils import instantiate
 
+    unweighted = {key: value for key, value in spec.items() if key not in WEIGHT_ARGUMENTS}
     try:
         with torch.device("meta"):
-            return sum(p.numel() for p in instantiate(spec, _convert_="all").parameters())
+            return sum(p.numel() for p in instantiate(unweighted, _convert_="all").parameters())
     except Exception:
         return 0
 

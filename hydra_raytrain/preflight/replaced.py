@@ -6,7 +6,10 @@ settings": Hydra alone keeps the previous option's arguments in the node, so MyN
 
 - the node keeps what the command line sets for it (``model.hidden=64``, ``+model.depth=3``),
 - and the arguments that wire it to other settings (``num_outputs: ${dataset.num_outputs}``) when the new target
-  takes them (so a model of your own still adapts to the dataset),
+  names them among its parameters (so a model of your own still adapts to the dataset); a target that takes
+  ``**kwargs`` (torchvision's builders, ``timm.create_model``) may pass them on to a class that refuses them, so
+  wiring it does not name is dropped too, and the run says so (``wiring_note``): set the zoo's own names,
+  ``+model.num_classes=10``,
 - every other argument of the option it replaces is dropped, and the run says which (``dropped_note``).
 
 Applied before anything reads the config: by the ``${run_name:}`` resolver (the run dir's identity), by
@@ -56,18 +59,23 @@ def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> list[s
         if not isinstance(node, DictConfig) or "_target_" not in node:
             continue
         written = as_dict(node, resolve=False)  # interpolations as written: ${dataset.num_outputs}
-        accepted = _accepted_arguments(written["_target_"])
-        dropped = {}
+        target = str(written["_target_"])
+        accepted, var_keyword = _accepted_arguments(target)
+        dropped: dict[str, object] = {}
+        unnamed: dict[str, object] = {}
         for name, value in written.items():
             if name in KEPT_KEYS or name in kept:
                 continue
-            if OmegaConf.is_interpolation(node, name) and (accepted is None or name in accepted):
+            wiring = OmegaConf.is_interpolation(node, name)
+            if wiring and (accepted is None or name in accepted):
                 continue
-            dropped[name] = value
+            (unnamed if wiring and var_keyword else dropped)[name] = value
             with open_dict(node):
                 del node[name]
         if dropped:
-            notes.append(dropped_note(key, str(written["_target_"]), dropped))
+            notes.append(dropped_note(key, target, dropped))
+        if unnamed:
+            notes.append(wiring_note(key, target, unnamed))
     return notes
 
 
@@ -94,13 +102,21 @@ def dropped_note(key: str, target: str, dropped: dict[str, object]) -> str:
     )
 
 
-def _accepted_arguments(target: object):
-    """The keyword names the target takes; None when any is accepted or it cannot be told (not importable: the
-    validation reports that)."""
+def wiring_note(key: str, target: str, unnamed: dict[str, object]) -> str:
+    shown = ", ".join(f"{name}={value}" for name, value in unnamed.items())
+    return (
+        f"Note: {key}._target_={target} takes **kwargs without naming {', '.join(unnamed)}: whether it consumes "
+        f"them cannot be told, so the replaced option's wiring {shown} is not passed; pass the target's own "
+        f"argument names (e.g. +{key}.num_classes=${{dataset.num_outputs}})."
+    )
+
+
+def _accepted_arguments(target: str) -> tuple[set[str] | None, bool]:
+    """The parameter names the target takes (None when it cannot be told: not importable, which the validation
+    reports, or no signature), and whether it also takes ``**kwargs``."""
     try:
-        parameters = inspect.signature(locate("", str(target))).parameters
+        parameters = inspect.signature(locate("", target)).parameters
     except (ConfigError, TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return None
-    return set(parameters)
+        return None, False
+    var_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return {name for name, p in parameters.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}, var_keyword

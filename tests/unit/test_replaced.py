@@ -47,6 +47,21 @@ def test_wiring_the_new_target_does_not_take_goes_too():
     assert any("label_smoothing=0.0" in note for note in notes)
 
 
+def test_a_kwargs_target_gets_only_the_wiring_it_names_and_the_note_says_what_to_set_instead():
+    # shufflenet_v2_x0_5(*, weights, progress, **kwargs) passes **kwargs to ShuffleNetV2, which refuses input_shape
+    cfg, notes = dropped("model._target_=torchvision.models.shufflenet_v2_x0_5", "+model.num_classes=10")
+    assert sorted(cfg.model) == ["_target_", "num_classes"]
+    (_, note) = notes
+    assert note.startswith(
+        "Note: model._target_=torchvision.models.shufflenet_v2_x0_5 takes **kwargs without naming input_shape, "
+        "num_outputs: whether it consumes them cannot be told"
+    )
+    assert "e.g. +model.num_classes=${dataset.num_outputs}" in note
+    # hydra_raytrain's zoo builders name the wiring and pass the rest on: it stays
+    cfg, notes = dropped("model._target_=hydra_raytrain.models.torchvision_model", "+model.name=mobilenet_v3_small")
+    assert sorted(cfg.model) == ["_target_", "input_shape", "name", "num_outputs"]
+
+
 def test_hydras_own_keys_stay_and_a_group_choice_changes_nothing():
     cfg, notes = dropped("optimizer._target_=torch.optim.SGD")
     assert cfg.optimizer._partial_ is True and sorted(cfg.optimizer) == ["_partial_", "_target_"]

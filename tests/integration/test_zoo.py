@@ -1,0 +1,57 @@
+"""Zoo models trained end to end on 2 workers of the session's cluster, named as their zoos name them: through
+``_target_`` on the command line with the zoo's own argument names (a ``**kwargs`` builder is not handed the
+replaced option's ``input_shape``/``num_outputs``), and through the shipped options ``model=torchvision`` and
+``model=timm``, which take the dataset's classes and channels."""
+
+import json
+
+import pytest
+import torch
+
+from hydra_raytrain import evaluate, load_model, train
+from tests.conftest import compose_config, run_cli
+
+pytestmark = pytest.mark.integration
+
+FAKE = ("dataset=fake", "dataset.train_size=64", "dataset.val_size=32", "trainer.batch_size=16")
+RUN = ("scaling.num_workers=2", "trainer.max_epochs=1")
+
+
+@pytest.mark.parametrize(
+    "channels, zoo",
+    [
+        (3, ["model._target_=torchvision.models.shufflenet_v2_x0_5", "+model.num_classes=10"]),
+        (
+            1,
+            [
+                "model._target_=timm.create_model",
+                "+model.model_name=resnet10t",
+                "+model.num_classes=10",
+                "+model.in_chans=1",
+            ],
+        ),
+    ],
+    ids=["torchvision", "timm"],
+)
+def test_a_zoo_target_on_the_command_line_trains_with_the_zoos_own_argument_names(ray_address, tmp_path, channels, zoo):
+    shape = f"dataset.input_shape=[{channels},32,32]"
+    done = run_cli([f"ray.address={ray_address}", *FAKE, shape, *RUN, *zoo, "hydra.run.dir=run"], cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "takes **kwargs without naming input_shape, num_outputs: whether it consumes them cannot be told" in (
+        done.stderr
+    )
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final"]["world_size"] == 2
+
+
+def test_the_shipped_zoo_options_take_the_datasets_classes_and_channels(ray_address, tmp_path):
+    for zoo in (["model=torchvision", "model.name=mobilenet_v3_small"], ["model=timm", "model.name=lcnet_050"]):
+        run_dir = tmp_path / zoo[0].split("=")[1]
+        summary = train(compose_config(*FAKE, "dataset.input_shape=[1,32,32]", *RUN, *zoo), run_dir=str(run_dir))
+        assert summary["status"] == "completed" and summary["final"]["world_size"] == 2, zoo
+        # The driver rebuilds the zoo model from the run's config, with the run's weights: grey images in, 10 classes
+        # out; it scores it as the workers did (to 1e-3: each worker validates with its own BatchNorm statistics).
+        model = load_model(str(run_dir))
+        first = next(module for module in model.modules() if isinstance(module, torch.nn.Conv2d))
+        assert first.in_channels == 1 and model(torch.zeros(2, 1, 32, 32)).shape == (2, 10), zoo
+        assert abs(evaluate(str(run_dir))["val_loss"] - summary["final"]["val_loss"]) < 1e-3, zoo
