@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.overrides import check_override_keys
+from hydra_raytrain.overrides import check_command_line
 from hydra_raytrain.preflight.replaced import apply_command_line_targets
 
 FAILED: list[str] = []
@@ -68,7 +68,7 @@ def _quiet_hydra(folder: str) -> list[str]:
 def main() -> None:
     args = [arg for arg in sys.argv[1:] if not arg.startswith(("hydra/sweeper=", "hydra.sweeper."))]
     try:
-        check_override_keys(args)
+        check_command_line(args)
     except ConfigError as error:
         print(error, file=sys.stderr)
         sys.exit(2)

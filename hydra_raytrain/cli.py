@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.driver.run import TrainingFailed, hydra_run_dir, train
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
-from hydra_raytrain.overrides import check_override_keys
+from hydra_raytrain.overrides import check_command_line
 
 # What Hydra itself writes into a run dir before our code runs.
 HYDRA_FILES = {".hydra", "train.log"}
@@ -44,7 +44,7 @@ def _remove_untouched_run_dir() -> None:
 
 def main() -> None:
     try:
-        check_override_keys(sys.argv[1:])
+        check_command_line(sys.argv[1:])
     except ConfigError as error:
         print(error, file=sys.stderr)
         sys.exit(2)

@@ -157,6 +157,15 @@ def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
 BAD_INPUTS = [
     # (overrides, what the message must name)
     (["model=resnet19"], ["model/resnet19", "resnet18"]),
+    (
+        ["model=torchvision", "model.name=efficientnet_b9"],
+        ["model.name='efficientnet_b9'", "did you mean 'efficientnet_b"],
+    ),
+    (
+        ["failure.retry_on=[[unclosed"],
+        ["failure.retry_on='[[unclosed'", "Hydra's override grammar cannot parse", "no viable alternative"],
+    ),
+    (["--config-dir", "cfg", "model=bad"], ["cfg/model/bad.yaml, line 3, column 12: not valid YAML: expected ','"]),
     (["trainer.max_epoch=3"], ["trainer.max_epoch=", "did you mean 'max_epochs'", "trainer.seed"]),
     (["scaling.num_workers=two"], ["scaling.num_workers", "two"]),
     (["scaling.num_workers=-1"], ["scaling.num_workers=-1", "must be >= 0"]),
@@ -295,6 +304,8 @@ def bad_input_results(ray_address, tmp_path_factory):  # the session cluster up:
     folders = [tmp_path_factory.mktemp("bad_input") for _ in BAD_INPUTS]
     for folder in folders:
         write_images(folder / "pets", ["a", "b", "c"], 2)
+        (folder / "cfg" / "model").mkdir(parents=True)  # a user's option file that is not YAML
+        (folder / "cfg" / "model" / "bad.yaml").write_text("_target_: my.Net\nhidden: [32\ninput_shape: [1]\n")
     cases = [[str(folder), overrides] for folder, (overrides, _) in zip(folders, BAD_INPUTS, strict=True)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
     # Each case has 60 s against a hang; how fast a refusal comes is a figure of benchmarks/README.md, not an assertion.

@@ -1,9 +1,10 @@
-"""Command-line keys of the typed sections are checked against the schema, with suggestions."""
+"""The command line before Hydra composes: keys of the typed sections checked against the schema, with
+suggestions; overrides Hydra cannot parse and option files that are not YAML, each in one message."""
 
 import pytest
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.overrides import check_override_keys
+from hydra_raytrain.overrides import check_command_line, check_override_keys
 
 
 def test_misspelt_key_suggests_the_right_one_and_lists_valid_keys():
@@ -46,3 +47,29 @@ def test_sweep_keys_are_pointed_to_the_sweeper():
 )
 def test_valid_or_unchecked_arguments_pass(args):
     check_override_keys(args)
+
+
+def test_an_override_hydra_cannot_parse_is_named_with_the_grammar():
+    with pytest.raises(ConfigError) as caught:
+        check_command_line(["model=mlp", "failure.retry_on=[[unclosed"])
+    assert str(caught.value) == (
+        "Invalid config: failure.retry_on='[[unclosed': Hydra's override grammar cannot parse "
+        "'failure.retry_on=[[unclosed': no viable alternative at input '[[unclosed'. Valid: key=value in Hydra's "
+        "override grammar (https://hydra.cc/docs/advanced/override_grammar/basic/): a list is [a,b], a dict {a:1}; "
+        """quote a value that holds brackets, commas or spaces: 'key="[[x"'"""
+    )
+
+
+def test_an_option_file_that_is_not_yaml_is_named_with_its_line(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "good.yaml").write_text("_target_: my.Net\nhidden: [32, 64]\n")
+    (tmp_path / "model" / "bad.yaml").write_text("_target_: my.Net\nhidden: [32\ninput_shape: ${dataset.input_shape}\n")
+    check_command_line(["--config-dir", str(tmp_path / "model" / "missing"), "model=good"])  # Hydra's to report
+    for flags in (["--config-dir", str(tmp_path)], [f"--config-dir={tmp_path}"], ["-cd", str(tmp_path)]):
+        with pytest.raises(ConfigError) as caught:
+            check_command_line([*flags, "model=good"])
+        assert str(caught.value) == (
+            f"Invalid config: {tmp_path / 'model' / 'bad.yaml'}, line 3, column 12: not valid YAML: expected ',' or "
+            "']', but got ':' (while parsing a flow sequence that opens at line 2, column 9). Valid: YAML (a list is "
+            "[a, b], a mapping is key: value)"
+        )
