@@ -43,6 +43,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         node = identity[section] if section else identity
         if not node.get(key):
             node.pop(key, None)
+    if not any((identity.get("finetune") or {}).values()):
+        identity.pop("finetune", None)
     if cfg["trainer"].get("data_on_device") is True:
         identity["trainer"]["data_on_device"] = True
     if (cfg.get("run") or {}).get("init_from"):  # a warm start: another starting point, another run
@@ -57,7 +59,7 @@ def run_name(cfg: Mapping[str, Any]) -> str:
 
 
 def _label(node: Mapping[str, Any]) -> str:
-    return str(node.get("arch") or node["_target_"].rsplit(".", 1)[-1]).lower()
+    return str(node.get("arch") or node.get("name") or node["_target_"].rsplit(".", 1)[-1]).lower()  # zoo: name
 
 
 def sweep_name(*argument_lists: Any) -> str:

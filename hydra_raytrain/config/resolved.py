@@ -18,6 +18,7 @@ from hydra_raytrain.config.identity import run_name
 from hydra_raytrain.config.schema import (
     CheckpointConfig,
     FailureConfig,
+    FinetuneConfig,
     FSDPConfig,
     RayConfig,
     RunSettings,
@@ -46,6 +47,7 @@ class Resolved:
     run: RunSettings
     # task=lightning: a LightningDataModule's node; {}: the dataset's splits (absent from older config.json files)
     datamodule: dict[str, Any] = dataclasses.field(default_factory=dict)
+    finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)  # absent from older config.json files
 
     @classmethod
     def from_dict(cls, plain: Mapping[str, Any]) -> Resolved:

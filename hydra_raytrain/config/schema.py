@@ -478,6 +478,34 @@ class RunSettings:
 
 
 @dataclass
+class FinetuneConfig:
+    """Which of the model's parameters train, and at which learning rate, by module name: a pattern (fnmatch:
+    ``layer*``, ``features.0``) names modules of ``model.named_modules()``, and everything inside them
+    (docs/model-zoo.md)::
+
+        python -m hydra_raytrain model=resnet18 model.weights=DEFAULT 'finetune.freeze=[conv1,bn1,layer1]'
+        python -m hydra_raytrain model=resnet18 'finetune.param_groups=[{modules: [layer*], lr: 1e-4}]'
+
+    A parameter in several groups belongs to the first; the others train with the optimizer's own settings.
+    """
+
+    freeze: list[str] = field(default_factory=list)  # modules whose parameters do not train
+    # [{modules: [PATTERN, ...], lr: ..., any other setting of a torch.optim param group}, ...]
+    param_groups: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for index, group in enumerate(self.param_groups):
+            modules = group.get("modules")
+            if not modules or isinstance(modules, str) or len(group) < 2:
+                raise ConfigError(
+                    f"finetune.param_groups[{index}]",
+                    dict(group),
+                    "a group names its modules (a list of patterns) and at least one setting of its own.",
+                    "{modules: [layer4, fc], lr: 0.01}",
+                )
+
+
+@dataclass
 class TrainConfig:
     """The root: free-form component nodes plus the typed framework settings."""
 
@@ -492,6 +520,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     logger: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
     # task=lightning: a LightningDataModule's _target_ node; {}: the dataset group's splits feed the module
     datamodule: dict[str, Any] = field(default_factory=dict)
@@ -500,7 +529,18 @@ class TrainConfig:
 
 
 # The typed sections, in the order validation reports them.
-TYPED_SECTIONS = ("scaling", "storage", "failure", "checkpoint", "trainer", "fsdp", "scheduler", "ray", "run")
+TYPED_SECTIONS = (
+    "scaling",
+    "storage",
+    "failure",
+    "checkpoint",
+    "trainer",
+    "fsdp",
+    "finetune",
+    "scheduler",
+    "ray",
+    "run",
+)
 
 
 def register_configs() -> None:

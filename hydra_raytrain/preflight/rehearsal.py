@@ -22,9 +22,11 @@ from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
 from hydra_raytrain.config.monitor import monitored
+from hydra_raytrain.config.resolved import typed
+from hydra_raytrain.config.schema import FinetuneConfig
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.models.zoo import weights_on_disk
-from hydra_raytrain.recipe import checkpoint, warm_start
+from hydra_raytrain.recipe import checkpoint, finetune, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.lightning_setup import check_module, import_lightning, one_device_trainer
 from hydra_raytrain.recipe.parallel import matching_modules, module_classes
@@ -63,6 +65,7 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
     if splits is None or models is None:
         return None
     check_module_classes(cfg, models)
+    check_finetune(cfg, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
     batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))  # a Streamed has no .train
@@ -292,6 +295,25 @@ def check_warm_start(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
     run, several = cfg["run"], "_target_" not in cfg["model"]
     saved = checkpoint.unpack_models(warm_start.read(run["init_from"], False)["model"], several)
     warm_start.check_fit(models, saved, run["init_from"], run["init_from_strict"])
+
+
+def check_finetune(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
+    """``finetune``'s patterns name modules of the built model(s), something still trains, and the optimizer takes
+    each group's settings; the models are then frozen as the workers freeze them (the rehearsed step runs so)."""
+    settings = typed(FinetuneConfig, cfg.get("finetune") or {})
+    if not (settings.freeze or settings.param_groups):
+        return
+    finetune.check_patterns(models, settings)
+    optimizers = cfg["optimizer"] if "_target_" not in cfg["optimizer"] else dict.fromkeys(models, cfg["optimizer"])
+    for name, model in models.items():
+        finetune.freeze(model, settings.freeze)
+        target = optimizers[name]["_target_"]
+        try:
+            optimizer = finetune.build_optimizer(optimizers[name], model, settings)
+        except Exception as error:
+            valid = f"settings that {target} takes in a param group (lr, weight_decay, ...)"
+            raise _failed("finetune.param_groups", settings.param_groups, error, valid) from None
+        finetune.check_group_settings(settings.param_groups, optimizer.defaults, target)
 
 
 def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:

@@ -162,7 +162,7 @@ CHECKS = (
         applies=lambda cfg: cfg.rehearse and cfg.lightning,
     ),
     Check(
-        ("model", "dataset", "task", "trainer", "checkpoint", "logger"),
+        ("model", "dataset", "task", "trainer", "checkpoint", "logger", "finetune"),
         _rehearse_step,
         applies=lambda cfg: cfg.rehearse and not cfg.lightning,
     ),
@@ -187,7 +187,7 @@ def check_streamed(dataset: dict[str, Any], trainer: TrainerConfig, scaling: Sca
 
 
 # What task=lightning leaves to the module and to lightning.Trainer, or does not map (yet): key, its unset value.
-LIGHTNING_UNMAPPED = (
+LIGHTNING_UNMAPPED: tuple[tuple[str, Any], ...] = (
     ("trainer.parallel_strategy", "ddp"),
     ("trainer.augment.random_crop_padding", 0),
     ("trainer.augment.horizontal_flip", False),
@@ -201,6 +201,8 @@ LIGHTNING_UNMAPPED = (
     ("checkpoint.every_n_minutes", None),
     ("scheduler.warmup_steps", 0),
     ("run.init_from", None),
+    ("finetune.freeze", []),  # a LightningModule's configure_optimizers says what trains
+    ("finetune.param_groups", []),
 )
 
 

@@ -33,7 +33,7 @@ from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.outcome import RunStatus, WorkerResult
-from hydra_raytrain.recipe import checkpoint, parallel, warm_start
+from hydra_raytrain.recipe import checkpoint, finetune, parallel, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.device_data import (
@@ -352,6 +352,7 @@ class Recipe:
         models = {}
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
+            finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
             if self.float_dtype is not None:
                 module = module.to(self.float_dtype)
             if trainer.channels_last:
@@ -389,7 +390,9 @@ class Recipe:
             if "_target_" in self.cfg.optimizer
             else dict(self.cfg.optimizer)
         )
-        optimizers = {name: instantiate(specs[name])(model.parameters()) for name, model in models.items()}
+        optimizers = {
+            name: finetune.build_optimizer(specs[name], model, self.cfg.finetune) for name, model in models.items()
+        }
         steps_per_epoch = math.ceil(self.train_batches / trainer.accumulate_grad_batches)
         lr_schedulers: dict[str, list[Any]] = {}
         warmups: dict[str, Any] = {}

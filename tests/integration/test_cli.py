@@ -162,6 +162,10 @@ BAD_INPUTS = [
         ["model.name='efficientnet_b9'", "did you mean 'efficientnet_b"],
     ),
     (
+        ["finetune.freeze=[featurez]"],
+        ["finetune.freeze=['featurez']", "did you mean 'features'?", "top level: features"],
+    ),
+    (
         ["failure.retry_on=[[unclosed"],
         ["failure.retry_on='[[unclosed'", "Hydra's override grammar cannot parse", "no viable alternative"],
     ),
