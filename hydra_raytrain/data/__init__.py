@@ -12,6 +12,7 @@ _EXPORTS = {
     "parquet": "streamed",
     "images": "streamed",
     "torchvision_builtin": "vision",
+    "module_loaders": "module",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

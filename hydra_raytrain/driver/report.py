@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 CURVES_FILE = "curves.png"
 
 
 def plot_curves(history: list[dict[str, Any]], path: str) -> None:
-    """Loss, then each other metric the task reports, against epoch; train and validation on the same axes."""
-    import matplotlib.pyplot as plt
+    """Loss, then each other metric the task reports, against epoch; train and validation on the same axes. No
+    file when the run logged no train_/val_ metric (a LightningModule that logs nothing); a plot that fails
+    warns: the run's results are written already."""
+    if not any(key.startswith(("train_", "val_")) for metrics in history for key in metrics):
+        return
+    try:
+        import matplotlib.pyplot as plt
 
-    figure = curves_figure(history)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        figure = curves_figure(history)
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+    except Exception as error:
+        print(f"WARNING: {CURVES_FILE} was not drawn: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
 
 def curves_figure(history: list[dict[str, Any]]):

@@ -28,7 +28,7 @@ from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.models.zoo import weights_on_disk
 from hydra_raytrain.recipe import checkpoint, finetune, warm_start
 from hydra_raytrain.recipe.augment import Augment
-from hydra_raytrain.recipe.lightning_setup import check_module, import_lightning, one_device_trainer
+from hydra_raytrain.recipe.lightning_setup import MODULE_LOADERS, check_module, import_lightning, one_device_trainer
 from hydra_raytrain.recipe.parallel import matching_modules, module_classes
 from hydra_raytrain.recipe.step import build_lr_scheduler
 from hydra_raytrain.tasks.base import Task
@@ -115,11 +115,13 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
     if cfg["datamodule"]:
         check_module("datamodule", cfg["datamodule"]["_target_"], _build("datamodule", cfg["datamodule"]), pl)
         return None
-    splits = build_dataset(cfg["dataset"])
-    if splits is None:
-        return None
-    count = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val))
-    loaders = [DataLoader(Subset(split, range(count)), batch_size=count) for split in (splits.train, splits.val)]
+    loaders: list[Any] = []  # dataset=module: the module's own (one batch each)
+    if cfg["dataset"]["_target_"] != MODULE_LOADERS:
+        splits = build_dataset(cfg["dataset"])
+        if splits is None:
+            return None
+        count = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val))
+        loaders = [DataLoader(Subset(split, range(count)), batch_size=count) for split in (splits.train, splits.val)]
     levels = {log: log.level for log in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric"))}
     try:
         for log in levels:
@@ -135,11 +137,22 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
                 "the metrics that settings name are checked when the run starts."
             )
             return None
+        if not loaders:
+            raise _failed("model", cfg["model"]["_target_"], error, "a module that trains on its own loaders") from None
         raise _does_not_fit(cfg, next(iter(loaders[0])), error) from None
     finally:
         for log, level in levels.items():
             log.setLevel(level)
-    names = set(trainer.callback_metrics) | set(RUNNER_METRICS[:5]) | {"step"}  # no memory figures
+    logged = set(trainer.callback_metrics)
+    names = logged | set(RUNNER_METRICS[:5]) | {"step"}  # no memory figures
+    if not any(name.startswith("val_") for name in logged) and cfg["trainer"]["monitor"] is None:
+        # A module that logs no validation metric (Lightning's demo modules log nothing) trains unchanged: its
+        # last epoch is the run's best. The driver's config carries the choice to the workers and the summary.
+        cfg["trainer"]["monitor"], cfg["trainer"]["monitor_mode"] = "epoch", "max"
+        warn(
+            f"{cfg['model']['_target_']} logs no validation metric (self.log('val_...')): the run's last epoch is "
+            "its best (trainer.monitor=epoch); set trainer.monitor to a metric it logs to pick another."
+        )
     check_monitors(cfg, names, Lightning, allow_any_train=False, reporter=cfg["model"]["_target_"])
     return names
 

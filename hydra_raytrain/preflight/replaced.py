@@ -79,6 +79,42 @@ def drop_replaced_arguments(cfg: DictConfig, overrides: Sequence[str]) -> list[s
     return notes
 
 
+def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """The command line's rules, in place: replaced targets start afresh (``drop_replaced_arguments``), and a
+    LightningModule that brings its own loaders is fed by them when the command line picks no dataset
+    (``use_module_loaders``). One note per change."""
+    return drop_replaced_arguments(cfg, overrides) + use_module_loaders(cfg, overrides)
+
+
+def use_module_loaders(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """``task=lightning model._target_=...BoringModel`` is the whole command: the module's own
+    ``train_dataloader``/``val_dataloader`` feed it (``dataset=module``) instead of the default dataset, unless
+    the command line picks a dataset, or a datamodule feeds it."""
+    # here, not at the top: the run name's resolver imports this module, and must not load torch (lightning_setup
+    # reads the task classes)
+    from hydra_raytrain.recipe.lightning_setup import MODULE_LOADERS, brings_loaders, is_lightning
+
+    task, model = OmegaConf.select(cfg, "task._target_"), OmegaConf.select(cfg, "model._target_")
+    if not task or not model or cfg.get("datamodule") or not is_lightning(str(task)):
+        return []
+    if _touches(overrides, "dataset") or OmegaConf.select(cfg, "dataset._target_") == MODULE_LOADERS:
+        return []
+    if not brings_loaders(model):
+        return []
+    with open_dict(cfg):
+        cfg.dataset = OmegaConf.create({"_target_": MODULE_LOADERS, "name": "module"})
+    return [
+        f"Note: model._target_={model} brings its own train_dataloader: it feeds the run (dataset=module), sharded "
+        "by Lightning's DistributedSampler; pick a dataset on the command line to feed it the dataset group's "
+        "batches instead."
+    ]
+
+
+def _touches(overrides: Sequence[str], section: str) -> bool:
+    keys = [override.lstrip("+~").split("=", 1)[0] for override in overrides if not override.startswith("-")]
+    return any(key == section or key.startswith(section + ".") or key.startswith(section + "@") for key in keys)
+
+
 def apply_command_line_targets(cfg: DictConfig) -> list[str]:
     """A ``_target_`` set on the command line starts its node afresh (``preflight/replaced.py``); each dropped
     argument is said once. Under the CLI the overrides are Hydra's; a composed config passed to ``train()``
@@ -87,7 +123,7 @@ def apply_command_line_targets(cfg: DictConfig) -> list[str]:
 
     if not HydraConfig.initialized():
         return []
-    notes = drop_replaced_arguments(cfg, list(HydraConfig.get().overrides.task))
+    notes = apply_overrides(cfg, list(HydraConfig.get().overrides.task))
     for note in notes:
         print(note, file=sys.stderr, flush=True)
     return notes

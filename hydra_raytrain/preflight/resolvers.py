@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config.identity import run_name, sweep_name
 from hydra_raytrain.data import folders, streamed
-from hydra_raytrain.preflight.replaced import drop_replaced_arguments
+from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.targets import absolute_target_paths
 
 
@@ -30,7 +30,7 @@ def run_identity(cfg: DictConfig, cwd: str) -> str:
     sections = [str(key) for key in cfg if key != "hydra"]
     if overrides:
         cfg = copy.deepcopy(cfg)  # the caller's config stays as composed
-        drop_replaced_arguments(cfg, list(overrides))
+        apply_overrides(cfg, list(overrides))
     resolved = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in sections}
     for section in ("model", "dataset", "task", "optimizer", "scheduler"):
         absolute_target_paths(resolved.get(section), cwd)

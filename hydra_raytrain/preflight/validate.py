@@ -36,7 +36,14 @@ from hydra_raytrain.data import streamed
 from hydra_raytrain.internals import child_node
 from hydra_raytrain.preflight import rehearsal
 from hydra_raytrain.preflight.targets import HYDRA_KEYS, absolute, check_targets
-from hydra_raytrain.recipe.lightning_setup import MAPPED_ARGUMENTS, RUNNER_ARGUMENTS, import_lightning, is_lightning
+from hydra_raytrain.recipe.lightning_setup import (
+    MAPPED_ARGUMENTS,
+    MODULE_LOADERS,
+    RUNNER_ARGUMENTS,
+    brings_loaders,
+    import_lightning,
+    is_lightning,
+)
 from hydra_raytrain.recipe.loaders import per_worker_batch_size
 from hydra_raytrain.recipe.warm_start import locate as locate_warm_start
 from hydra_raytrain.tasks.base import Task
@@ -218,16 +225,8 @@ def check_lightning(cfg: dict[str, Any]) -> None:
             value = value.get(name) if isinstance(value, dict) else None
         if value != unset and not (unset is None and value is False):
             problems.add(ConfigError(key, value, "is not available with task=lightning.", f"{key}={_plain(unset)}"))
-    if streamed.streams(cfg["dataset"]["_target_"]):
-        problems.add(
-            ConfigError(
-                "dataset",
-                cfg["dataset"]["_target_"],
-                "is streamed by Ray Data, which task=lightning does not read.",
-                "a dataset the workers build (dataset=digits, imagefolder, ...); with a datamodule, leave dataset "
-                "at its default (it is not read)",
-            )
-        )
+    with problems.collect():
+        check_lightning_data(cfg)
     if cfg["scaling"]["num_workers"] == 0:
         problems.add(
             ConfigError(
@@ -251,6 +250,27 @@ def check_lightning(cfg: dict[str, Any]) -> None:
                 )
             )
     problems.raise_any()
+
+
+def check_lightning_data(cfg: dict[str, Any]) -> None:
+    """What cannot feed a LightningModule: a dataset Ray Data streams; ``dataset=module`` for a module without
+    loaders of its own."""
+    target = cfg["dataset"]["_target_"]
+    if streamed.streams(target):
+        raise ConfigError(
+            "dataset",
+            target,
+            "is streamed by Ray Data, which task=lightning does not read.",
+            "a dataset the workers build (dataset=digits, imagefolder, ...); with a datamodule, leave dataset "
+            "at its default (it is not read)",
+        )
+    if target == MODULE_LOADERS and not brings_loaders(cfg["model"]["_target_"]):
+        raise ConfigError(
+            "dataset",
+            "module",
+            f"{cfg['model']['_target_']} defines no train_dataloader to feed it.",
+            "a module with train_dataloader/val_dataloader, a dataset option (dataset=digits, ...), or a datamodule",
+        )
 
 
 def _open(accepted: list[str]) -> str:

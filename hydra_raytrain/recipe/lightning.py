@@ -36,7 +36,7 @@ from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.cadence import Cadence
-from hydra_raytrain.recipe.lightning_setup import check_module
+from hydra_raytrain.recipe.lightning_setup import MODULE_LOADERS, check_module
 from hydra_raytrain.recipe.loaders import (
     build_loader,
     loader_processes,
@@ -66,7 +66,8 @@ def train_loop_lightning(config: dict[str, Any]) -> WorkerResult | None:
     module = instantiate(cfg.model, _convert_="all")  # plain lists and dicts, as the driver's rehearsal built it
     check_module("model", cfg.model["_target_"], module, pl)
     datamodule = instantiate(cfg.datamodule, _convert_="all") if cfg.datamodule else None
-    loaders = {} if datamodule is not None else dataset_loaders(cfg, rank)
+    own = datamodule is not None or cfg.dataset["_target_"] == MODULE_LOADERS  # Lightning shards those loaders
+    loaders = {} if own else dataset_loaders(cfg, rank)
     seed_everything(rank_seed(cfg.trainer.seed, rank))  # dropout masks and random transforms differ by rank
     report = RunReport(cfg, config["run_dir"], config["run_name"], config.get("notice"), loaders.get("train"))
     trainer = build_trainer(cfg, report)
@@ -145,8 +146,9 @@ def trainer_arguments(cfg: Resolved) -> dict[str, Any]:
         "limit_train_batches": trainer.limit_train_batches,  # batches per worker and epoch, as ours
         "limit_val_batches": trainer.limit_val_batches,
         "deterministic": trainer.deterministic or None,
-        # The dataset group's loaders are sharded already; a datamodule's get Lightning's DistributedSampler.
-        "use_distributed_sampler": bool(cfg.datamodule),
+        # The dataset group's loaders are sharded already; a datamodule's or the module's own get Lightning's
+        # DistributedSampler.
+        "use_distributed_sampler": bool(cfg.datamodule) or cfg.dataset["_target_"] == MODULE_LOADERS,
         "enable_checkpointing": False,  # RunReport checkpoints to Ray storage
         "logger": False,  # our loggers (W&B, TensorBoard) log each epoch's report
         "enable_progress_bar": bool(trainer.progress_bar),
@@ -265,13 +267,6 @@ class RunReport(pl.Callback):
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         logged = {name: float(value) for name, value in trainer.callback_metrics.items() if _scalar(value)}
-        if self.monitor not in logged:
-            raise ConfigError(
-                "trainer.monitor",
-                self.monitor,
-                f"{self.cfg.model['_target_']} logs no such metric (self.log(name, value) in its validation_step).",
-                ", ".join(sorted(logged)) or "nothing was logged",
-            )
         seconds = time.perf_counter() - self.started
         epoch = trainer.current_epoch + 1
         metrics = {
@@ -283,6 +278,13 @@ class RunReport(pl.Callback):
             "samples_per_second": self.samples * self.world_size / seconds,  # every rank runs as many batches
             "epoch_seconds": seconds,
         }
+        if self.monitor not in metrics:  # the module's own metrics, or the runner's (trainer.monitor=epoch)
+            raise ConfigError(
+                "trainer.monitor",
+                self.monitor,
+                f"{self.cfg.model['_target_']} logs no such metric (self.log(name, value) in its validation_step).",
+                ", ".join(sorted(logged)) or "nothing was logged",
+            )
         log_all(self.loggers, metrics, step=epoch)
         self.history.append(metrics)
         final = epoch == trainer.max_epochs or trainer.should_stop

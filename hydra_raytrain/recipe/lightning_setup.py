@@ -7,6 +7,7 @@ workers' loop, imports it on load).
 from __future__ import annotations
 
 import importlib
+import inspect
 import tempfile
 from typing import Any
 
@@ -54,6 +55,29 @@ def is_lightning(task_target: str) -> bool:
     except Exception:
         return False
     return isinstance(task, type) and issubclass(task, Lightning)
+
+
+# dataset=module: the LightningModule's own train_dataloader/val_dataloader feed it (conf/dataset/module.yaml).
+MODULE_LOADERS = "hydra_raytrain.data.module_loaders"
+
+
+def brings_loaders(target: Any) -> bool:
+    """Whether a LightningModule class (``model._target_``) defines its own ``train_dataloader``: a class of its
+    own line does, before Lightning's ``LightningModule`` (whose hook only raises). Lightning is not imported."""
+    from hydra.utils import get_object
+
+    try:
+        cls = get_object(str(target))
+    except Exception:
+        return False
+    if not inspect.isclass(cls):
+        return False
+    for klass in cls.__mro__:
+        if klass.__name__ == "LightningModule" and klass.__module__.startswith(("lightning.", "pytorch_lightning.")):
+            return False
+        if "train_dataloader" in vars(klass):
+            return True
+    return False
 
 
 def import_lightning() -> Any:

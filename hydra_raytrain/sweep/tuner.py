@@ -24,7 +24,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
-from hydra_raytrain.preflight.replaced import drop_replaced_arguments
+from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.sweep import results
 from hydra_raytrain.sweep.job import Job
@@ -52,7 +52,7 @@ def compose_job(
     composed = config_loader.load_sweep_config(sweep_config, list(overrides))
     with open_dict(composed):
         del composed["hydra"]
-    for note in drop_replaced_arguments(composed, list(overrides)):
+    for note in apply_overrides(composed, list(overrides)):
         if note not in SAID:
             SAID.add(note)
             print(note, file=sys.stderr, flush=True)

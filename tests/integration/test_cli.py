@@ -161,6 +161,11 @@ BAD_INPUTS = [
         ["model=torchvision", "model.name=efficientnet_b9"],
         ["model.name='efficientnet_b9'", "did you mean 'efficientnet_b"],
     ),
+    (["model._target_=torch.nn.Flatten", "dataset=module"], ["dataset='module'", "only task=lightning reads"]),
+    (
+        ["task=lightning", "model._target_=lightning.pytorch.demos.boring_classes.DemoModel", "dataset=module"],
+        ["dataset='module'", "DemoModel defines no train_dataloader"],
+    ),
     (
         ["finetune.freeze=[featurez]"],
         ["finetune.freeze=['featurez']", "did you mean 'features'?", "top level: features"],

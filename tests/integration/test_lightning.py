@@ -195,3 +195,21 @@ def test_a_datamodule_run_whose_module_logs_no_monitored_metric_stops_naming_tra
     assert "NoValidationMetric logs no such metric" in message and "train_accuracy" in message, message
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and [f["retried"] for f in summary["failures"]] == [False], summary
+
+
+def test_lightnings_own_demo_module_trains_unchanged_on_its_own_loaders_sharded_over_two_workers(ray_address, tmp_path):
+    """``task=lightning model._target_=...BoringModel`` is the whole command: the module brings its loaders and logs
+    nothing (its last epoch is the run's best)."""
+    boring = "lightning.pytorch.demos.boring_classes.BoringModel"
+    args = [f"ray.address={ray_address}", "task=lightning", f"model._target_={boring}", "trainer.max_epochs=2"]
+    done = run_cli([*args, "hydra.run.dir=run"], cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "brings its own train_dataloader: it feeds the run (dataset=module)" in done.stderr
+    assert "logs no validation metric" in done.stderr and "Traceback" not in done.stderr
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # RandomDataset(32, 64) in batches of 1: Lightning's DistributedSampler gives each of the 2 workers 32
+    assert [(m["epoch"], m["step"], m["world_size"]) for m in history] == [(1, 32, 2), (2, 64, 2)]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["monitor"] == "epoch" and summary["best"]["epoch"] == 2
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["dataset"]["_target_"] == "hydra_raytrain.data.module_loaders"

@@ -11,6 +11,7 @@ import hydra_raytrain
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import TYPED_SECTIONS, TrainConfig
 from hydra_raytrain.preflight.rehearsal import build_dataset
+from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet, write_images, write_mnist
@@ -35,6 +36,8 @@ REQUIRED = {
     ("dataset", "images"): ["dataset.path=pets"],
     ("task", "lightning"): ["model=lit_classifier"],
     ("model", "lit_classifier"): ["task=lightning"],
+    # a module that brings its loaders (the command line's rules drop the default model's arguments)
+    ("dataset", "module"): ["task=lightning", "model._target_=lightning.pytorch.demos.boring_classes.BoringModel"],
 }
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.
@@ -67,7 +70,9 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     for name in ("MNIST", "FashionMNIST"):
         write_mnist(tmp_path / "data", name)
     write_digits_parquet(tmp_path / "table", files=2)
-    cfg = compose_config(f"{group}={option}", *REQUIRED.get((group, option), []))
+    overrides = [f"{group}={option}", *REQUIRED.get((group, option), [])]
+    cfg = compose_config(*overrides)
+    apply_overrides(cfg, overrides)  # as the CLI does
     if (group, option) in NO_DATA:
         with pytest.raises(ConfigError) as caught:
             validate(compose_config(f"{group}={option}", "dataset.download=false"), str(tmp_path))

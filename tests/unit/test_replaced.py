@@ -1,12 +1,12 @@
 """A ``_target_`` set on the command line starts its node afresh (hydra_raytrain/preflight/replaced.py)."""
 
-from hydra_raytrain.preflight.replaced import drop_replaced_arguments, replaced_targets
+from hydra_raytrain.preflight.replaced import apply_overrides, replaced_targets
 from tests.conftest import compose_config
 
 
 def dropped(*overrides):
     cfg = compose_config(*overrides)
-    notes = drop_replaced_arguments(cfg, list(overrides))
+    notes = apply_overrides(cfg, list(overrides))
     return cfg, notes
 
 
@@ -84,3 +84,25 @@ def test_a_finished_run_from_before_summaries_named_their_loggers_is_not_logged_
     resolved = {"logger": {"tensorboard": {"_target_": "hydra_raytrain.loggers.tensorboard.TensorBoardLogger"}}}
     assert _log_finished_run(resolved, str(tmp_path), "run", summary) == summary
     assert not (tmp_path / "tensorboard").exists()
+
+
+BORING = "lightning.pytorch.demos.boring_classes.BoringModel"  # Lightning's demo: its own loaders, no arguments
+
+
+def test_a_lightning_module_with_its_own_loaders_is_fed_by_them_unless_the_command_line_picks_a_dataset():
+    cfg, notes = dropped("task=lightning", f"model._target_={BORING}")
+    assert dict(cfg.dataset) == {"_target_": "hydra_raytrain.data.module_loaders", "name": "module"}
+    assert notes[-1].startswith(f"Note: model._target_={BORING} brings its own train_dataloader: it feeds the run")
+    for picked in ("dataset=digits", "dataset.val_fraction=0.3", "+dataset.extra=1"):
+        cfg, notes = dropped("task=lightning", f"model._target_={BORING}", picked)
+        assert cfg.dataset._target_ == "hydra_raytrain.data.digits" and "brings its own" not in " ".join(notes)
+    for others in (
+        ["task=lightning", "model=lit_classifier"],
+        [f"model._target_={BORING}"],
+    ):  # no loaders; no Lightning
+        cfg, _ = dropped(*others)
+        assert cfg.dataset._target_ == "hydra_raytrain.data.digits", others
+    cfg, _ = dropped(
+        "task=lightning", f"model._target_={BORING}", "+datamodule._target_=tests.helpers.lit.DigitsDataModule"
+    )
+    assert cfg.dataset._target_ == "hydra_raytrain.data.digits"
