@@ -13,6 +13,7 @@ _EXPORTS = {
     "images": "streamed",
     "torchvision_builtin": "vision",
     "module_loaders": "module",
+    "table": "tables",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

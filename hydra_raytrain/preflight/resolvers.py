@@ -16,7 +16,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config.identity import run_name, sweep_name
-from hydra_raytrain.data import folders, streamed
+from hydra_raytrain.data import folders, streamed, tables
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.targets import absolute_target_paths
 
@@ -61,6 +61,9 @@ def register_resolvers() -> None:
         "parquet_outputs": streamed.parquet_outputs,
         "stream_classes": streamed.stream_classes,
         "stream_image_shape": streamed.stream_image_shape,
+        "table_shape": tables.table_shape,
+        "table_outputs": tables.table_outputs,
+        "table_classes": tables.table_classes,
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

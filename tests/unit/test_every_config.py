@@ -33,6 +33,7 @@ REQUIRED = {
     ("dataset", "mnist"): ["dataset.root=data"],
     ("dataset", "fashion_mnist"): ["dataset.root=data"],
     ("dataset", "parquet"): ["dataset.path=table", "model=mlp"],
+    ("dataset", "table"): ["dataset.path=table.csv", "model=mlp"],
     ("dataset", "images"): ["dataset.path=pets"],
     ("task", "lightning"): ["model=lit_classifier"],
     ("model", "lit_classifier"): ["task=lightning"],
@@ -70,6 +71,8 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     for name in ("MNIST", "FashionMNIST"):
         write_mnist(tmp_path / "data", name)
     write_digits_parquet(tmp_path / "table", files=2)
+    rows = "".join(f"{i % 5},{i % 7},{['a', 'b'][i % 2]}\n" for i in range(40))
+    (tmp_path / "table.csv").write_text("x,y,label\n" + rows)
     overrides = [f"{group}={option}", *REQUIRED.get((group, option), [])]
     cfg = compose_config(*overrides)
     apply_overrides(cfg, overrides)  # as the CLI does

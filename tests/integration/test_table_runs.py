@@ -1,0 +1,49 @@
+"""``dataset=table`` on 2 workers of the session's cluster, through the CLI: a CSV with string classes, read into
+each worker's memory (the in-worker tensor path), every validation row counted once, the class mapping kept with
+the run and read back by ``evaluate``."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hydra_raytrain import evaluate
+from hydra_raytrain.data.splits import random_split_indices
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.integration
+
+SPECIES = ["virginica", "setosa", "versicolor"]  # not in sorted order: the mapping sorts them
+
+
+def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_its_mapping(ray_address, tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [(i % 3, *(rng.normal(size=3) + 2.5 * (i % 3)).round(3)) for i in range(150)]
+    lines = ["sepal,petal_length,petal_width,species"] + [f"{a},{b},{c},{SPECIES[k]}" for k, a, b, c in rows]
+    (tmp_path / "iris.csv").write_text("\n".join(lines) + "\n")
+    args = [
+        f"ray.address={ray_address}",
+        "dataset=table",
+        "dataset.path=iris.csv",  # relative: read from the folder the command runs in
+        "dataset.label=species",
+        "dataset.features=[sepal,petal_*]",
+        "model=mlp",
+        "task._target_=tests.helpers.tasks.Counted",
+        "trainer.max_epochs=12",
+        "optimizer.lr=0.01",
+        "hydra.run.dir=run",
+    ]
+    done = run_cli(args, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "data on cpu as tensors" in done.stdout + done.stderr  # read into the workers' memory
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["dataset"]["classes"] == ["setosa", "versicolor", "virginica"]
+    assert config["dataset"]["input_shape"] == [3] and config["dataset"]["num_outputs"] == 3
+    # Every validation row once per epoch, over both workers: the rows random_split_indices picks, as indices
+    _, val = random_split_indices(150, 0.2, 0)
+    label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in val)
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {(m["val_samples"], m["val_label_sum"], m["world_size"]) for m in history} == {(30, label_sum, 2)}
+    assert history[-1]["val_accuracy"] >= 0.9, history[-1]
+    evaluated = evaluate(str(tmp_path / "run"))  # the file read again, mapped with the run's classes
+    assert evaluated["val_samples"] == 30 and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5

@@ -1,0 +1,100 @@
+"""``dataset=table`` (hydra_raytrain/data/tables.py): one Parquet, CSV or JSON-lines file, read whole, split by
+rows; columns by name or pattern; string classes mapped in sorted order; each bad file or column named once."""
+
+import json
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from hydra_raytrain.config import ConfigError
+from hydra_raytrain.data.tables import table, table_classes, table_outputs, table_shape
+
+ROWS = 40
+
+
+def write_all(folder, rows=ROWS):
+    """The same table as .csv, .jsonl and .parquet: two float features, a string label, an int and a float one."""
+    rng = np.random.default_rng(0)
+    columns = {
+        "width": rng.normal(size=rows).round(3),
+        "height": rng.normal(size=rows).round(3),
+        "kind": [["cat", "ant", "bee"][i % 3] for i in range(rows)],
+        "count": [i % 4 for i in range(rows)],
+        "price": rng.normal(size=rows).round(3),
+    }
+    data = pa.table(columns)
+    pq.write_table(data, folder / "t.parquet")
+    lines = ["width,height,kind,count,price"] + [
+        ",".join(str(columns[name][i]) for name in columns) for i in range(rows)
+    ]
+    (folder / "t.csv").write_text("\n".join(lines) + "\n")
+    (folder / "t.jsonl").write_text(
+        "".join(json.dumps({name: columns[name][i] for name in columns}, default=float) + "\n" for i in range(rows))
+    )
+    return columns
+
+
+def test_the_three_formats_give_the_same_splits_and_string_classes_map_in_sorted_order(tmp_path):
+    columns = write_all(tmp_path)
+    built = {}
+    for suffix in ("parquet", "csv", "jsonl"):
+        path = str(tmp_path / f"t.{suffix}")
+        classes = table_classes(path, "kind")
+        assert classes == ["ant", "bee", "cat"] and table_outputs(path, "kind") == 3
+        assert table_shape(path, ["width", "h*"], "kind") == [2]
+        built[suffix] = table(path, [2], 3, ["width", "h*"], "kind", classes)
+    for suffix in ("csv", "jsonl"):
+        for split in ("train", "val"):
+            assert all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    getattr(built[suffix], split).tensors, getattr(built["parquet"], split).tensors, strict=True
+                )
+            )
+    x, y = (torch.cat(pair) for pair in zip(built["csv"].train.tensors, built["csv"].val.tensors, strict=True))
+    assert len(built["csv"].val) == 8 and len(y) == ROWS  # val_fraction 0.2, every row in one split
+    names = [["ant", "bee", "cat"][i] for i in y.tolist()]
+    rows = {(round(w, 3), name) for w, name in zip(x[:, 0].tolist(), names, strict=True)}
+    assert rows == {(round(float(w), 3), kind) for w, kind in zip(columns["width"], columns["kind"], strict=True)}
+
+
+def test_integer_labels_are_classes_and_float_labels_a_value(tmp_path):
+    write_all(tmp_path)
+    path = str(tmp_path / "t.csv")
+    assert table_classes(path, "count") is None and table_outputs(path, "count") == 4
+    assert table(path, [2], 4, ["width", "height"], "count").train.tensors[1].dtype == torch.long
+    # a pattern takes the number columns it matches: kind (text) is left out of "*"
+    assert table_outputs(path, "price") == 1 and table_shape(path, ["*"], "price") == [3]
+    splits = table(path, [2], 1, ["width", "height"], "price")
+    assert splits.train.tensors[1].dtype == torch.float32 and splits.train.tensors[1].shape[1:] == (1,)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda p: table_shape(p, ["width", "heigth"], "kind"), "'heigth' names no column of the table (did you mean"),
+        (lambda p: table_classes(p, "knd"), "dataset.label='knd': the table has no such column (did you mean 'kind'?)"),
+        (lambda p: table_shape(p, ["width", "kind"], "count"), "the column 'kind' holds string, not numbers"),
+        (lambda p: table(p, [2], 2, ["width", "height"], "kind", ["ant", "bee"]), "values it lacks: cat"),
+    ],
+)
+def test_a_missing_or_unfit_column_is_named(tmp_path, call, message):
+    write_all(tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        call(str(tmp_path / "t.csv"))
+
+
+def test_a_file_that_does_not_parse_is_named_with_its_line(tmp_path):
+    (tmp_path / "bad.csv").write_text("a,b,label\n1,2,x\n3,4,y\n5,6\n7,8,z\n")
+    with pytest.raises(ConfigError) as caught:
+        table_classes(str(tmp_path / "bad.csv"))
+    assert "does not parse as CSV: line 4 has 2 columns, the header 3: '5,6'" in str(caught.value)
+    (tmp_path / "t.txt").write_text("a\n")
+    with pytest.raises(ConfigError, match=r"has the suffix '.txt'. Valid: a .parquet, .csv or .jsonl"):
+        table_classes(str(tmp_path / "t.txt"))
+    with pytest.raises(ConfigError, match="no such file"):
+        table_classes(str(tmp_path / "missing.csv"))
