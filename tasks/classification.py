@@ -17,6 +17,7 @@ class Classification(Task):
     def training_step(self, model, batch) -> StepOutput:
         inputs, labels = batch
         logits = model(inputs)
+        logits = getattr(logits, "logits", logits)  # a Hugging Face model's output holds them: taken as it is
         losses = F.cross_entropy(logits, labels, reduction="none", label_smoothing=self.label_smoothing)
         correct = (logits.argmax(dim=1) == labels).sum()
         return StepOutput(

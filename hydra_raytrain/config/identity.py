@@ -59,7 +59,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
 
 
 def _label(node: Mapping[str, Any]) -> str:
-    return str(node.get("arch") or node.get("name") or node["_target_"].rsplit(".", 1)[-1]).lower()  # zoo: name
+    zoo = node.get("arch") or node.get("name") or node.get("model_type")  # a zoo model's own name
+    return str(zoo or node["_target_"].rsplit(".", 1)[-1]).lower()
 
 
 def sweep_name(*argument_lists: Any) -> str:

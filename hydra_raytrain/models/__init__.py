@@ -1,5 +1,5 @@
 """Model builders that adapt to the dataset through config (``input_shape``, ``num_outputs``).
-Exports resolve lazily: a config without a zoo model never imports torchvision or timm."""
+Exports resolve lazily: a config without a zoo model never imports torchvision, timm or transformers."""
 
 from hydra_raytrain.lazy import lazy_exports
 
@@ -9,6 +9,7 @@ _EXPORTS = {
     "torchvision_resnet": "resnet",
     "torchvision_model": "zoo",
     "timm_model": "zoo",
+    "huggingface_model": "zoo",
     "Generator": "dcgan",
     "Discriminator": "dcgan",
 }

@@ -1,5 +1,6 @@
-"""Model zoos by their own names, adapted to the dataset: any torchvision classification builder and any timm
-model, with the dataset's classes and input channels, a small-image stem where the zoo has one, and pretrained
+"""Model zoos by their own names, adapted to the dataset: any torchvision classification builder, any timm
+model and any Hugging Face image-classification architecture (built from its config), with the dataset's classes
+and input channels, a small-image stem where the zoo has one, and pretrained
 weights read from the local cache (refused at once, naming the file, when they are not there and cannot be
 downloaded)."""
 
@@ -70,6 +71,34 @@ def timm_model(
     if pretrained:
         _check_hub_weights(name)
     return timm.create_model(name, pretrained=pretrained, num_classes=num_outputs, in_chans=input_shape[0], **kwargs)
+
+
+class HuggingFaceClassifier(nn.Module):
+    """A transformers image-classification model whose forward returns the logits (what the tasks read)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def huggingface_model(model_type: str, input_shape: Sequence[int], num_outputs: int, **config: Any) -> nn.Module:
+    """``AutoModelForImageClassification.from_config(AutoConfig.for_model(model_type, **config))`` with
+    ``num_labels``, ``num_channels`` and (where the architecture has it) ``image_size`` from the dataset; new
+    weights (no download). ``config``: the architecture's own settings (``hidden_size``, ``depths``...)."""
+    from transformers import AutoConfig, AutoModelForImageClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    names = sorted(MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)
+    check_name("model.model_type", model_type, names, "image-classification model types of transformers")
+    settings = AutoConfig.for_model(model_type, num_labels=num_outputs, **config)
+    if hasattr(settings, "num_channels"):
+        settings.num_channels = input_shape[0]
+    if hasattr(settings, "image_size") and "image_size" not in config:
+        settings.image_size = input_shape[1]
+    return HuggingFaceClassifier(AutoModelForImageClassification.from_config(settings))
 
 
 def torchvision_names() -> list[str]:

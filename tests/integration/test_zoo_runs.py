@@ -1,7 +1,7 @@
 """Zoo models trained end to end on 2 workers of the session's cluster, named as their zoos name them: through
 ``_target_`` on the command line with the zoo's own argument names (a ``**kwargs`` builder is not handed the
-replaced option's ``input_shape``/``num_outputs``), and through the shipped options ``model=torchvision`` and
-``model=timm``, which take the dataset's classes and channels."""
+replaced option's ``input_shape``/``num_outputs``), and through the shipped options ``model=torchvision``,
+``model=timm`` and ``model=huggingface``, which take the dataset's classes and channels."""
 
 import json
 
@@ -45,7 +45,12 @@ def test_a_zoo_target_on_the_command_line_trains_with_the_zoos_own_argument_name
 
 
 def test_the_shipped_zoo_options_take_the_datasets_classes_and_channels(ray_address, tmp_path):
-    for zoo in (["model=torchvision", "model.name=mobilenet_v3_small"], ["model=timm", "model.name=lcnet_050"]):
+    zoos = (
+        ["model=torchvision", "model.name=mobilenet_v3_small"],
+        ["model=timm", "model.name=lcnet_050"],
+        ["model=huggingface", "model.model_type=mobilenet_v2"],
+    )
+    for zoo in zoos:
         run_dir = tmp_path / zoo[0].split("=")[1]
         summary = train(compose_config(*FAKE, "dataset.input_shape=[1,32,32]", *RUN, *zoo), run_dir=str(run_dir))
         assert summary["status"] == "completed" and summary["final"]["world_size"] == 2, zoo

@@ -117,3 +117,43 @@ def test_pretrained_weights_that_are_neither_cached_nor_reachable_fail_at_once(t
     for option in (["model=resnet18"], ["model=torchvision", "model.name=resnet18"]):
         with pytest.raises(ConfigError, match="model.weights='DEFAULT': the weights are not in"):
             check(compose_config(*option, "model.weights=DEFAULT"))
+
+
+HF_SMALL = {  # the architecture's own settings, kept small (defaults: ImageNet sizes)
+    "mobilevit": {},
+    "mobilenet_v2": {},
+    "vit": {
+        "patch_size": 8,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+    },
+    "convnext": {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64]},
+    "resnet": {"depths": [1, 1, 1, 1], "hidden_sizes": [8, 16, 32, 64], "embedding_size": 8},
+}
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_hugging_face_architectures_build_from_their_config_and_train_a_step(channels):
+    from hydra_raytrain.models.zoo import huggingface_model
+
+    models = {name: huggingface_model(name, [channels, 32, 32], 10, **config) for name, config in HF_SMALL.items()}
+    assert {name: one_step(model, channels) for name, model in models.items()} == {name: (4, 10) for name in models}
+    with pytest.raises(ConfigError, match=r"model.model_type='vitt': no such model \(did you mean 'vit'\?\)"):
+        huggingface_model("vitt", [3, 32, 32], 10)
+
+
+def test_a_hugging_face_model_as_its_zoo_builds_it_trains_with_the_classification_task():
+    """``model._target_=transformers.AutoModelForImageClassification.from_config`` with the zoo's own names: the
+    task reads the logits from the model's output."""
+    from hydra.utils import instantiate
+
+    from hydra_raytrain.tasks.classification import Classification
+
+    config = {"_target_": "transformers.AutoConfig.for_model", "_args_": ["vit"], "num_labels": 10, "num_channels": 1}
+    config.update(image_size=32, **HF_SMALL["vit"])
+    model = instantiate({"_target_": "transformers.AutoModelForImageClassification.from_config", "config": config})
+    output = Classification().training_step(model, (torch.randn(4, 1, 32, 32), torch.randint(0, 10, (4,))))
+    output.loss.backward()
+    assert output.sums["count"] == 4 and all(p.grad is not None for p in model.classifier.parameters())
