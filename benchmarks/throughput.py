@@ -5,11 +5,12 @@
 
 Each contender runs in a fresh process with the same model (SimpleCNN), data (FakeData 3x32x32, 2,048 train /
 256 val images), global batch (64) and epochs, each as its user gets it by default: the raw loop with torch's
-threads (one per core), the hand-written script on one Ray Train worker (Ray's one CPU, so one thread), ours on one
-worker sized to the machine. Printed: steady-state training samples/s (median over epochs after the first,
-training phase only) and the time from launching the process to the end of the first optimizer step, with
-ratios against the baselines. Then the default experiment (SimpleCNN on the bundled digits, 2 workers) with its
-data on the device against the same run reading through DataLoaders.
+threads (one per core), the same model as a LightningModule in a plain ``lightning.Trainer`` (the peer
+lightning-hydra-template users run: one process, no Ray), the hand-written script on one Ray Train worker (Ray's
+one CPU, so one thread), ours on one worker sized to the machine. Printed: steady-state training samples/s
+(median over epochs after the first, training phase only) and the time from launching the process to the end of
+the first optimizer step, with ratios against the baselines. Then the default experiment (SimpleCNN on the
+bundled digits, 2 workers) with its data on the device against the same run reading through DataLoaders.
 
 ``--gpu``: one GPU worker against a raw PyTorch loop on the same GPU, in a plain process and in a hand-written
 Ray Train script's worker, all in bf16-mixed (torch.autocast) and channels_last, on the default experiment
@@ -105,6 +106,54 @@ def raw(record_to: str, out: str) -> None:
     loader = DataLoader(splits.train, batch_size=BATCH, shuffle=True)
     state: dict = {}
     rates = [_epoch(model, optimizer, loader, record_to, state) for _ in range(EPOCHS)]
+    with open(out, "w") as file:
+        json.dump({"rates": rates}, file)
+
+
+def plain_lightning(record_to: str, out: str) -> None:
+    """The peer lightning-hydra-template users run: the same model, data, batch and optimizer as a LightningModule
+    in a plain ``lightning.Trainer``, one process, no Ray (one CPU device, torch's threads: Lightning's defaults)."""
+    import lightning.pytorch as pl
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    splits, net = _setup()
+    rates: list[float] = []
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, index):
+            inputs, labels = batch
+            return F.cross_entropy(self.net(inputs), labels)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.002)
+
+    class Clock(pl.Callback):
+        """Training samples/s per epoch, and the first optimizer step's time, as ``_epoch`` measures them."""
+
+        recorded = False
+
+        def on_train_epoch_start(self, trainer, module):
+            self.started, self.seen = time.perf_counter(), 0
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, index):
+            self.seen += len(batch[1])
+            if not self.recorded:
+                with open(record_to, "w") as file:
+                    json.dump({"first_step": time.time()}, file)
+                self.recorded = True
+
+        def on_train_epoch_end(self, trainer, module):
+            rates.append(self.seen / (time.perf_counter() - self.started))
+
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, callbacks=[Clock()], **quiet)
+    trainer.fit(Module(), DataLoader(splits.train, batch_size=BATCH, shuffle=True))
     with open(out, "w") as file:
         json.dump({"rates": rates}, file)
 
@@ -299,14 +348,16 @@ DEFAULT_EXPERIMENT = ("trainer.max_epochs=12", "checkpoint.every_n_epochs=12", "
 
 def main(rounds: int = 3) -> None:
     """Each figure is the best over rounds (about +-10% of noise on 2 shared cores)."""
-    raw, hand, ours = "raw PyTorch loop", "hand-written Ray Train", "hydra_raytrain"
-    results = best(alternate({raw: ("raw", ()), hand: ("handwritten", ()), ours: ("ours", ())}, rounds))
+    raw, lit, hand, ours = "raw PyTorch loop", "plain lightning.Trainer", "hand-written Ray Train", "hydra_raytrain"
+    contenders = {raw: ("raw", ()), lit: ("plain_lightning", ()), hand: ("handwritten", ()), ours: ("ours", ())}
+    results = best(alternate(contenders, rounds))
     print(f"\nbest of {rounds} rounds       {'samples/s':>12}{'first step (s)':>16}")
     for label, result in results.items():
         print(f"{label:22}{result['samples_per_second']:12.0f}{result['first_step_seconds']:16.1f}")
     speed, start = "samples_per_second", "first_step_seconds"
     print(f"throughput vs raw PyTorch:          {results[ours][speed] / results[raw][speed]:.3f}x  (target >= 1.0)")
     print(f"throughput vs hand-written Ray:     {results[ours][speed] / results[hand][speed]:.3f}x  (target >= 1.0)")
+    print(f"throughput vs plain Lightning:      {results[ours][speed] / results[lit][speed]:.3f}x")
     print(
         f"first step vs hand-written Ray:     {results[ours][start] / results[hand][start]:.3f}x time  (target <= 1.0)"
     )
