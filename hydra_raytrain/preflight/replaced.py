@@ -130,21 +130,23 @@ def apply_command_line_targets(cfg: DictConfig) -> list[str]:
 
 
 def dropped_note(key: str, target: str, dropped: dict[str, object]) -> str:
-    shown = ", ".join(f"{name}={value}" for name, value in dropped.items())
     return (
-        f"Note: {key}._target_={target} starts {key} afresh: the replaced option's arguments {shown} were dropped "
-        f"and {target} uses its own defaults; set one on the command line to pass it "
+        f"Note: {key}._target_={target} starts {key} afresh: the replaced option's arguments {_shown(dropped)} were "
+        f"dropped and {target} uses its own defaults; set one on the command line to pass it "
         f"(e.g. {key}.{next(iter(dropped))}=...)."
     )
 
 
 def wiring_note(key: str, target: str, unnamed: dict[str, object]) -> str:
-    shown = ", ".join(f"{name}={value}" for name, value in unnamed.items())
     return (
         f"Note: {key}._target_={target} takes **kwargs without naming {', '.join(unnamed)}: whether it consumes "
-        f"them cannot be told, so the replaced option's wiring {shown} is not passed; pass the target's own "
-        f"argument names (e.g. +{key}.num_classes=${{dataset.num_outputs}})."
+        f"them cannot be told, so the replaced option's wiring {_shown(unnamed)} is not passed; pass the target's "
+        f"own argument names (e.g. +{key}.num_classes=${{dataset.num_outputs}})."
     )
+
+
+def _shown(arguments: dict[str, object]) -> str:
+    return ", ".join(f"{name}={value}" for name, value in arguments.items())
 
 
 def _accepted_arguments(target: str) -> tuple[set[str] | None, bool]:
