@@ -15,6 +15,7 @@ pytestmark = pytest.mark.integration
 
 FAKE = ("dataset=fake", "dataset.train_size=64", "dataset.val_size=32", "trainer.batch_size=16")
 RUN = ("scaling.num_workers=2", "trainer.max_epochs=1")
+SMALL_VIT = ("patch_size=8", "hidden_size=64", "num_hidden_layers=2", "num_attention_heads=2", "intermediate_size=128")
 
 
 @pytest.mark.parametrize(
@@ -48,7 +49,12 @@ def test_the_shipped_zoo_options_take_the_datasets_classes_and_channels(ray_addr
     zoos = (
         ["model=torchvision", "model.name=mobilenet_v3_small"],
         ["model=timm", "model.name=lcnet_050"],
-        ["model=huggingface", "model.model_type=mobilenet_v2"],
+        # a small ViT: the architecture's own settings pass through
+        [
+            "model=huggingface",
+            "model.model_type=vit",
+            *(f"+model.{setting}" for setting in SMALL_VIT),
+        ],
     )
     for zoo in zoos:
         run_dir = tmp_path / zoo[0].split("=")[1]
