@@ -417,7 +417,7 @@ AUGMENT = ("trainer.augment.random_crop_padding=4", "trainer.augment.horizontal_
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] in ("raw", "raw_gpu", "handwritten", "ours"):
+    if len(sys.argv) >= 4 and sys.argv[1] in ("raw", "raw_gpu", "plain_lightning", "handwritten", "ours"):
         globals()[sys.argv[1]](*sys.argv[2:])
     else:
         import argparse
