@@ -123,7 +123,7 @@ class Streamed:
                 yield decode({"image": images, "path": np.array(chunk, dtype=object)})
             return
         for path in files:
-            fs, location = _filesystem(path)
+            fs, location = filesystem_of(path)
             with pq_file(location, fs) as file:
                 for batch in file.iter_batches(batch_size=batch_size, columns=decode.columns):
                     yield decode({name: _numpy(batch.column(name)) for name in decode.columns})
@@ -163,7 +163,7 @@ def load_image(path: str, size: tuple[int, int], mode: str) -> np.ndarray:
 
     from PIL import Image
 
-    fs, location = _filesystem(path)
+    fs, location = filesystem_of(path)
     with fs.open_input_file(location) as file:
         image: Image.Image = Image.open(io.BytesIO(file.readall()))
     if image.size != tuple(reversed(size)):
@@ -335,9 +335,9 @@ def image_files(path: str, key: str = "dataset.path") -> list[str]:
     """The images in the class folders under ``path``, sorted (by class, then name)."""
     import pyarrow.fs
 
-    root = _location(path)
+    root = absolute_location(path)
     files = _listing(root, key, LAYOUT)
-    fs, location = _filesystem(root)
+    fs, location = filesystem_of(root)
     found = [
         file
         for file in files
@@ -365,7 +365,7 @@ def stream_image_shape(path: str) -> list[int]:
     from hydra_raytrain.data.folders import GRAYSCALE_MODES
 
     first = image_files(str(path))[0]
-    fs, location = _filesystem(first)
+    fs, location = filesystem_of(first)
     try:
         with fs.open_input_file(location) as file, Image.open(io.BytesIO(file.readall())) as image:
             width, height = image.size
@@ -401,13 +401,13 @@ def check_stream_options(shuffle: str, local_shuffle_buffer_size: int | None, pr
             raise ConfigError(f"dataset.{key}", value, "must be a whole number >= 0.", "e.g. 1000, or null")
 
 
-def _filesystem(path: str) -> tuple[Any, str]:
+def filesystem_of(path: str) -> tuple[Any, str]:
     import pyarrow.fs
 
     return pyarrow.fs.FileSystem.from_uri(path if "://" in path else f"file://{os.path.abspath(path)}")
 
 
-def _location(path: str) -> str:
+def absolute_location(path: str) -> str:
     """A URI as given; a local path made absolute (from the folder the command runs in)."""
     return str(path) if "://" in str(path) else os.path.abspath(os.path.expanduser(str(path)))
 
@@ -418,7 +418,7 @@ def _listing(path: str, key: str, layout: str) -> list[str]:
     import pyarrow.fs
 
     try:
-        fs, location = _filesystem(path)
+        fs, location = filesystem_of(path)
         info = fs.get_file_info(location)
         if info.type == pyarrow.fs.FileType.File:
             found = [location]
@@ -438,7 +438,7 @@ def _listing(path: str, key: str, layout: str) -> list[str]:
 
 def parquet_files(path: str, key: str = "dataset.path") -> list[str]:
     """The ``.parquet`` files at ``path``, sorted."""
-    found = [file for file in _listing(_location(path), key, PARQUET_LAYOUT) if file.endswith(".parquet")]
+    found = [file for file in _listing(absolute_location(path), key, PARQUET_LAYOUT) if file.endswith(".parquet")]
     if not found:
         raise ConfigError(key, path, "holds no .parquet file.", PARQUET_LAYOUT)
     return found
@@ -447,7 +447,7 @@ def parquet_files(path: str, key: str = "dataset.path") -> list[str]:
 def _schema(file: str) -> Any:
     import pyarrow.parquet as pq
 
-    fs, location = _filesystem(file)
+    fs, location = filesystem_of(file)
     return pq.read_schema(location, filesystem=fs)
 
 
@@ -469,7 +469,7 @@ def row_counts(files: Sequence[str]) -> list[int]:
     import pyarrow.parquet as pq
 
     def rows(file: str) -> int:
-        fs, location = _filesystem(file)
+        fs, location = filesystem_of(file)
         with pq.ParquetFile(location, filesystem=fs) as parquet_file:
             return parquet_file.metadata.num_rows
 
@@ -520,7 +520,7 @@ def sample_shape(file: str, features: str | Sequence[str]) -> list[int]:
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         import pyarrow.parquet as pq
 
-        fs, location = _filesystem(file)
+        fs, location = filesystem_of(file)
         with pq.ParquetFile(location, filesystem=fs) as parquet_file:
             first = next(parquet_file.iter_batches(batch_size=1, columns=[features])).column(0)
         return list(np.asarray(first.to_pylist()[0]).shape)
@@ -571,7 +571,7 @@ def parquet_outputs(path: str, label: str = "label", val_path: str | None = None
         return 1
 
     def largest(file: str) -> int:
-        fs, location = _filesystem(file)
+        fs, location = filesystem_of(file)
         with pq_file(location, fs) as parquet_file:
             meta = parquet_file.metadata
             leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]

@@ -15,6 +15,7 @@ from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import LocalPath
+from hydra_raytrain.data.streamed import absolute_location, filesystem_of
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
 FORMATS = "a .parquet, .csv or .jsonl (JSON lines) file, local or s3://"
@@ -57,9 +58,9 @@ def read_table(path: str) -> Any:
         raise ConfigError("dataset.path", path, f"has the suffix {suffix or '(none)'!r}.", FORMATS)
     import pyarrow.fs
 
-    location = str(path) if "://" in str(path) else os.path.abspath(os.path.expanduser(str(path)))
+    location = absolute_location(path)
     try:
-        fs, inside = pyarrow.fs.FileSystem.from_uri(location if "://" in location else f"file://{location}")
+        fs, inside = filesystem_of(location)
         info = fs.get_file_info(inside)
     except Exception as error:  # no credentials, no bucket, no endpoint
         raise ConfigError("dataset.path", path, f"cannot be read: {' '.join(str(error).split())}", FORMATS) from None
@@ -76,7 +77,7 @@ def _read(location: str, kind: str, mtime_ns: int | None, size: int | None) -> A
     import pyarrow.json
     import pyarrow.parquet
 
-    fs, inside = pyarrow.fs.FileSystem.from_uri(location if "://" in location else f"file://{location}")
+    fs, inside = filesystem_of(location)
     invalid: list[Any] = []  # CSV rows of another column count: the first is named with its line
 
     def first_invalid(row: Any) -> str:

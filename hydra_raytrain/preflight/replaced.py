@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -32,8 +33,8 @@ from hydra_raytrain.preflight.targets import locate  # quiet: Hydra's own get_ob
 KEPT_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_")
 
 
-def replaced_targets(overrides: Sequence[str]) -> dict[str, list[str]]:
-    """``{node key: [argument names the command line sets in it]}`` for each node whose ``_target_`` it sets."""
+def parsed_overrides(overrides: Sequence[str]) -> list[Any]:
+    """The overrides as Hydra's parser reads them; one it does not accept is left out (the CLI refused it)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = []
@@ -41,8 +42,13 @@ def replaced_targets(overrides: Sequence[str]) -> dict[str, list[str]]:
         try:
             parsed += OverridesParser.create().parse_overrides([override])
         except Exception:
-            continue  # not an override Hydra accepts: Hydra reports it
-    keys = [o.key_or_group for o in parsed if not o.is_delete() and not o.package]
+            continue
+    return parsed
+
+
+def replaced_targets(overrides: Sequence[str]) -> dict[str, list[str]]:
+    """``{node key: [argument names the command line sets in it]}`` for each node whose ``_target_`` it sets."""
+    keys = [o.key_or_group for o in parsed_overrides(overrides) if not o.is_delete() and not o.package]
     nodes = {key[: -len("._target_")] for key in keys if key.endswith("._target_")}
     return {
         node: sorted({key[len(node) + 1 :].split(".")[0] for key in keys if key.startswith(node + ".")})
@@ -111,8 +117,9 @@ def use_module_loaders(cfg: DictConfig, overrides: Sequence[str]) -> list[str]:
 
 
 def _touches(overrides: Sequence[str], section: str) -> bool:
-    keys = [override.lstrip("+~").split("=", 1)[0] for override in overrides if not override.startswith("-")]
-    return any(key == section or key.startswith(section + ".") or key.startswith(section + "@") for key in keys)
+    """Whether an override picks the group or sets (adds, deletes) a key in it."""
+    keys = [override.key_or_group for override in parsed_overrides(overrides)]
+    return any(key == section or key.startswith(section + ".") for key in keys)
 
 
 def apply_command_line_targets(cfg: DictConfig) -> list[str]:
