@@ -12,6 +12,7 @@ from torch import nn
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.schema import FinetuneConfig
+from hydra_raytrain.recipe.parallel import unwrap
 
 # What wrappers put into parameter names: DDP's module, activation checkpointing's wrapper, torch.compile's.
 WRAPPER_NAMES = ("_checkpoint_wrapped_module", "_orig_mod")
@@ -33,13 +34,9 @@ def first_match(parameter: str, patterns: Sequence[Sequence[str]]) -> int | None
     return None
 
 
-def unwrapped(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)  # DDP's
-
-
 def freeze(model: nn.Module, patterns: Sequence[str]) -> int:
     """Parameters inside the named modules stop training (``requires_grad=False``); how many tensors."""
-    frozen = [p for name, p in unwrapped(model).named_parameters() if first_match(name, [patterns]) is not None]
+    frozen = [p for name, p in unwrap(model).named_parameters() if first_match(name, [patterns]) is not None]
     for parameter in frozen:
         parameter.requires_grad_(False)
     return len(frozen)
@@ -50,7 +47,7 @@ def param_groups(model: nn.Module, groups: Sequence[dict[str, Any]]) -> list[dic
     run reports), then each configured group with its settings; frozen parameters in none."""
     patterns = [group["modules"] for group in groups]
     members: list[list[nn.Parameter]] = [[] for _ in range(len(groups) + 1)]
-    for name, parameter in unwrapped(model).named_parameters():
+    for name, parameter in unwrap(model).named_parameters():
         if parameter.requires_grad:
             index = first_match(name, patterns)
             members[0 if index is None else index + 1].append(parameter)
