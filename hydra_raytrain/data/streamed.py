@@ -48,6 +48,7 @@ class Streamed:
     prefetch_batches: int = 1
     num_cpus: float | None = None  # each read and decode task's CPUs (Ray's default: 1)
     concurrency: int | None = None  # the most decode tasks at once (Ray's default: as many as fit)
+    table: Any = None  # one table file split by rows (data.tables.TableRows): it reads, not the files' readers
 
     @property
     def cpus(self) -> int:
@@ -63,11 +64,13 @@ class Streamed:
         from ray.data import FileShuffleConfig, RandomSeedConfig
 
         shuffled = train and self.shuffle != "none"
+        tasks = {"num_cpus": self.num_cpus} if self.num_cpus is not None else {}
+        if self.table is not None:
+            return self.table.dataset(not train, self.decode, self.seed if shuffled else None, tasks)
         # A new order every epoch (every execution), the same sequence of orders for the same seed.
         reads: dict[str, Any] = (
             {"shuffle": FileShuffleConfig(self.seed)} if shuffled and self.shuffle == "files" else {}
         )
-        tasks = {"num_cpus": self.num_cpus} if self.num_cpus is not None else {}
         if isinstance(self.decode, DecodeImages):
             size, mode = self.decode.size_and_mode
             dataset = ray.data.read_images(files, size=size, mode=mode, include_paths=True, **tasks, **reads)
@@ -86,7 +89,12 @@ class Streamed:
         PIL; no Ray): what ``hydra_raytrain.evaluate`` scores a run on."""
         import torch
 
-        for decoded in self._read_here(self.train_files if split == "train" else self.val_files, batch_size):
+        decoded_batches = (
+            self.table.read_here(split == "val", self.decode, batch_size)
+            if self.table is not None
+            else self._read_here(self.train_files if split == "train" else self.val_files, batch_size)
+        )
+        for decoded in decoded_batches:
             yield torch.from_numpy(decoded[FEATURES]), torch.from_numpy(decoded[LABELS])
 
     def sample(self, count: int) -> tuple[Any, Any]:
@@ -95,7 +103,9 @@ class Streamed:
         import torch
 
         files = self.train_files
-        if isinstance(self.decode, DecodeImages):  # a file per sample: ``count`` of them, spread over the classes
+        if self.table is not None:  # the first training rows
+            batch = next(self.table.read_here(False, self.decode, count))
+        elif isinstance(self.decode, DecodeImages):  # a file per sample: ``count`` of them, spread over the classes
             picked = sorted({files[round(i * (len(files) - 1) / max(1, count - 1))] for i in range(count)})
             batch = next(self._read_here(picked, count))
         else:  # the first rows of the first files that have rows
@@ -184,6 +194,7 @@ class Decode:
     input_shape: tuple[int, ...]
     classes: bool
     transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
+    class_names: tuple[str, ...] | None = None  # a label of strings: these, in this order, are the classes
 
     @property
     def columns(self) -> list[str]:
@@ -197,6 +208,9 @@ class Decode:
             values = np.stack([batch[name] for name in self.features], axis=1)
         x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.input_shape)
         labels = np.asarray(batch[self.label])
+        if self.class_names is not None:
+            index = {name: position for position, name in enumerate(self.class_names)}
+            labels = np.array([index[str(value)] for value in labels], dtype=np.int64)
         y = labels.astype(np.int64) if self.classes else labels.astype(np.float32).reshape(len(labels), 1)
         decoded = {FEATURES: x, LABELS: y}
         return self.transform(decoded) if self.transform is not None else decoded
@@ -377,13 +391,6 @@ def stream_image_shape(path: str) -> list[int]:
     return [channels, height, width]
 
 
-def streams(target: str) -> bool:
-    """Whether a dataset node's ``_target_`` is a builder of this module (its data is streamed by Ray Data)."""
-    from hydra.utils import get_object
-
-    return getattr(get_object(target), "__module__", None) == __name__
-
-
 def pq_file(location: str, fs: Any) -> Any:
     import pyarrow.parquet as pq
 
@@ -491,8 +498,9 @@ def split_files(files: list[str], val_fraction: float, seed: int, what: str = ""
             "dataset.val_fraction",
             val_fraction,
             f"the data is one file ({files[0]}), and a streamed split takes whole files.",
-            "dataset.val_path=PATH (the validation files), or the data written as several files (e.g. "
-            "pyarrow.dataset.write_dataset(..., max_rows_per_file=N))",
+            "dataset.val_path=PATH (the validation files), the data written as several files (e.g. "
+            "pyarrow.dataset.write_dataset(..., max_rows_per_file=N)), or dataset=table dataset.read=stream "
+            "(number columns, split by rows)",
         )
     order = list(files)
     random.Random(seed).shuffle(order)

@@ -1,24 +1,38 @@
 """``dataset=table``: one table file (Parquet, CSV or JSON lines, by its suffix; a local path or an ``s3://`` URI)
-read whole into every worker's memory as tensors, and split by rows. Features are number columns picked by name
-or fnmatch pattern; the label is a column of classes (integers, or strings mapped to indices in sorted order:
-``dataset.classes``, stored with the run's config so ``evaluate`` maps them alike) or of values (floats:
-regression). The resolvers below read the file on the driver for the config's ``input_shape``, ``num_outputs``
-and ``classes``; the builder reads it in each worker."""
+split by rows. Features are number columns picked by name or fnmatch pattern; the label is a column of classes
+(integers, or strings mapped to indices in sorted order: ``dataset.classes``, stored with the run's config so
+``evaluate`` maps them alike) or of values (floats: regression).
+
+Two roads, chosen by size (``dataset.read``): a table that fits (``dataset.memory_limit_mb``, its columns as
+held in memory) is read whole into every worker's memory as tensors, the fast path; a larger one streams through
+Ray Data, read in parallel by row groups (Parquet) and decoded on the cluster's CPUs. Both split alike: a row
+validates when a hash of its position and ``split_seed`` is among the ``val_fraction`` smallest (``val_mask``),
+so the same rows validate on either road, on every worker, wherever the file is stored.
+
+The resolvers below read the file on the driver for the config's ``input_shape``, ``num_outputs`` and
+``classes`` (a streamed table's schema and label column only); the builder reads it in each worker, or describes
+the stream on the driver."""
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import LocalPath
-from hydra_raytrain.data.streamed import absolute_location, filesystem_of
+from hydra_raytrain.data.streamed import FEATURES, LABELS, Decode, Streamed, absolute_location, filesystem_of
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
 FORMATS = "a .parquet, .csv or .jsonl (JSON lines) file, local or s3://"
+READS = ("auto", "memory", "stream")
+MB = 2**20
 
 
 def table(
@@ -30,29 +44,126 @@ def table(
     classes: Sequence[str] | None = None,
     val_fraction: float = 0.2,
     split_seed: int = 0,
+    read: str = "auto",
+    memory_limit_mb: float = 1024,
 ) -> Any:
-    """The table's rows as ``(features float32 [F], label)`` pairs: ``val_fraction`` of them (chosen with
-    ``split_seed``, the same on every worker) validate."""
+    """The table's rows as ``(features float32 [F], label)`` pairs, ``val_fraction`` of them validating
+    (``val_mask``): ``Splits`` of tensors read here, or a ``Streamed`` for Ray Data (``streams_table``)."""
+    if streams_table(path, read, memory_limit_mb):
+        return streamed_table(path, input_shape, num_outputs, features, label, classes, val_fraction, split_seed)
     import torch
     from torch.utils.data import TensorDataset
 
-    from hydra_raytrain.data.splits import Splits, random_split_indices  # torch: not for the driver's resolvers
+    from hydra_raytrain.data.splits import Splits  # torch: not for the driver's resolvers
 
     data = read_table(path)
     columns = feature_columns(data, features, label)
+    check_input_shape(input_shape, columns)
+    x = torch.tensor(_matrix(data, columns), dtype=torch.float32)
+    y = label_tensor(data, label, classes, num_outputs)
+    val = torch.from_numpy(val_mask(np.arange(len(y)), val_threshold(len(y), val_fraction, split_seed), split_seed))
+    return Splits(TensorDataset(x[~val], y[~val]), TensorDataset(x[val], y[val]))
+
+
+def check_input_shape(input_shape: Sequence[int], columns: Sequence[str]) -> None:
     if list(input_shape) != [len(columns)]:
         raise ConfigError(
             "dataset.input_shape", list(input_shape), f"the features are {len(columns)} columns.", f"[{len(columns)}]"
         )
-    x = torch.tensor(_matrix(data, columns), dtype=torch.float32)
-    y = label_tensor(data, label, classes, num_outputs)
-    train, val = random_split_indices(len(y), val_fraction, split_seed)
-    return Splits(TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]))
 
 
-def read_table(path: str) -> Any:
-    """The file as a pyarrow Table (read once per process and file version); a ConfigError naming
-    ``dataset.path`` when it is missing, of another format, or does not parse (the parser's row and reason)."""
+# The split: a row's position, mixed with the seed (splitmix64's finalizer: a bijection, so distinct positions
+# never tie), and the ``val_fraction`` smallest keys validate. Computed from the row count alone, so the driver
+# knows each split's rows (and each worker its steps) before anything is read.
+
+_SPLIT_CHUNK = 1 << 24
+
+
+def split_keys(positions: np.ndarray, seed: int) -> np.ndarray:
+    """A well-mixed, distinct uint64 per row position (splitmix64 of ``position + seed * golden ratio``)."""
+    with np.errstate(over="ignore"):
+        keys = positions.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+        keys ^= keys >> np.uint64(30)
+        keys *= np.uint64(0xBF58476D1CE4E5B9)
+        keys ^= keys >> np.uint64(27)
+        keys *= np.uint64(0x94D049BB133111EB)
+        keys ^= keys >> np.uint64(31)
+    return keys
+
+
+def validation_rows(rows: int, val_fraction: float) -> int:
+    """How many of ``rows`` validate: ``round(rows * val_fraction)``, at least one, and at least one trains."""
+    if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
+        raise ConfigError(
+            "dataset.val_fraction", val_fraction, "must be between 0 and 1 (exclusive).", "a fraction, e.g. 0.2"
+        )
+    if rows < 2:
+        raise ConfigError("dataset.path", rows, "the table has fewer than 2 rows: nothing to split.")
+    return min(rows - 1, max(1, round(rows * val_fraction)))
+
+
+def val_threshold(rows: int, val_fraction: float, seed: int) -> int:
+    """The largest validating key: the ``validation_rows``-th smallest of the rows' keys (in chunks of 16M rows:
+    a histogram of the keys' top 16 bits finds the bucket it is in, then that bucket is sorted)."""
+    wanted = validation_rows(rows, val_fraction)
+    chunks = [np.arange(start, min(rows, start + _SPLIT_CHUNK)) for start in range(0, rows, _SPLIT_CHUNK)]
+    if len(chunks) == 1:
+        return int(np.partition(split_keys(chunks[0], seed), wanted - 1)[wanted - 1])
+    top = np.uint64(48)
+    counts = sum(np.bincount((split_keys(c, seed) >> top).astype(np.int64), minlength=1 << 16) for c in chunks)
+    cumulative = np.cumsum(counts)
+    bucket = int(np.searchsorted(cumulative, wanted))
+    before = int(cumulative[bucket - 1]) if bucket else 0
+    inside = np.concatenate([k[(k >> top) == bucket] for k in (split_keys(c, seed) for c in chunks)])
+    return int(np.partition(inside, wanted - before - 1)[wanted - before - 1])
+
+
+def val_mask(positions: np.ndarray, threshold: int, seed: int) -> np.ndarray:
+    """Which of the rows at ``positions`` validate."""
+    return split_keys(positions, seed) <= np.uint64(threshold)
+
+
+# Which road: the table's size in memory against dataset.memory_limit_mb.
+
+
+def streams_table(path: str, read: str = "auto", memory_limit_mb: float = 1024) -> bool:
+    """Whether the table streams through Ray Data: ``read=stream``, or ``auto`` and above the limit."""
+    if read not in READS:
+        raise ConfigError("dataset.read", read, "is no way to read a table.", " | ".join(READS))
+    if read != "auto":
+        return read == "stream"
+    if not isinstance(memory_limit_mb, (int, float)) or memory_limit_mb < 0:
+        raise ConfigError("dataset.memory_limit_mb", memory_limit_mb, "must be a number of MB >= 0.", "e.g. 1024")
+    return table_bytes(path) > memory_limit_mb * MB
+
+
+def table_bytes(path: str) -> int:
+    """The table's size in memory, near enough to choose a road: a Parquet file's uncompressed row groups (its
+    footer), a text file's size."""
+    kind, location, fs, inside, size = _locate(path)
+    if kind != "parquet":
+        return size
+    with _parquet(fs, inside) as file:
+        meta = file.metadata
+        return sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+
+
+def reading_line(node: Mapping[str, Any]) -> str:
+    """The sizing line of a table: its size and the road taken, and why."""
+    read, limit = node.get("read", "auto"), node.get("memory_limit_mb", 1024)
+    size = table_bytes(node["path"]) / MB
+    road = (
+        "streamed through Ray Data, read and decoded by its tasks on the cluster's CPUs"
+        if streams_table(node["path"], read, limit)
+        else "read whole into each worker's memory as tensors"
+    )
+    why = f"dataset.read={read}" + (f", dataset.memory_limit_mb={limit:g}" if read == "auto" else "")
+    return f"Data: {node['path']} ({size:,.1f} MB in memory): {road} ({why})"
+
+
+def _locate(path: str) -> tuple[str, str, Any, str, int]:
+    """The file's format, URI, filesystem, path inside it and size; a ConfigError naming ``dataset.path`` when it
+    is missing or of another format."""
     suffix = os.path.splitext(str(path).lower())[1]
     if suffix not in SUFFIXES:
         raise ConfigError("dataset.path", path, f"has the suffix {suffix or '(none)'!r}.", FORMATS)
@@ -66,41 +177,108 @@ def read_table(path: str) -> Any:
         raise ConfigError("dataset.path", path, f"cannot be read: {' '.join(str(error).split())}", FORMATS) from None
     if info.type != pyarrow.fs.FileType.File:
         raise ConfigError("dataset.path", path, "no such file.", FORMATS)
-    return _read(location, SUFFIXES[suffix], info.mtime_ns, info.size)
+    return SUFFIXES[suffix], location, fs, inside, int(info.size or 0)
+
+
+def _parquet(fs: Any, inside: str) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(inside, filesystem=fs)
+
+
+def read_table(path: str) -> Any:
+    """The file as a pyarrow Table (read once per process and file version); a ConfigError naming
+    ``dataset.path`` when it is missing, of another format, or does not parse (the parser's row and reason)."""
+    kind, location, fs, inside, size = _locate(path)
+    return _read(location, kind, fs.get_file_info(inside).mtime_ns, size)
 
 
 @functools.lru_cache(maxsize=4)
 def _read(location: str, kind: str, mtime_ns: int | None, size: int | None) -> Any:
     import pyarrow
+
+    with _parsing(location, kind):
+        batches = list(_batches(location, kind, None))
+        if not batches:
+            return _schema(location, kind).empty_table()
+        return pyarrow.Table.from_batches(batches)
+
+
+def _batches(location: str, kind: str, columns: Sequence[str] | None, row_groups: Sequence[int] | None = None) -> Any:
+    """The file's record batches, streamed (``columns``: only those; ``row_groups``: only those, of a Parquet
+    file). A JSON file is read whole where pyarrow has no streaming JSON reader."""
     import pyarrow.csv
-    import pyarrow.fs
     import pyarrow.json
-    import pyarrow.parquet
 
     fs, inside = filesystem_of(location)
-    invalid: list[Any] = []  # CSV rows of another column count: the first is named with its line
+    if kind == "parquet":
+        with _parquet(fs, inside) as file:
+            groups = range(file.metadata.num_row_groups) if row_groups is None else row_groups
+            if groups:
+                yield from file.iter_batches(row_groups=list(groups), columns=list(columns) if columns else None)
+        return
+    with fs.open_input_stream(inside) as stream:
+        if kind == "csv":
+            invalid = _INVALID.setdefault(location, [])
 
-    def first_invalid(row: Any) -> str:
-        invalid.append(row)
-        return "error"
+            def first_invalid(row: Any) -> str:
+                invalid.append(row)
+                return "error"
 
-    try:
-        if kind == "parquet":
-            return pyarrow.parquet.read_table(inside, filesystem=fs)
-        with fs.open_input_stream(inside) as stream:
-            if kind == "json":
-                return pyarrow.json.read_json(stream)
             parsing = pyarrow.csv.ParseOptions(invalid_row_handler=first_invalid)
-            return pyarrow.csv.read_csv(stream, parse_options=parsing)
+            converting = pyarrow.csv.ConvertOptions(include_columns=list(columns) if columns else None)
+            yield from pyarrow.csv.open_csv(stream, parse_options=parsing, convert_options=converting)
+        elif hasattr(pyarrow.json, "open_json"):
+            reader = pyarrow.json.open_json(stream)
+            yield from (batch.select(list(columns)) if columns else batch for batch in reader)
+        else:
+            data = pyarrow.json.read_json(stream)
+            yield from (data.select(list(columns)) if columns else data).to_batches()
+
+
+_INVALID: dict[str, list[Any]] = {}  # per CSV file: the rows of another column count, the first named with its line
+
+
+@contextlib.contextmanager
+def _parsing(location: str, kind: str) -> Iterator[None]:
+    """Turns pyarrow's parse errors into one ConfigError naming ``dataset.path`` (a CSV's bad line by number)."""
+    import pyarrow
+
+    _INVALID.pop(location, None)
+    try:
+        yield
     except pyarrow.ArrowInvalid as error:
         reason = " ".join(str(error).split())
+        invalid = _INVALID.get(location)
         if invalid:
+            fs, inside = filesystem_of(location)
             row = invalid[0]
             reason = (
                 f"line {_line_of(fs, inside, row.text)} has {row.actual_columns} columns, the header "
                 f"{row.expected_columns}: {row.text[:80]!r}"
             )
         raise ConfigError("dataset.path", location, f"does not parse as {kind.upper()}: {reason}.", FORMATS) from None
+    finally:
+        _INVALID.pop(location, None)
+
+
+def _schema(location: str, kind: str) -> Any:
+    """The file's columns and types: a Parquet footer, or a text file's first block."""
+    import pyarrow.parquet as pq
+
+    fs, inside = filesystem_of(location)
+    if kind == "parquet":
+        return pq.read_schema(inside, filesystem=fs)
+    with _parsing(location, kind):
+        first = next(iter(_batches(location, kind, None)), None)
+    if first is None:
+        raise ConfigError("dataset.path", location, "holds no rows.", FORMATS)
+    return first.schema
+
+
+def table_schema(path: str) -> Any:
+    kind, location, *_ = _locate(path)
+    return _schema(location, kind)
 
 
 def _line_of(fs: Any, inside: str, text: str) -> int | str:
@@ -114,12 +292,15 @@ def _line_of(fs: Any, inside: str, text: str) -> int | str:
 
 def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> list[str]:
     """The columns ``features`` names (names or patterns, in the table's order), less the label; each pattern
-    must name a column, and each column hold numbers."""
+    must name a column, and each column hold numbers (and, in a table read whole, no empty values)."""
+    import pyarrow as pa
     import pyarrow.types as types
 
     check_label(data, label)
+    read = isinstance(data, pa.Table)
+    schema = data.schema if read else data
     patterns = [features] if isinstance(features, str) else list(features)
-    names = [name for name in data.column_names if name != label]
+    names = [name for name in schema.names if name != label]
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
             raise ConfigError(
@@ -130,7 +311,7 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
             )
 
     def numbers(name: str) -> bool:
-        kind = data.schema.field(name).type
+        kind = schema.field(name).type
         return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind))
 
     chosen = [
@@ -140,7 +321,7 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
         if name in patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns if p not in names) and numbers(name)
     ]
     for name in chosen:
-        kind = data.schema.field(name).type
+        kind = schema.field(name).type
         if not numbers(name):
             raise ConfigError(
                 "dataset.features",
@@ -148,7 +329,7 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
                 f"the column {name!r} holds {kind}, not numbers.",
                 "number columns (leave this one out: name the others, or encode it as numbers)",
             )
-        if data.column(name).null_count:
+        if read and data.column(name).null_count:
             raise ConfigError(
                 "dataset.features", patterns, f"the column {name!r} has {data.column(name).null_count} empty values."
             )
@@ -156,14 +337,16 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
 
 
 def check_label(data: Any, label: str) -> None:
-    if label not in data.column_names:
+    """The label is a column of the table (or schema), with no empty values where the table was read."""
+    names = list(data.schema.names if hasattr(data, "column_names") else data.names)
+    if label not in names:
         raise ConfigError(
             "dataset.label",
             label,
-            f"the table has no such column{did_you_mean(label, data.column_names)}.",
-            f"one of its columns: {', '.join(data.column_names)}",
+            f"the table has no such column{did_you_mean(label, names)}.",
+            f"one of its columns: {', '.join(names)}",
         )
-    if data.column(label).null_count:
+    if hasattr(data, "column_names") and data.column(label).null_count:
         raise ConfigError("dataset.label", label, f"has {data.column(label).null_count} empty values.")
 
 
@@ -192,36 +375,175 @@ def label_tensor(data: Any, label: str, classes: Sequence[str] | None, num_outpu
     return torch.tensor(values.astype(np.float32)).unsqueeze(1)  # a value (num_outputs=1 regresses an integer too)
 
 
-# The resolvers of conf/dataset/table.yaml: what the driver reads from the file for the config.
+# The resolvers of conf/dataset/table.yaml: what the driver reads from the file for the config (the schema, and
+# one pass over the label column; never the whole table).
+
+
+@dataclass(frozen=True)
+class LabelStats:
+    strings: bool
+    values: tuple[str, ...]  # a string label's distinct values, sorted
+    largest: float | None  # a number label's largest value
+    integers: bool
+    nulls: int
+    rows: int
+
+
+def label_stats(path: str, label: str) -> LabelStats:
+    kind, location, fs, inside, size = _locate(path)
+    check_label(_schema(location, kind), label)
+    return _label_stats(location, kind, label, fs.get_file_info(inside).mtime_ns, size)
+
+
+@functools.lru_cache(maxsize=8)
+def _label_stats(location: str, kind: str, label: str, mtime_ns: int | None, size: int) -> LabelStats:
+    import pyarrow.compute as pc
+    import pyarrow.types as types
+
+    column_type = _schema(location, kind).field(label).type
+    strings = any(test(column_type) for test in (types.is_string, types.is_large_string, types.is_dictionary))
+    values: set[str] = set()
+    largest, nulls, rows = None, 0, 0
+    with _parsing(location, kind):
+        for batch in _batches(location, kind, [label]):
+            column = batch.column(0)
+            nulls, rows = nulls + column.null_count, rows + len(column)
+            if strings:
+                values.update(str(v) for v in pc.unique(column).to_pylist() if v is not None)
+            elif len(column) > column.null_count:
+                top = pc.max(column).as_py()
+                largest = top if largest is None else max(largest, top)
+    integers = bool(types.is_integer(column_type) or types.is_boolean(column_type))
+    return LabelStats(strings, tuple(sorted(values)), largest, integers, nulls, rows)
 
 
 def table_classes(path: str, label: str = "label") -> list[str] | None:
     """``dataset.classes``: a string label's values, sorted (their indices are the classes); None otherwise."""
-    import pyarrow.types as types
-
-    data = read_table(path)
-    check_label(data, label)
-    kind = data.schema.field(label).type
-    if not (types.is_string(kind) or types.is_large_string(kind) or types.is_dictionary(kind)):
-        return None
-    return sorted({str(value) for value in data.column(label).to_pylist()})
+    stats = label_stats(path, label)
+    if stats.nulls:
+        raise ConfigError("dataset.label", label, f"has {stats.nulls} empty values.")
+    return list(stats.values) if stats.strings else None
 
 
 def table_shape(path: str, features: Any = ("*",), label: str = "label") -> list[int]:
     """``dataset.input_shape``: ``[the number of feature columns]``."""
     patterns = [features] if isinstance(features, str) else [str(pattern) for pattern in features]
-    return [len(feature_columns(read_table(path), patterns, label))]
+    return [len(feature_columns(table_schema(path), patterns, label))]
 
 
 def table_outputs(path: str, label: str = "label") -> int:
     """The classes of a string label, the largest integer label + 1, or 1 for a float label (regression)."""
-    import pyarrow.compute as pc
-    import pyarrow.types as types
-
     named = table_classes(path, label)
     if named is not None:
         return len(named)
-    column = read_table(path).column(label)
-    if types.is_integer(column.type):
-        return int(pc.max(column).as_py()) + 1
+    stats = label_stats(path, label)
+    if stats.integers:
+        return int(stats.largest if stats.largest is not None else 0) + 1
     return 1
+
+
+# The streamed road: Ray Data reads the file in parallel read units (runs of a Parquet file's row groups; a
+# text file whole), each knowing its first row's position, so each unit keeps its split's rows by ``val_mask``.
+
+ROWS_PER_UNIT = 1 << 20  # about this many rows per read unit (whole row groups)
+
+
+def streamed_table(
+    path: str,
+    input_shape: Sequence[int],
+    num_outputs: int,
+    features: Sequence[str],
+    label: str,
+    classes: Sequence[str] | None,
+    val_fraction: float,
+    split_seed: int,
+) -> Streamed:
+    kind, location, fs, inside, _ = _locate(path)
+    columns = feature_columns(_schema(location, kind), features, label)
+    check_input_shape(input_shape, columns)
+    if kind == "parquet":
+        with _parquet(fs, inside) as file:
+            sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
+        units, start, group = [], 0, 0
+        while group < len(sizes):  # runs of whole row groups of about ROWS_PER_UNIT rows
+            first, run = start, list[int]()
+            while group < len(sizes) and (not run or sum(sizes[g] for g in run) + sizes[group] <= ROWS_PER_UNIT):
+                run.append(group)
+                start, group = start + sizes[group], group + 1
+            units.append((first, tuple(run)))
+        rows = start
+    else:
+        rows, units = label_stats(path, label).rows, [(0, ())]
+    if classes is not None:  # read here, where a worker's decode task would fail on it
+        unknown = sorted(set(label_stats(path, label).values) - set(classes))
+        if unknown:
+            raise ConfigError(
+                "dataset.classes", list(classes), f"the label column has values it lacks: {', '.join(unknown[:5])}."
+            )
+    n_val = validation_rows(rows, val_fraction)
+    decode = Decode(
+        tuple(columns),
+        label,
+        (len(columns),),
+        classes is not None or num_outputs > 1,
+        class_names=tuple(classes) if classes is not None else None,
+    )
+    source = TableRows(
+        location, kind, (*columns, label), val_threshold(rows, val_fraction, split_seed), split_seed, tuple(units)
+    )
+    counts = {"train": rows - n_val, "val": n_val}
+    return Streamed([location], [location], counts, decode, seed=split_seed, table=source)
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """One table file as the streamed road reads it: its read units, and which rows each split keeps."""
+
+    location: str
+    kind: str
+    columns: tuple[str, ...]
+    threshold: int
+    seed: int
+    units: tuple[tuple[int, tuple[int, ...]], ...]  # (the first row's position, the Parquet row groups)
+
+    def rows(self, validation: bool, unit: tuple[int, tuple[int, ...]]) -> Iterator[dict[str, np.ndarray]]:
+        """The unit's rows of one split, as numpy columns, in file order."""
+        position, groups = unit
+        with _parsing(self.location, self.kind):
+            for batch in _batches(self.location, self.kind, self.columns, groups if self.kind == "parquet" else None):
+                keep = val_mask(np.arange(position, position + batch.num_rows), self.threshold, self.seed)
+                position += batch.num_rows
+                kept = batch.filter(keep if validation else ~keep)
+                if kept.num_rows:
+                    yield {name: kept.column(name).to_numpy(zero_copy_only=False) for name in self.columns}
+
+    def dataset(self, validation: bool, decode: Decode, shuffle_seed: int | None, tasks: Mapping[str, Any]) -> Any:
+        """The split as a Ray Dataset: the units (in a new order every epoch when ``shuffle_seed`` is set), each
+        read and decoded by one task of ``map_batches``."""
+        import ray.data
+        from ray.data import RandomSeedConfig
+
+        units = ray.data.from_items([{"unit": index} for index in range(len(self.units))])
+        if shuffle_seed is not None:
+            units = units.random_shuffle(seed=RandomSeedConfig(shuffle_seed))
+        units = units.repartition(len(self.units))  # one unit per block: read in parallel
+
+        def read(batch: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+            for index in batch["unit"]:
+                for rows in self.rows(validation, self.units[int(index)]):
+                    yield decode(rows)
+
+        return units.map_batches(read, batch_size=1, batch_format="numpy", **tasks)
+
+    def read_here(self, validation: bool, decode: Decode, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+        """The split's decoded rows in file order, in batches of ``batch_size``, read in this process."""
+        pending: list[dict[str, np.ndarray]] = []
+        for unit in self.units:
+            for rows in self.rows(validation, unit):
+                pending.append(decode(rows))
+                while sum(len(p[LABELS]) for p in pending) >= batch_size:
+                    joined = {name: np.concatenate([p[name] for p in pending]) for name in (FEATURES, LABELS)}
+                    yield {name: joined[name][:batch_size] for name in joined}
+                    pending = [{name: joined[name][batch_size:] for name in joined}]
+        if pending and sum(len(p[LABELS]) for p in pending):
+            yield {name: np.concatenate([p[name] for p in pending]) for name in (FEATURES, LABELS)}

@@ -25,7 +25,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.data import streamed
+from hydra_raytrain.data import roads, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.preflight import preflight
@@ -89,6 +89,8 @@ def train(
         return _log_finished_run(resolved, run_dir, name, finished)
 
     stream = streamed_dataset(resolved.dataset)
+    if get_object(resolved.dataset["_target_"]) is tables.table:
+        print(tables.reading_line(resolved.dataset), flush=True)
     resolved, nodes = _size_and_connect(resolved, stream)
     check_storage(storage, nodes, resolved.storage.shared_filesystem)
     if resolved.run.resume == "never":
@@ -261,7 +263,7 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str) -> dict[s
 
 def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
     """The dataset as the driver built it when Ray Data streams it (``data/streamed.py``), else None."""
-    if not streamed.streams(node["_target_"]):
+    if not roads.streams(node):
         return None
     built = build_dataset(node)
     return built if isinstance(built, Streamed) else None

@@ -32,7 +32,7 @@ from hydra_raytrain.config.schema import (
     checkpointed_modules,
     cluster_address,
 )
-from hydra_raytrain.data import streamed
+from hydra_raytrain.data import roads
 from hydra_raytrain.internals import child_node
 from hydra_raytrain.preflight import rehearsal
 from hydra_raytrain.preflight.targets import HYDRA_KEYS, absolute, check_targets
@@ -180,7 +180,7 @@ def check_streamed(dataset: dict[str, Any], trainer: TrainerConfig, scaling: Sca
     """What a dataset that Ray Data streams (``data/streamed.py``) cannot do: FSDP (its validation forwards are
     collectives, and a streamed validation shard's length is known only once read), the device-resident path
     (the data never sits in one worker), Ray Train's local mode (no cluster to read it)."""
-    if not streamed.streams(dataset["_target_"]):
+    if not roads.streams(dataset):
         return
     refused = [  # key, value, whether it is refused, what is valid
         ("trainer.parallel_strategy", trainer.parallel_strategy, trainer.parallel_strategy == "fsdp", "ddp"),
@@ -256,7 +256,7 @@ def check_lightning_data(cfg: dict[str, Any]) -> None:
     """What cannot feed a LightningModule: a dataset Ray Data streams; ``dataset=module`` for a module without
     loaders of its own."""
     target = cfg["dataset"]["_target_"]
-    if streamed.streams(target):
+    if roads.streams(cfg["dataset"]):
         raise ConfigError(
             "dataset",
             target,

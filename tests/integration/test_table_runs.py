@@ -1,14 +1,17 @@
-"""``dataset=table`` on 2 workers of the session's cluster, through the CLI: a CSV with string classes, read into
-each worker's memory (the in-worker tensor path), every validation row counted once, the class mapping kept with
-the run and read back by ``evaluate``."""
+"""``dataset=table`` on 2 workers of the session's cluster, through the CLI: a CSV with string classes read into
+each worker's memory (the in-worker tensor path), and a Parquet file above ``dataset.memory_limit_mb`` streamed
+by Ray Data; on both roads the same rows validate, every one counted once per epoch, and the class mapping is
+kept with the run and read back by ``evaluate``."""
 
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from hydra_raytrain import evaluate
-from hydra_raytrain.data.splits import random_split_indices
+from hydra_raytrain.data import tables
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -39,11 +42,45 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["dataset"]["classes"] == ["setosa", "versicolor", "virginica"]
     assert config["dataset"]["input_shape"] == [3] and config["dataset"]["num_outputs"] == 3
-    # Every validation row once per epoch, over both workers: the rows random_split_indices picks, as indices
-    _, val = random_split_indices(150, 0.2, 0)
+    # Every validation row once per epoch, over both workers: the rows val_mask picks
+    val = np.flatnonzero(tables.val_mask(np.arange(150), tables.val_threshold(150, 0.2, 0), 0))
     label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in val)
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {(m["val_samples"], m["val_label_sum"], m["world_size"]) for m in history} == {(30, label_sum, 2)}
     assert history[-1]["val_accuracy"] >= 0.9, history[-1]
     evaluated = evaluate(str(tmp_path / "run"))  # the file read again, mapped with the run's classes
     assert evaluated["val_samples"] == 30 and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
+
+
+def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_the_memory_road_would(
+    ray_address, tmp_path
+):
+    rng = np.random.default_rng(1)
+    kinds = rng.integers(0, 3, size=1200)
+    columns = {f"f{i}": (rng.normal(size=1200) + 2.0 * kinds * (i % 2)).astype(np.float32) for i in range(4)}
+    pq.write_table(
+        pa.table({**columns, "species": np.array(SPECIES)[kinds]}), tmp_path / "t.parquet", row_group_size=100
+    )
+    args = [
+        f"ray.address={ray_address}",
+        "dataset=table",
+        "dataset.path=t.parquet",
+        "dataset.label=species",
+        "dataset.memory_limit_mb=0.01",  # the file's columns take 0.03 MB: auto streams them
+        "model=mlp",
+        "task._target_=tests.helpers.tasks.Counted",
+        "trainer.max_epochs=4",
+        "optimizer.lr=0.01",
+        "hydra.run.dir=run",
+    ]
+    done = run_cli(args, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "MB in memory): streamed through Ray Data" in output and "data streamed by Ray Data" in output
+    whole = tables.table(str(tmp_path / "t.parquet"), [4], 3, ["*"], "species", sorted(SPECIES), read="memory")
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    expected = (len(whole.val), int(whole.val.tensors[1].sum()), 2)
+    assert {(m["val_samples"], m["val_label_sum"], m["world_size"]) for m in history} == {expected}
+    assert history[-1]["val_accuracy"] >= 0.8, history[-1]
+    evaluated = evaluate(str(tmp_path / "run"))  # the stream read again here, mapped with the run's classes
+    assert evaluated["val_samples"] == len(whole.val) and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5

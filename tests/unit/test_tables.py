@@ -1,5 +1,6 @@
-"""``dataset=table`` (hydra_raytrain/data/tables.py): one Parquet, CSV or JSON-lines file, read whole, split by
-rows; columns by name or pattern; string classes mapped in sorted order; each bad file or column named once."""
+"""``dataset=table`` (hydra_raytrain/data/tables.py): one Parquet, CSV or JSON-lines file, read whole or streamed
+(by size), split by rows alike on both roads; columns by name or pattern; string classes mapped in sorted order;
+each bad file or column named once."""
 
 import json
 import re
@@ -11,6 +12,9 @@ import pytest
 import torch
 
 from hydra_raytrain.config import ConfigError
+from hydra_raytrain.data import tables
+from hydra_raytrain.data.roads import streams
+from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.data.tables import table, table_classes, table_outputs, table_shape
 
 ROWS = 40
@@ -98,3 +102,50 @@ def test_a_file_that_does_not_parse_is_named_with_its_line(tmp_path):
         table_classes(str(tmp_path / "t.txt"))
     with pytest.raises(ConfigError, match="no such file"):
         table_classes(str(tmp_path / "missing.csv"))
+
+
+def test_both_roads_keep_the_same_rows_in_the_same_order_and_count_them_before_reading(tmp_path, monkeypatch):
+    """Read whole (tensors) or streamed (read units of whole row groups, here 4 units of a 7-row-group file):
+    the same rows train and validate, in file order; the stream's counts come from the footer alone."""
+    columns = write_all(tmp_path)
+    pq.write_table(pa.table(columns), tmp_path / "t.parquet", row_group_size=6)
+    monkeypatch.setattr(tables, "ROWS_PER_UNIT", 12)
+    args = ([2], 3, ["width", "h*"], "kind", ["ant", "bee", "cat"])
+    whole = table(str(tmp_path / "t.csv"), *args, read="memory")
+    for suffix in ("parquet", "csv", "jsonl"):
+        stream = table(str(tmp_path / f"t.{suffix}"), *args, read="stream")
+        assert isinstance(stream, Streamed) and stream.rows == {"train": 32, "val": 8}
+        if suffix == "parquet":
+            assert [groups for _, groups in stream.table.units] == [(0, 1), (2, 3), (4, 5), (6,)]
+        for split in ("train", "val"):
+            x, y = (torch.cat(parts) for parts in zip(*stream.read(split, batch_size=5), strict=True))
+            assert torch.equal(x, getattr(whole, split).tensors[0]) and torch.equal(y, getattr(whole, split).tensors[1])
+        x, y = stream.sample(3)
+        assert torch.equal(x, whole.train.tensors[0][:3]) and torch.equal(y, whole.train.tensors[1][:3])
+
+
+def test_the_split_takes_exactly_its_fraction_and_the_chunked_threshold_equals_the_direct_one(monkeypatch):
+    rows = 10_000
+    direct = tables.val_threshold(rows, 0.2, 7)
+    monkeypatch.setattr(tables, "_SPLIT_CHUNK", 999)  # 11 chunks: the histogram's road
+    assert tables.val_threshold(rows, 0.2, 7) == direct
+    val = tables.val_mask(np.arange(rows), direct, 7)
+    assert val.sum() == 2000 and not np.array_equal(val, tables.val_mask(np.arange(rows), direct, 8))
+    assert 0.15 < val[:1000].mean() < 0.25  # spread over the file, not a block of it
+    with pytest.raises(ConfigError, match=re.escape("dataset.val_fraction=1.5: must be between 0 and 1")):
+        tables.val_threshold(rows, 1.5, 0)
+
+
+def test_auto_reads_a_table_whole_up_to_its_limit_and_says_which_road(tmp_path):
+    write_all(tmp_path)
+    path = str(tmp_path / "t.parquet")
+    size = tables.table_bytes(path)
+    assert 0 < size < 10_000
+    assert not tables.streams_table(path, "auto", 1) and tables.streams_table(path, "auto", size / 2 / tables.MB)
+    assert tables.streams_table(path, "stream", 1024) and not tables.streams_table(path, "memory", 0)
+    with pytest.raises(ConfigError, match=re.escape("dataset.read='sideways': is no way to read a table. Valid: auto")):
+        tables.streams_table(path, "sideways")
+    node = {"_target_": "hydra_raytrain.data.table", "path": path, "read": "auto", "memory_limit_mb": 0.001}
+    line = tables.reading_line(node)
+    assert line.startswith(f"Data: {path} (0.0 MB in memory): streamed through Ray Data") and "limit_mb=0.001" in line
+    assert streams(node) and not streams({**node, "read": "memory"})
