@@ -5,8 +5,9 @@
 1. Throughput: the bundled digits (1,797 8x8 images) as ``dataset=digits`` (built in each worker: its DataLoader,
    ``trainer.data_on_device=false``, and its default, the tensors held in memory) and the same digits written as
    Parquet (``dataset=parquet``: read and decoded by Ray Data's tasks, sharded with ``iter_torch_batches``). Then
-   the one-file case: the digits as one file, read whole into the workers (``dataset=table``, 64 number columns)
-   and streamed by Ray Data from that same file (``dataset=parquet``, validating on it too). MLP, global batch 64,
+   the one-file case: the digits as one file of 64 number columns, read whole into the workers (``dataset=table``,
+   the road its size takes) and streamed by Ray Data from that same file with the same split
+   (``dataset.read=stream``). MLP, global batch 64,
    one worker sized to the machine, 6 epochs, each a fresh CLI process on its own local cluster: the median
    training samples/s of epochs 2-6, and its ratio to the in-worker DataLoader's.
 2. Memory: a synthetic Parquet table of ``--rows`` rows of 2,048 float32 features (2 GiB at the default 262,144
@@ -48,9 +49,8 @@ def write_digits(folder: str) -> None:
     write_digits_parquet(pathlib.Path(folder), files=5)
 
 
-def write_one_file(folder: str) -> tuple[str, str]:
-    """The digits as one Parquet file twice: 64 number columns (``dataset=table``) and one list column
-    (``dataset=parquet``)."""
+def write_one_file(folder: str) -> str:
+    """The digits as one Parquet file of 64 number columns and the label (``dataset=table``)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -60,11 +60,9 @@ def write_one_file(folder: str) -> tuple[str, str]:
     pixels, target = digits_arrays()
     values = (pixels.reshape(len(pixels), 64) / 16.0).astype(np.float32)
     os.makedirs(folder, exist_ok=True)
-    columns, listed = os.path.join(folder, "columns.parquet"), os.path.join(folder, "listed.parquet")
+    columns = os.path.join(folder, "columns.parquet")
     pq.write_table(pa.table({**{f"p{i}": values[:, i] for i in range(64)}, "label": target.astype(np.int64)}), columns)
-    features = pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 64)
-    pq.write_table(pa.table({"features": features, "label": target.astype(np.int64)}), listed)
-    return columns, listed
+    return columns
 
 
 def write_table(folder: str, rows: int, files: int = 16) -> int:
@@ -98,7 +96,7 @@ def main() -> None:
         if not options.skip_throughput:
             digits = os.path.join(scratch, "digits")
             write_digits(digits)
-            columns, listed = write_one_file(os.path.join(scratch, "one"))
+            columns = write_one_file(os.path.join(scratch, "one"))
             figures = {
                 "in-worker DataLoader": steady_samples_per_second(["dataset=digits", "trainer.data_on_device=false"]),
                 "in-worker tensors (default)": steady_samples_per_second(["dataset=digits"]),
@@ -106,13 +104,8 @@ def main() -> None:
                     ["dataset=parquet", f"dataset.path={digits}", "dataset.input_shape=[1,8,8]"]
                 ),
                 "one file, in memory (table)": steady_samples_per_second(["dataset=table", f"dataset.path={columns}"]),
-                "one file, Ray Data (parquet)": steady_samples_per_second(
-                    [
-                        "dataset=parquet",
-                        f"dataset.path={listed}",
-                        f"dataset.val_path={listed}",
-                        "dataset.input_shape=[64]",
-                    ]
+                "one file, streamed (table)": steady_samples_per_second(
+                    ["dataset=table", f"dataset.path={columns}", "dataset.read=stream"]
                 ),
             }
             base = figures["in-worker DataLoader"]
