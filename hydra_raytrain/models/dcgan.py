@@ -29,7 +29,7 @@ class Generator(nn.Module):
         )
 
     def forward(self, noise: torch.Tensor) -> torch.Tensor:
-        return self.body(self.project(noise).view(len(noise), *self.start))
+        return self.body(self.project(noise).view(-1, *self.start))  # -1: an exported batch axis stays dynamic
 
 
 class Discriminator(nn.Module):

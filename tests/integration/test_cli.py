@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 from PIL import Image
 
 from tests.conftest import ROOT, run_cli
@@ -34,6 +35,51 @@ def test_embedded_default_meets_the_accuracy_bar(default_run):
     assert summary["status"] == "completed" and summary["epochs_completed"] == 12
     assert summary["final"]["val_accuracy"] >= 0.95
     assert summary["final"]["world_size"] == 2
+
+
+def test_the_default_run_exports_and_each_export_computes_what_the_model_does(default_run, tmp_path):
+    """ONNX through the CLI (ONNX Runtime on real validation digits against load_model), safetensors and a
+    refused export in process; an unfinished run is refused by name, and a refusal leaves no file."""
+    import onnxruntime
+    from hydra.utils import instantiate
+
+    from hydra_raytrain import load_model
+    from hydra_raytrain.config import ConfigError
+    from hydra_raytrain.export import ExportRefused, export
+
+    _, run_dir = default_run
+    done = subprocess.run(
+        [sys.executable, "-m", "hydra_raytrain.export", str(run_dir), "--format", "onnx"],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    onnx_file = run_dir / "export" / "model.onnx"
+    assert f"onnx: {onnx_file} (max abs diff from the model" in done.stdout
+    described = json.loads((run_dir / "export" / "model.onnx.json").read_text())
+    assert described["input"] == {"name": "input", "shape": ["batch", 1, 8, 8], "dtype": "float32"}
+    assert described["output"]["shape"] == ["batch", 10] and described["max_abs_diff"] <= 1e-4
+    config = json.loads((run_dir / "config.json").read_text())
+    val = instantiate(config["dataset"], _convert_="all").val
+    x = torch.stack([val[i][0] for i in range(5)])  # 5 samples: the export's batch axis is dynamic
+    session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = load_model(str(run_dir))(x)
+    assert torch.allclose(torch.from_numpy(session.run(None, {"input": x.numpy()})[0]), expected, atol=1e-5)
+
+    weights = tmp_path / "w.safetensors"
+    assert export(str(run_dir), "safetensors", str(weights))["max_abs_diff"] == 0.0 and weights.exists()
+    with pytest.raises(ExportRefused, match="differs from the model by up to"):
+        export(str(run_dir), "onnx", str(tmp_path / "strict.onnx"), tolerance=0.0)
+    assert not (tmp_path / "strict.onnx").exists() and not (tmp_path / "strict.onnx.json").exists()
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    for name in ("config.json", "summary.json"):
+        (unfinished / name).write_text((run_dir / name).read_text().replace('"completed"', '"failed"'))
+    with pytest.raises(ConfigError, match=r"is not a finished run \(summary.json: status 'failed', no model.pt\)"):
+        export(str(unfinished), "torch_export")
+    assert not (unfinished / "export").exists()
 
 
 def test_a_run_writes_the_output_contract(default_run):

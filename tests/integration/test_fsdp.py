@@ -6,6 +6,7 @@ import torch
 
 from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.driver.run import TrainingFailed
+from hydra_raytrain.export import export
 from tests.conftest import compose_config, run_cli
 from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 from tests.integration.test_training_features import _difference, read_metrics
@@ -166,3 +167,7 @@ def test_a_gan_in_bf16_with_uneven_validation_shards_and_rank_0_samples(ray_addr
     assert sorted(p.name for p in (tmp_path / "run" / "samples").glob("*.png")) == ["epoch_0001.png", "epoch_0002.png"]
     models = load_model(str(tmp_path / "run"))
     assert models["generator"](torch.randn(2, 32)).shape == (2, 1, 8, 8)
+    # The sharded run's generator exported whole, its batch axis dynamic, computing what it computes
+    described = export(str(tmp_path / "run"), "torch_export")
+    assert described["model"] == "generator" and described["input"]["shape"] == ["batch", 32]
+    assert described["max_abs_diff"] == 0.0 and (tmp_path / "run" / "export" / "model.pt2").exists()

@@ -50,13 +50,14 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("the driver: train(cfg)", ("hydra_raytrain.driver",)),
     ("sweeps: Hydra multirun as Ray Tune trials", ("hydra_raytrain.sweep",)),
     (
-        "entry points: the CLI, check, evaluate, the config files, Hydra's plugin, the package's face",
+        "entry points: the CLI, check, evaluate, export, the config files, Hydra's plugin, the package's face",
         (
             "hydra_raytrain",
             "hydra_raytrain.__main__",
             "hydra_raytrain.cli",
             "hydra_raytrain.check",
             "hydra_raytrain.evaluate",
+            "hydra_raytrain.export",
             "hydra_raytrain.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",
