@@ -45,7 +45,7 @@ def load_config(path: str) -> dict[str, Any]:
     raise FileNotFoundError(f"{path} is neither a run dir (no .hydra/config.yaml) nor a checkpoint (no {CONFIG_FILE}).")
 
 
-def check_config(cfg: dict[str, Any], path: str) -> None:
+def check_config(cfg: dict[str, Any], path: str, command: str = "evaluate") -> None:
     """The run's model, dataset and task import here and take their arguments, or one ``ConfigError`` that says
     how to make a module of the user's own importable (evaluating from another folder than the training's)."""
     problems = Problems()
@@ -55,7 +55,7 @@ def check_config(cfg: dict[str, Any], path: str) -> None:
     hint = (
         (
             f"run this from {launched_from}, where the run was trained, or put that folder on the path: "
-            f"PYTHONPATH={launched_from} python -m hydra_raytrain.evaluate {path}"
+            f"PYTHONPATH={launched_from} python -m hydra_raytrain.{command} {path}"
         )
         if launched_from
         else "the module on the path (run this from the folder the run was trained in, or set PYTHONPATH to it)"

@@ -56,8 +56,8 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
     if format not in FORMATS:
         raise ConfigError("--format", format, "is no export format.", " | ".join(FORMATS))
     cfg = load_config(run)
-    check_config(cfg, run)
-    _check_finished(run)
+    check_config(cfg, run, "export")
+    check_finished(run)
     model, sample_shape, role = _exported_model(cfg, run)
     path = os.path.abspath(output or os.path.join(run, EXPORT_DIR, FORMATS[format]))
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -98,7 +98,7 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
     return description
 
 
-def _check_finished(run: str) -> None:
+def check_finished(run: str) -> None:
     """A run dir is exported once its run completed (model.pt written); a checkpoint folder as it is."""
     summary = os.path.join(run, SUMMARY_FILE)
     if not os.path.exists(summary):

@@ -4,15 +4,19 @@ by Ray Data; on both roads the same rows validate, every one counted once per ep
 kept with the run and read back by ``evaluate``."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
-from hydra_raytrain import evaluate
+from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +62,9 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     rng = np.random.default_rng(1)
     kinds = rng.integers(0, 3, size=1200)
     columns = {f"f{i}": (rng.normal(size=1200) + 2.0 * kinds * (i % 2)).astype(np.float32) for i in range(4)}
-    pq.write_table(
-        pa.table({**columns, "species": np.array(SPECIES)[kinds]}), tmp_path / "t.parquet", row_group_size=100
-    )
+    keys = [f"row{i}" for i in range(1200)]  # text: not a feature ("*" takes number columns); predict carries it
+    table = pa.table({**columns, "species": np.array(SPECIES)[kinds], "key": keys})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=100)
     args = [
         f"ray.address={ray_address}",
         "dataset=table",
@@ -84,3 +88,25 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     assert history[-1]["val_accuracy"] >= 0.8, history[-1]
     evaluated = evaluate(str(tmp_path / "run"))  # the stream read again here, mapped with the run's classes
     assert evaluated["val_samples"] == len(whole.val) and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
+
+    # Batch predictions of the same file on the cluster: 2 model actors, every row once, as load_model computes
+    done = subprocess.run(
+        [sys.executable, "-m", "hydra_raytrain.predict", "run", "t.parquet", "--output", "predictions"]
+        + ["--num-workers", "2", "--batch-size", "100", "--address", ray_address],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        env={**os.environ, "PYTHONPATH": ROOT},  # the run's task: tests.helpers.tasks.Counted
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Predicted 1,200 rows in" in done.stdout
+    predicted = pq.read_table(tmp_path / "predictions").to_pydict()
+    assert set(predicted) == {"key", "species", "prediction", "probabilities"}
+    assert sorted(predicted["key"]) == sorted(keys)  # every row once
+    order = [int(key[3:]) for key in predicted["key"]]
+    x = torch.tensor(np.stack([columns[f"f{i}"] for i in range(4)], axis=1)[order])
+    with torch.no_grad():
+        expected = torch.softmax(load_model(str(tmp_path / "run"))(x), dim=1)
+    assert torch.allclose(torch.tensor(predicted["probabilities"]), expected, atol=1e-5)
+    assert predicted["prediction"] == [sorted(SPECIES)[i] for i in expected.argmax(dim=1).tolist()]
+    assert predicted["species"] == [SPECIES[kinds[i]] for i in order]  # the label carried through

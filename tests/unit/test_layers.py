@@ -50,7 +50,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("the driver: train(cfg)", ("hydra_raytrain.driver",)),
     ("sweeps: Hydra multirun as Ray Tune trials", ("hydra_raytrain.sweep",)),
     (
-        "entry points: the CLI, check, evaluate, export, the config files, Hydra's plugin, the package's face",
+        "entry points: the CLI, check, evaluate, export, predict, the config files, Hydra's plugin, the package's face",
         (
             "hydra_raytrain",
             "hydra_raytrain.__main__",
@@ -58,6 +58,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.check",
             "hydra_raytrain.evaluate",
             "hydra_raytrain.export",
+            "hydra_raytrain.predict",
             "hydra_raytrain.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",

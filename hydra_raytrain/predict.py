@@ -1,0 +1,220 @@
+"""Batch predictions of a trained run on the cluster: Ray Data reads the input, a pool of model actors predicts.
+
+    python -m hydra_raytrain.predict outputs/runs/<name> new_rows.parquet --output predictions
+    python -m hydra_raytrain.predict outputs/runs/<name> s3://bucket/rows/ --output s3://bucket/out --num-workers 4
+
+INPUT is a Parquet, CSV or JSON-lines file, or a folder (or ``s3://`` prefix) of them, with the columns the run
+trained on: a ``dataset=table`` run's features (its names and patterns, as in training) or a ``dataset=parquet``
+run's features column(s). Each row is decoded as training decoded it (the same column mapping and
+``input_shape``), the model is the run's (``load_model``), and the output is a folder of Parquet files: the
+input's other columns (ids, labels) carried through, ``prediction`` (the class, by name when the run's classes
+are strings; the value for regression) and, for classification, ``probabilities`` (one per class, in class
+order). Rows come back in no particular order: carry an id column to join them. The cluster: ``--address``, else
+the environment's ``RAY_ADDRESS``, else a local one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.data import streamed, tables
+from hydra_raytrain.driver.run import import_path
+from hydra_raytrain.evaluate import check_config, load_config
+from hydra_raytrain.export import check_finished
+
+READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".jsonl": "read_json", ".json": "read_json"}
+INPUTS = "a .parquet, .csv or .jsonl file, or a folder (or s3:// prefix) of them"
+
+
+def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, Any]) -> list[str]:
+    """The input's columns that hold the run's features, in training's order: a table run's names and patterns
+    (number columns, the label left out), a Parquet run's column or columns. A ConfigError names what is missing."""
+    target = dataset["_target_"]
+    if target == "hydra_raytrain.data.table":
+        patterns = [dataset["features"]] if isinstance(dataset["features"], str) else list(dataset["features"])
+        label = dataset["label"]
+        candidates = [name for name in names if name != label]
+        chosen = [
+            name
+            for name in candidates
+            if name in patterns or (any(fnmatch.fnmatchcase(name, p) for p in patterns) and types[name])
+        ]
+        wanted = int(dataset["input_shape"][0])
+    elif target == "hydra_raytrain.data.parquet":
+        features = dataset["features"]
+        chosen = [features] if isinstance(features, str) else list(features)
+        missing = [name for name in chosen if name not in names]
+        if missing:
+            raise ConfigError("INPUT", missing, "the input has no such column.", f"its columns: {', '.join(names)}")
+        return chosen
+    else:
+        raise ConfigError(
+            "RUN_DIR",
+            target,
+            "predict reads the inputs of runs trained on tables: dataset=table and dataset=parquet runs.",
+            "a run trained on dataset=table or dataset=parquet (for other runs: load_model(run) in your own loop)",
+        )
+    if len(chosen) != wanted:
+        raise ConfigError(
+            "INPUT",
+            chosen,
+            f"the run trained on {wanted} feature columns ({patterns}); the input has {len(chosen)} that match.",
+            "the columns of the training table",
+        )
+    return chosen
+
+
+class Predictor:
+    """One actor of the pool: the run's model, and each batch's rows decoded, predicted and written back."""
+
+    def __init__(self, run: str, features: list[str], dataset: dict[str, Any], device: str = "cpu") -> None:
+        import torch
+
+        from hydra_raytrain.evaluate import load_model
+        from hydra_raytrain.export import Exported
+
+        self.torch, self.device = torch, torch.device(device)
+        self.model = Exported(load_model(run)).to(self.device).eval()  # type: ignore[arg-type]
+        self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
+        self.classes = dataset.get("classes")
+        self.outputs = int(dataset.get("num_outputs") or 1)
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+
+        x = self.decode(batch)
+        with self.torch.no_grad():
+            output = self.model(self.torch.from_numpy(x).to(self.device)).float().cpu()
+        carried = {name: batch.column(name) for name in batch.column_names if name not in self.features}
+        if self.outputs == 1:
+            return pa.table({**carried, "prediction": pa.array(output[:, 0].numpy())})
+        probabilities = self.torch.softmax(output, dim=1).numpy().astype(np.float32)
+        index = probabilities.argmax(axis=1)
+        prediction = pa.array([self.classes[i] for i in index]) if self.classes else pa.array(index.astype(np.int64))
+        probs = pa.FixedSizeListArray.from_arrays(pa.array(probabilities.ravel()), self.outputs)
+        return pa.table({**carried, "prediction": prediction, "probabilities": probs})
+
+    def decode(self, batch: Any) -> np.ndarray:
+        if len(self.features) == 1 and math.prod(self.shape) > 1:  # one column of arrays
+            values = streamed.dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
+        else:
+            values = np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in self.features], axis=1)
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
+
+
+def read_input(path: str) -> Any:
+    """The input as a Ray Dataset, by its suffix (a folder's: its first data file's)."""
+    import ray.data
+
+    location = tables.absolute_location(path)
+    suffix = os.path.splitext(location.rstrip("/").lower())[1]
+    if suffix not in READERS:
+        files = [f for f in streamed._listing(location, "INPUT", INPUTS) if os.path.splitext(f)[1].lower() in READERS]
+        if not files:
+            raise ConfigError("INPUT", path, "holds no .parquet, .csv or .jsonl file.", INPUTS)
+        suffix = os.path.splitext(files[0])[1].lower()
+    elif "://" not in location and not os.path.exists(location):
+        raise ConfigError("INPUT", path, "no such file or folder.", INPUTS)
+    options = {"file_extensions": [suffix.lstrip(".")]} if suffix != ".parquet" else {}
+    return getattr(ray.data, READERS[suffix])(location, **options)
+
+
+def predict(
+    run: str, input: str, output: str, num_workers: int = 1, batch_size: int = 256, num_gpus: float = 0
+) -> dict[str, Any]:
+    """Predict every row of ``input`` with a pool of ``num_workers`` model actors; write ``output`` (Parquet)."""
+    import pyarrow as pa
+    from ray.data import ActorPoolStrategy
+
+    cfg = load_config(run)
+    check_config(cfg, run, "predict")
+    check_finished(run)
+    location = tables.absolute_location(output)
+    if "://" not in location and os.path.exists(location):
+        raise ConfigError("--output", output, "exists: predictions go to a new folder.", "a path that does not exist")
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if num_workers < 1 or num_workers + 1 > cpus:
+        raise ConfigError(
+            "--num-workers",
+            num_workers,
+            f"each model actor holds a CPU, and Ray Data's reads need one more; the cluster has {cpus}.",
+            f"1 to {max(1, cpus - 1)}",
+        )
+    started = time.time()
+    data = read_input(input)
+    schema = data.schema()
+    names = list(schema.names)
+    numbers = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    types = {name: any(test(kind) for test in numbers) for name, kind in zip(names, schema.types, strict=True)}
+    features = input_columns(cfg["dataset"], names, types)
+    predictions = data.map_batches(
+        Predictor,
+        fn_constructor_kwargs={
+            "run": os.path.abspath(run),
+            "features": features,
+            "dataset": cfg["dataset"],
+            "device": "cuda" if num_gpus else "cpu",
+        },
+        compute=ActorPoolStrategy(size=num_workers),
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        num_cpus=1,
+        num_gpus=num_gpus,
+        # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
+        runtime_env={"env_vars": {"PYTHONPATH": import_path()}},
+    )
+    # The writes hold no CPU: the actors may take every CPU of a small cluster, and a write waiting for one would
+    # wait for ever (Ray Data keeps the pool until the dataset ends).
+    predictions.write_parquet(location, ray_remote_args={"num_cpus": 0})
+    rows = streamed.row_counts(streamed.parquet_files(location, "--output"))
+    seconds = time.time() - started
+    return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.predict", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a finished run dir (trained on dataset=table or dataset=parquet)")
+    parser.add_argument("input", help=INPUTS)
+    parser.add_argument("--output", required=True, help="the folder of Parquet files to write (a path or s3://)")
+    parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
+    parser.add_argument("--batch-size", type=int, default=256, help="rows per model call")
+    parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
+    parser.add_argument("--address", help="the Ray cluster to run on (default: RAY_ADDRESS, else a local cluster)")
+    options = parser.parse_args()
+    if not os.path.isdir(options.run):
+        parser.error(f"{options.run}: no such folder")
+    import ray
+
+    try:
+        address = options.address or os.environ.get("RAY_ADDRESS")
+        # A local cluster of its own: a CPU for every actor and one for the reads, however few cores there are
+        local = {} if address else {"num_cpus": max(os.cpu_count() or 1, options.num_workers + 1)}
+        ray.init(address=address or "local", logging_level="WARNING", **local)
+        if not sys.stderr.isatty():  # Ray Data's progress, logged every few seconds where no bar can be drawn
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
+        done = predict(
+            options.run, options.input, options.output, options.num_workers, options.batch_size, options.num_gpus
+        )
+    except ConfigError as error:
+        print(str(error).replace("Invalid config", "Cannot predict", 1), file=sys.stderr)
+        sys.exit(2)
+    finally:
+        ray.shutdown()
+    rate = done["rows"] / max(done["seconds"], 1e-9)
+    print(f"Predicted {done['rows']:,} rows in {done['seconds']:.1f} s ({rate:,.0f} rows/s): {done['output']}")
+
+
+if __name__ == "__main__":
+    main()
