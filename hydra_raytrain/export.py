@@ -78,8 +78,8 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
         for file in written:
             if os.path.exists(file):
                 os.remove(file)
-        if isinstance(error, (ConfigError, ExportRefused, KeyboardInterrupt)):
-            raise
+        if not isinstance(error, Exception) or isinstance(error, (ConfigError, ExportRefused)):
+            raise  # Ctrl-C and exits as they are; our own messages as they are
         reason = " ".join(str(error).split())[:500]
         raise ExportRefused(f"the {format} export of the {role} failed: {type(error).__name__}: {reason}") from error
     description = {

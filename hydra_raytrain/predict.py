@@ -32,44 +32,53 @@ from hydra_raytrain.driver.run import import_path
 from hydra_raytrain.evaluate import check_config, load_config
 from hydra_raytrain.export import check_finished
 
-READERS = {".parquet": "read_parquet", ".csv": "read_csv", ".jsonl": "read_json", ".json": "read_json"}
+READERS = {
+    ".parquet": "read_parquet",
+    ".csv": "read_csv",
+    ".jsonl": "read_json",
+    ".json": "read_json",
+    ".ndjson": "read_json",
+}
 INPUTS = "a .parquet, .csv or .jsonl file, or a folder (or s3:// prefix) of them"
 
 
 def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, Any]) -> list[str]:
-    """The input's columns that hold the run's features, in training's order: a table run's names and patterns
-    (number columns, the label left out), a Parquet run's column or columns. A ConfigError names what is missing."""
-    target = dataset["_target_"]
-    if target == "hydra_raytrain.data.table":
+    """The input's columns that hold the run's features, in training's order: a table run's columns by the names
+    it trained on (``dataset.columns``; an older run's patterns over the input's number columns), a Parquet run's
+    column or columns. A ConfigError names what is missing."""
+    from hydra.utils import get_object
+
+    builder = get_object(dataset["_target_"])
+    if builder is tables.table and dataset.get("columns") is not None:
+        chosen = list(dataset["columns"])
+    elif builder is tables.table:
         patterns = [dataset["features"]] if isinstance(dataset["features"], str) else list(dataset["features"])
-        label = dataset["label"]
-        candidates = [name for name in names if name != label]
+        candidates = [name for name in names if name != dataset["label"]]
         chosen = [
-            name
-            for name in candidates
-            if name in patterns or (any(fnmatch.fnmatchcase(name, p) for p in patterns) and types[name])
+            n for n in candidates if n in patterns or (any(fnmatch.fnmatchcase(n, p) for p in patterns) and types[n])
         ]
         wanted = int(dataset["input_shape"][0])
-    elif target == "hydra_raytrain.data.parquet":
+        if len(chosen) != wanted:
+            raise ConfigError(
+                "INPUT",
+                chosen,
+                f"the run trained on {wanted} feature columns ({patterns}); the input has {len(chosen)} that match.",
+                "the columns of the training table",
+            )
+    elif builder is streamed.parquet:
         features = dataset["features"]
         chosen = [features] if isinstance(features, str) else list(features)
-        missing = [name for name in chosen if name not in names]
-        if missing:
-            raise ConfigError("INPUT", missing, "the input has no such column.", f"its columns: {', '.join(names)}")
-        return chosen
     else:
         raise ConfigError(
             "RUN_DIR",
-            target,
+            dataset["_target_"],
             "predict reads the inputs of runs trained on tables: dataset=table and dataset=parquet runs.",
             "a run trained on dataset=table or dataset=parquet (for other runs: load_model(run) in your own loop)",
         )
-    if len(chosen) != wanted:
+    missing = [name for name in chosen if name not in names]
+    if missing:
         raise ConfigError(
-            "INPUT",
-            chosen,
-            f"the run trained on {wanted} feature columns ({patterns}); the input has {len(chosen)} that match.",
-            "the columns of the training table",
+            "INPUT", missing, "the input lacks these feature columns of the run.", f"its columns: {', '.join(names)}"
         )
     return chosen
 
@@ -79,6 +88,7 @@ class Predictor:
 
     def __init__(self, run: str, features: list[str], dataset: dict[str, Any], device: str = "cpu") -> None:
         import torch
+        from hydra.utils import instantiate
 
         from hydra_raytrain.evaluate import load_model
         from hydra_raytrain.export import Exported
@@ -88,6 +98,8 @@ class Predictor:
         self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
         self.classes = dataset.get("classes")
         self.outputs = int(dataset.get("num_outputs") or 1)
+        transform = dataset.get("transform")  # a Parquet run's, applied to its decoded batches as in training
+        self.transform = instantiate(transform, _convert_="all") if transform else None
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -109,7 +121,10 @@ class Predictor:
             values = streamed.dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
         else:
             values = np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in self.features], axis=1)
-        return np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
+        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
+        if self.transform is None:
+            return x
+        return self.transform({streamed.FEATURES: x, streamed.LABELS: np.zeros(len(x), np.int64)})[streamed.FEATURES]
 
 
 def read_input(path: str) -> Any:
@@ -144,6 +159,11 @@ def predict(
         raise ConfigError("--output", output, "exists: predictions go to a new folder.", "a path that does not exist")
     import ray
 
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    if num_gpus < 0 or num_workers * num_gpus > gpus:
+        raise ConfigError(
+            "--num-gpus", num_gpus, f"{num_workers} actors x {num_gpus:g} GPUs; the cluster has {gpus:g}.", "0 (CPU)"
+        )
     cpus = int(ray.cluster_resources().get("CPU", 0))
     if num_workers < 1 or num_workers + 1 > cpus:
         raise ConfigError(

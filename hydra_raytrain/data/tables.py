@@ -16,6 +16,7 @@ the stream on the driver."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import functools
 import os
@@ -27,6 +28,7 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import LocalPath
+from hydra_raytrain.data import streamed
 from hydra_raytrain.data.streamed import FEATURES, LABELS, Decode, Streamed, absolute_location, filesystem_of
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
@@ -46,23 +48,37 @@ def table(
     split_seed: int = 0,
     read: str = "auto",
     memory_limit_mb: float = 1024,
+    local_shuffle_buffer_size: int | None = None,
+    columns: Sequence[str] | None = None,
 ) -> Any:
     """The table's rows as ``(features float32 [F], label)`` pairs, ``val_fraction`` of them validating
-    (``val_mask``): ``Splits`` of tensors read here, or a ``Streamed`` for Ray Data (``streams_table``)."""
+    (``val_mask``): ``Splits`` of tensors read here, or a ``Streamed`` for Ray Data (``streams_table``).
+    ``columns``: the feature columns the config resolved (``table_columns``), checked against the file's."""
     if streams_table(path, read, memory_limit_mb):
-        return streamed_table(path, input_shape, num_outputs, features, label, classes, val_fraction, split_seed)
+        stream = streamed_table(path, input_shape, num_outputs, features, label, classes, val_fraction, split_seed)
+        check_columns(columns, stream.table.columns[:-1])
+        streamed.check_stream_options("files", local_shuffle_buffer_size, 1)
+        return dataclasses.replace(stream, local_shuffle_buffer_size=local_shuffle_buffer_size)
     import torch
     from torch.utils.data import TensorDataset
 
     from hydra_raytrain.data.splits import Splits  # torch: not for the driver's resolvers
 
     data = read_table(path)
-    columns = feature_columns(data, features, label)
-    check_input_shape(input_shape, columns)
-    x = torch.tensor(_matrix(data, columns), dtype=torch.float32)
+    chosen = feature_columns(data, features, label)
+    check_columns(columns, chosen)
+    check_input_shape(input_shape, chosen)
+    x = torch.tensor(_matrix(data, chosen), dtype=torch.float32)
     y = label_tensor(data, label, classes, num_outputs)
     val = torch.from_numpy(val_mask(np.arange(len(y)), val_threshold(len(y), val_fraction, split_seed), split_seed))
     return Splits(TensorDataset(x[~val], y[~val]), TensorDataset(x[val], y[val]))
+
+
+def check_columns(columns: Sequence[str] | None, chosen: Sequence[str]) -> None:
+    if columns is not None and list(columns) != list(chosen):
+        raise ConfigError(
+            "dataset.columns", list(columns), f"the file's columns that dataset.features picks are {list(chosen)}."
+        )
 
 
 def check_input_shape(input_shape: Sequence[int], columns: Sequence[str]) -> None:
@@ -82,7 +98,7 @@ _SPLIT_CHUNK = 1 << 24
 def split_keys(positions: np.ndarray, seed: int) -> np.ndarray:
     """A well-mixed, distinct uint64 per row position (splitmix64 of ``position + seed * golden ratio``)."""
     with np.errstate(over="ignore"):
-        keys = positions.astype(np.uint64) + np.uint64((seed * 0x9E3779B97F4A7C15) % 2**64)
+        keys = positions.astype(np.uint64) + np.uint64((int(seed) * 0x9E3779B97F4A7C15) % 2**64)
         keys ^= keys >> np.uint64(30)
         keys *= np.uint64(0xBF58476D1CE4E5B9)
         keys ^= keys >> np.uint64(27)
@@ -106,15 +122,19 @@ def val_threshold(rows: int, val_fraction: float, seed: int) -> int:
     """The largest validating key: the ``validation_rows``-th smallest of the rows' keys (in chunks of 16M rows:
     a histogram of the keys' top 16 bits finds the bucket it is in, then that bucket is sorted)."""
     wanted = validation_rows(rows, val_fraction)
-    chunks = [np.arange(start, min(rows, start + _SPLIT_CHUNK)) for start in range(0, rows, _SPLIT_CHUNK)]
-    if len(chunks) == 1:
-        return int(np.partition(split_keys(chunks[0], seed), wanted - 1)[wanted - 1])
+    if rows <= _SPLIT_CHUNK:
+        return int(np.partition(split_keys(np.arange(rows), seed), wanted - 1)[wanted - 1])
+
+    def chunks() -> Iterator[np.ndarray]:  # the keys, 16M rows at a time
+        for start in range(0, rows, _SPLIT_CHUNK):
+            yield split_keys(np.arange(start, min(rows, start + _SPLIT_CHUNK)), seed)
+
     top = np.uint64(48)
-    counts = sum(np.bincount((split_keys(c, seed) >> top).astype(np.int64), minlength=1 << 16) for c in chunks)
+    counts = sum(np.bincount((keys >> top).astype(np.int64), minlength=1 << 16) for keys in chunks())
     cumulative = np.cumsum(counts)
     bucket = int(np.searchsorted(cumulative, wanted))
     before = int(cumulative[bucket - 1]) if bucket else 0
-    inside = np.concatenate([k[(k >> top) == bucket] for k in (split_keys(c, seed) for c in chunks)])
+    inside = np.concatenate([keys[(keys >> top) == bucket] for keys in chunks()])
     return int(np.partition(inside, wanted - before - 1)[wanted - before - 1])
 
 
@@ -140,7 +160,7 @@ def streams_table(path: str, read: str = "auto", memory_limit_mb: float = 1024) 
 def table_bytes(path: str) -> int:
     """The table's size in memory, near enough to choose a road: a Parquet file's uncompressed row groups (its
     footer), a text file's size."""
-    kind, location, fs, inside, size = _locate(path)
+    kind, _, fs, inside, size, _ = _locate(path)
     if kind != "parquet":
         return size
     with _parquet(fs, inside) as file:
@@ -161,9 +181,9 @@ def reading_line(node: Mapping[str, Any]) -> str:
     return f"Data: {node['path']} ({size:,.1f} MB in memory): {road} ({why})"
 
 
-def _locate(path: str) -> tuple[str, str, Any, str, int]:
-    """The file's format, URI, filesystem, path inside it and size; a ConfigError naming ``dataset.path`` when it
-    is missing or of another format."""
+def _locate(path: str) -> tuple[str, str, Any, str, int, int | None]:
+    """The file's format, URI, filesystem, path inside it, size and modification time; a ConfigError naming
+    ``dataset.path`` when it is missing or of another format."""
     suffix = os.path.splitext(str(path).lower())[1]
     if suffix not in SUFFIXES:
         raise ConfigError("dataset.path", path, f"has the suffix {suffix or '(none)'!r}.", FORMATS)
@@ -177,7 +197,7 @@ def _locate(path: str) -> tuple[str, str, Any, str, int]:
         raise ConfigError("dataset.path", path, f"cannot be read: {' '.join(str(error).split())}", FORMATS) from None
     if info.type != pyarrow.fs.FileType.File:
         raise ConfigError("dataset.path", path, "no such file.", FORMATS)
-    return SUFFIXES[suffix], location, fs, inside, int(info.size or 0)
+    return SUFFIXES[suffix], location, fs, inside, int(info.size or 0), info.mtime_ns
 
 
 def _parquet(fs: Any, inside: str) -> Any:
@@ -189,19 +209,24 @@ def _parquet(fs: Any, inside: str) -> Any:
 def read_table(path: str) -> Any:
     """The file as a pyarrow Table (read once per process and file version); a ConfigError naming
     ``dataset.path`` when it is missing, of another format, or does not parse (the parser's row and reason)."""
-    kind, location, fs, inside, size = _locate(path)
-    return _read(location, kind, fs.get_file_info(inside).mtime_ns, size)
+    kind, location, _, _, size, mtime_ns = _locate(path)
+    return _read(location, kind, mtime_ns, size)
 
 
 @functools.lru_cache(maxsize=4)
 def _read(location: str, kind: str, mtime_ns: int | None, size: int | None) -> Any:
-    import pyarrow
+    import pyarrow.csv
+    import pyarrow.json
+    import pyarrow.parquet
 
+    fs, inside = filesystem_of(location)
     with _parsing(location, kind):
-        batches = list(_batches(location, kind, None))
-        if not batches:
-            return _schema(location, kind).empty_table()
-        return pyarrow.Table.from_batches(batches)
+        if kind == "parquet":
+            return pyarrow.parquet.read_table(inside, filesystem=fs)
+        with fs.open_input_stream(inside) as stream:  # whole-file readers: each column's type from all its values
+            if kind == "json":
+                return pyarrow.json.read_json(stream)
+            return pyarrow.csv.read_csv(stream, parse_options=_csv_parsing(location))
 
 
 def _batches(location: str, kind: str, columns: Sequence[str] | None, row_groups: Sequence[int] | None = None) -> Any:
@@ -219,15 +244,8 @@ def _batches(location: str, kind: str, columns: Sequence[str] | None, row_groups
         return
     with fs.open_input_stream(inside) as stream:
         if kind == "csv":
-            invalid = _INVALID.setdefault(location, [])
-
-            def first_invalid(row: Any) -> str:
-                invalid.append(row)
-                return "error"
-
-            parsing = pyarrow.csv.ParseOptions(invalid_row_handler=first_invalid)
             converting = pyarrow.csv.ConvertOptions(include_columns=list(columns) if columns else None)
-            yield from pyarrow.csv.open_csv(stream, parse_options=parsing, convert_options=converting)
+            yield from pyarrow.csv.open_csv(stream, parse_options=_csv_parsing(location), convert_options=converting)
         elif hasattr(pyarrow.json, "open_json"):
             reader = pyarrow.json.open_json(stream)
             yield from (batch.select(list(columns)) if columns else batch for batch in reader)
@@ -237,6 +255,18 @@ def _batches(location: str, kind: str, columns: Sequence[str] | None, row_groups
 
 
 _INVALID: dict[str, list[Any]] = {}  # per CSV file: the rows of another column count, the first named with its line
+
+
+def _csv_parsing(location: str) -> Any:
+    import pyarrow.csv
+
+    invalid = _INVALID.setdefault(location, [])
+
+    def first_invalid(row: Any) -> str:
+        invalid.append(row)
+        return "error"
+
+    return pyarrow.csv.ParseOptions(invalid_row_handler=first_invalid)
 
 
 @contextlib.contextmanager
@@ -390,9 +420,9 @@ class LabelStats:
 
 
 def label_stats(path: str, label: str) -> LabelStats:
-    kind, location, fs, inside, size = _locate(path)
+    kind, location, _, _, size, mtime_ns = _locate(path)
     check_label(_schema(location, kind), label)
-    return _label_stats(location, kind, label, fs.get_file_info(inside).mtime_ns, size)
+    return _label_stats(location, kind, label, mtime_ns, size)
 
 
 @functools.lru_cache(maxsize=8)
@@ -425,10 +455,16 @@ def table_classes(path: str, label: str = "label") -> list[str] | None:
     return list(stats.values) if stats.strings else None
 
 
+def table_columns(path: str, features: Any = ("*",), label: str = "label") -> list[str]:
+    """``dataset.columns``: the feature columns ``dataset.features`` picks, in the table's order (what the run
+    trained on, kept with it: ``predict`` reads its inputs' columns by these names)."""
+    patterns = [features] if isinstance(features, str) else [str(pattern) for pattern in features]
+    return feature_columns(table_schema(path), patterns, label)
+
+
 def table_shape(path: str, features: Any = ("*",), label: str = "label") -> list[int]:
     """``dataset.input_shape``: ``[the number of feature columns]``."""
-    patterns = [features] if isinstance(features, str) else [str(pattern) for pattern in features]
-    return [len(feature_columns(table_schema(path), patterns, label))]
+    return [len(table_columns(path, features, label))]
 
 
 def table_outputs(path: str, label: str = "label") -> int:
@@ -458,7 +494,7 @@ def streamed_table(
     val_fraction: float,
     split_seed: int,
 ) -> Streamed:
-    kind, location, fs, inside, _ = _locate(path)
+    kind, location, fs, inside, _, _ = _locate(path)
     columns = feature_columns(_schema(location, kind), features, label)
     check_input_shape(input_shape, columns)
     if kind == "parquet":
@@ -541,9 +577,12 @@ class TableRows:
         for unit in self.units:
             for rows in self.rows(validation, unit):
                 pending.append(decode(rows))
-                while sum(len(p[LABELS]) for p in pending) >= batch_size:
-                    joined = {name: np.concatenate([p[name] for p in pending]) for name in (FEATURES, LABELS)}
-                    yield {name: joined[name][:batch_size] for name in joined}
-                    pending = [{name: joined[name][batch_size:] for name in joined}]
+                if sum(len(p[LABELS]) for p in pending) < batch_size:
+                    continue
+                joined = {name: np.concatenate([p[name] for p in pending]) for name in (FEATURES, LABELS)}
+                full = len(joined[LABELS]) // batch_size * batch_size
+                for start in range(0, full, batch_size):
+                    yield {name: joined[name][start : start + batch_size] for name in joined}
+                pending = [{name: joined[name][full:] for name in joined}]
         if pending and sum(len(p[LABELS]) for p in pending):
             yield {name: np.concatenate([p[name] for p in pending]) for name in (FEATURES, LABELS)}

@@ -61,6 +61,7 @@ def register_resolvers() -> None:
         "parquet_outputs": streamed.parquet_outputs,
         "stream_classes": streamed.stream_classes,
         "stream_image_shape": streamed.stream_image_shape,
+        "table_columns": tables.table_columns,
         "table_shape": tables.table_shape,
         "table_outputs": tables.table_outputs,
         "table_classes": tables.table_classes,

@@ -122,6 +122,11 @@ def test_both_roads_keep_the_same_rows_in_the_same_order_and_count_them_before_r
             assert torch.equal(x, getattr(whole, split).tensors[0]) and torch.equal(y, getattr(whole, split).tensors[1])
         x, y = stream.sample(3)
         assert torch.equal(x, whole.train.tensors[0][:3]) and torch.equal(y, whole.train.tensors[1][:3])
+    path = str(tmp_path / "t.parquet")
+    kept = table(path, *args, read="stream", local_shuffle_buffer_size=64, columns=["width", "height"])
+    assert kept.local_shuffle_buffer_size == 64  # the streamed road's row mixing, as dataset=parquet's
+    with pytest.raises(ConfigError, match=re.escape("dataset.columns=['height']: the file's columns that")):
+        table(str(tmp_path / "t.csv"), *args, read="memory", columns=["height"])
 
 
 def test_the_split_takes_exactly_its_fraction_and_the_chunked_threshold_equals_the_direct_one(monkeypatch):
