@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-memory: install
 
 bench-streaming: install
 	$(BIN)/python benchmarks/streaming.py
+
+bench-predict: install
+	$(BIN)/python benchmarks/predict.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

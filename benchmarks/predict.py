@@ -1,0 +1,121 @@
+"""Batch predictions (``python -m hydra_raytrain.predict``) against a plain ``torch.no_grad()`` loop over the same rows.
+
+    .venv/bin/python benchmarks/predict.py            # or: make bench-predict
+    .venv/bin/python benchmarks/predict.py --rows 400000 --rounds 1
+
+A table of ``--rows`` rows of 64 float32 features and an integer class is written as one Parquet file; an MLP
+run trains on it for one short epoch in local mode (what is measured is prediction, not the model's quality).
+Then, each in a fresh process, best of ``--rounds``: the plain loop (``load_model``, the file read with pyarrow,
+batches of 1,024 rows, softmax and argmax, predictions gathered in memory), and ``hydra_raytrain.predict`` with 1
+and 2 model actors on a local cluster (reading, decoding, predicting, writing Parquet; its own figure, from
+before the first read to the last write: the actors' start included, Ray's excluded). Printed: rows/s and the
+ratio to the plain loop, and for predict the seconds 1,000 rows take (the fixed cost) and the rate beyond them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCH = 1024
+
+
+def write_rows(path: str, rows: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, size=rows)
+    features = {f"f{i}": (rng.normal(size=rows) + labels * (i % 3 == 0)).astype(np.float32) for i in range(64)}
+    pq.write_table(pa.table({**features, "label": labels, "key": np.arange(rows)}), path)
+
+
+def train(folder: str, table: str) -> str:
+    run = os.path.join(folder, "run")
+    args = ["dataset=table", f"dataset.path={table}", "model=mlp", "scaling.num_workers=0", "trainer.max_epochs=1"]
+    args += [
+        "trainer.limit_train_batches=20",
+        "trainer.limit_val_batches=2",
+        f"hydra.run.dir={run}",
+        "dataset.features=[f*]",
+    ]
+    subprocess.run([sys.executable, "-m", "hydra_raytrain", *args], cwd=folder, check=True, capture_output=True)
+    return run
+
+
+def plain(run: str, table: str) -> None:
+    """The baseline, in this process: rows/s from the first read to the last prediction."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    from hydra_raytrain import load_model
+
+    model = load_model(run)
+    started, predicted = time.perf_counter(), []
+    data = pq.ParquetFile(table)
+    with torch.no_grad():
+        for batch in data.iter_batches(batch_size=BATCH, columns=[f"f{i}" for i in range(64)]):
+            x = torch.from_numpy(np.stack([c.to_numpy() for c in batch.columns], axis=1))
+            probabilities = torch.softmax(model(x), dim=1)
+            predicted.append(probabilities.argmax(dim=1).numpy())
+    seconds = time.perf_counter() - started
+    print(f"rows {sum(len(p) for p in predicted)} seconds {seconds:.3f}", flush=True)
+
+
+def measure(command: list[str], cwd: str) -> tuple[int, float]:
+    """The rows and seconds a command reports."""
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True)
+    found = re.search(r"Predicted ([\d,]+) rows in ([\d.]+) s", done.stdout) or re.search(
+        r"rows (\d+) seconds ([\d.]+)", done.stdout
+    )
+    assert found, done.stdout[-2000:] + done.stderr[-2000:]
+    return int(found.group(1).replace(",", "")), float(found.group(2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        table = os.path.join(folder, "rows.parquet")
+        write_rows(table, options.rows)
+        run = train(folder, table)
+        small = os.path.join(folder, "small.parquet")
+        write_rows(small, 1000)
+        figures: dict[str, list[float]] = {"plain loop": [], "predict, 1 actor": [], "predict, 2 actors": []}
+        fixed: dict[str, list[float]] = {name: [] for name in figures}
+        for round_ in range(options.rounds):
+            rows, seconds = measure([sys.executable, __file__, "plain", run, table], ROOT)
+            figures["plain loop"].append(rows / seconds)
+            for actors in (1, 2):
+                name = f"predict, {actors} actor{'s' if actors > 1 else ''}"
+                for data, into in ((table, figures), (small, fixed)):
+                    output = os.path.join(folder, f"out{round_}-{actors}-{len(into[name])}-{id(into)}")
+                    command = [sys.executable, "-m", "hydra_raytrain.predict", run, data, "--output", output]
+                    command += ["--num-workers", str(actors), "--batch-size", str(BATCH)]
+                    rows, seconds = measure(command, folder)
+                    into[name].append(rows / seconds if into is figures else seconds)
+        base = max(figures["plain loop"])
+        for name, values in figures.items():
+            line = f"{name:20s} {max(values):11,.0f} rows/s  {max(values) / base:.2f}x"
+            if fixed[name]:  # the seconds 1,000 rows take (the actors' start, Ray Data's planning), and the rest
+                start = min(fixed[name])
+                rest = options.rows / (options.rows / max(values) - start)
+                line += f"   1,000 rows take {start:.1f} s; beyond them {rest:,.0f} rows/s ({rest / base:.2f}x)"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "plain":
+        plain(sys.argv[2], sys.argv[3])
+    else:
+        main()
