@@ -28,7 +28,7 @@ from hydra_raytrain.preflight.targets import check_targets
 from hydra_raytrain.recipe.lightning_setup import import_lightning, is_lightning, one_device_trainer
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
-from hydra_raytrain.rundir import CONFIG_FILE, SUMMARY_FILE, write_json
+from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
 
 EVALUATION_FILE = "evaluation.json"
 
@@ -65,6 +65,24 @@ def check_config(cfg: dict[str, Any], path: str, command: str = "evaluate") -> N
         for e in problems.errors
     ]
     problems.raise_any()
+
+
+def check_finished(run: str) -> None:
+    """A run dir is read (exported, predicted with) once its run completed and wrote model.pt; a checkpoint folder
+    as it is."""
+    summary = os.path.join(run, SUMMARY_FILE)
+    if not os.path.exists(summary):
+        return  # a checkpoint folder (config.json and its weights): load_model reads it
+    with open(summary) as file:
+        status = json.load(file).get("status")
+    if status != "completed" or not os.path.exists(os.path.join(run, MODEL_FILE)):
+        raise ConfigError(
+            "RUN_DIR",
+            run,
+            f"is not a finished run (summary.json: status {status!r}, no model.pt).",
+            "a completed run dir (the same training command resumes this one), or one checkpoint folder inside "
+            "its Ray storage (<run>/ray_storage/<name>/<checkpoint>)",
+        )
 
 
 def _launched_from(path: str) -> str | None:

@@ -16,7 +16,6 @@ dataset node whose builder prepared the training inputs (the same preprocessing 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -25,8 +24,8 @@ from typing import Any
 import torch
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.evaluate import check_config, load_config, load_model
-from hydra_raytrain.rundir import SUMMARY_FILE, write_json
+from hydra_raytrain.evaluate import check_config, check_finished, load_config, load_model
+from hydra_raytrain.rundir import write_json
 
 FORMATS = {"onnx": "model.onnx", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
 EXPORT_DIR = "export"
@@ -96,23 +95,6 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
     }
     write_json(path + ".json", description)
     return description
-
-
-def check_finished(run: str) -> None:
-    """A run dir is exported once its run completed (model.pt written); a checkpoint folder as it is."""
-    summary = os.path.join(run, SUMMARY_FILE)
-    if not os.path.exists(summary):
-        return  # a checkpoint folder (config.json and its weights): load_model reads it
-    with open(summary) as file:
-        status = json.load(file).get("status")
-    if status != "completed" or not os.path.exists(os.path.join(run, "model.pt")):
-        raise ConfigError(
-            "RUN_DIR",
-            run,
-            f"is not a finished run (summary.json: status {status!r}, no model.pt).",
-            "a completed run dir (the same training command resumes this one), or one checkpoint folder inside "
-            "its Ray storage (<run>/ray_storage/<name>/<checkpoint>)",
-        )
 
 
 def _exported_model(cfg: dict[str, Any], run: str) -> tuple[torch.nn.Module, list[int], str]:

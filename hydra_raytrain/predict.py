@@ -16,7 +16,6 @@ the environment's ``RAY_ADDRESS``, else a local one.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import logging
 import math
 import os
@@ -29,8 +28,7 @@ import numpy as np
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.driver.run import import_path
-from hydra_raytrain.evaluate import check_config, load_config
-from hydra_raytrain.export import check_finished
+from hydra_raytrain.evaluate import check_config, check_finished, load_config
 
 READERS = {
     ".parquet": "read_parquet",
@@ -54,9 +52,7 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
     elif builder is tables.table:
         patterns = [dataset["features"]] if isinstance(dataset["features"], str) else list(dataset["features"])
         candidates = [name for name in names if name != dataset["label"]]
-        chosen = [
-            n for n in candidates if n in patterns or (any(fnmatch.fnmatchcase(n, p) for p in patterns) and types[n])
-        ]
+        chosen = tables.pick_columns(candidates, patterns, types.__getitem__)
         wanted = int(dataset["input_shape"][0])
         if len(chosen) != wanted:
             raise ConfigError(

@@ -20,7 +20,7 @@ import dataclasses
 import fnmatch
 import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,12 +344,7 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
         kind = schema.field(name).type
         return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind))
 
-    chosen = [
-        name
-        for name in names
-        # a pattern takes the number columns it matches; a column named outright must hold numbers
-        if name in patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns if p not in names) and numbers(name)
-    ]
+    chosen = pick_columns(names, patterns, numbers)
     for name in chosen:
         kind = schema.field(name).type
         if not numbers(name):
@@ -364,6 +359,16 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
                 "dataset.features", patterns, f"the column {name!r} has {data.column(name).null_count} empty values."
             )
     return chosen
+
+
+def pick_columns(names: Sequence[str], patterns: Sequence[str], numbers: Callable[[str], bool]) -> list[str]:
+    """The columns ``patterns`` pick, in ``names``' order: a column named outright (which must then hold numbers),
+    and the number columns a pattern matches."""
+    return [
+        name
+        for name in names
+        if name in patterns or any(fnmatch.fnmatchcase(name, p) for p in patterns if p not in names) and numbers(name)
+    ]
 
 
 def check_label(data: Any, label: str) -> None:
