@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict bench-serve clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,9 @@ bench-streaming: install
 
 bench-predict: install
 	$(BIN)/python benchmarks/predict.py
+
+bench-serve: install
+	$(BIN)/python benchmarks/serve.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -100,27 +100,39 @@ class Predictor:
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
-        x = self.decode(batch)
-        with self.torch.no_grad():
-            output = self.model(self.torch.from_numpy(x).to(self.device)).float().cpu()
+        prediction, probabilities = self.answer(self.forward(self.decode(batch)))
         carried = {name: batch.column(name) for name in batch.column_names if name not in self.features}
+        if probabilities is None:
+            return pa.table({**carried, "prediction": pa.array(prediction)})
+        probs = pa.FixedSizeListArray.from_arrays(pa.array(probabilities.ravel()), self.outputs)
+        return pa.table({**carried, "prediction": pa.array(prediction), "probabilities": probs})
+
+    def forward(self, x: np.ndarray) -> Any:
+        """The model's output (float32, on the CPU) for samples in the run's ``input_shape``."""
+        with self.torch.no_grad():
+            return self.model(self.torch.as_tensor(self.prepare(x)).to(self.device)).float().cpu()
+
+    def prepare(self, x: np.ndarray) -> np.ndarray:
+        """Samples as the model saw them in training: the dataset's own transform applied, where it has one."""
+        if self.transform is None:
+            return x
+        return self.transform({streamed.FEATURES: x, streamed.LABELS: np.zeros(len(x), np.int64)})[streamed.FEATURES]
+
+    def answer(self, output: Any) -> tuple[Any, np.ndarray | None]:
+        """Predictions (the class, by name when the run's classes are strings; the value for regression) and,
+        for classification, each class's probability."""
         if self.outputs == 1:
-            return pa.table({**carried, "prediction": pa.array(output[:, 0].numpy())})
+            return output[:, 0].numpy(), None
         probabilities = self.torch.softmax(output, dim=1).numpy().astype(np.float32)
         index = probabilities.argmax(axis=1)
-        prediction = pa.array([self.classes[i] for i in index]) if self.classes else pa.array(index.astype(np.int64))
-        probs = pa.FixedSizeListArray.from_arrays(pa.array(probabilities.ravel()), self.outputs)
-        return pa.table({**carried, "prediction": prediction, "probabilities": probs})
+        return ([self.classes[i] for i in index] if self.classes else index.astype(np.int64)), probabilities
 
     def decode(self, batch: Any) -> np.ndarray:
         if len(self.features) == 1 and math.prod(self.shape) > 1:  # one column of arrays
             values = streamed.dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
         else:
             values = np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in self.features], axis=1)
-        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
-        if self.transform is None:
-            return x
-        return self.transform({streamed.FEATURES: x, streamed.LABELS: np.zeros(len(x), np.int64)})[streamed.FEATURES]
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
 
 
 def read_input(path: str) -> Any:

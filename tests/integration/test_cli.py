@@ -1,17 +1,21 @@
 """The real CLI: the embedded default, user code in workers, and every kind of bad input."""
 
+import contextlib
+import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, unused_port
 from tests.helpers.data import write_images
 
 pytestmark = pytest.mark.integration
@@ -80,6 +84,96 @@ def test_the_default_run_exports_and_each_export_computes_what_the_model_does(de
     with pytest.raises(ConfigError, match=r"is not a finished run \(summary.json: status 'failed', no model.pt\)"):
         export(str(unfinished), "torch_export")
     assert not (unfinished / "export").exists()
+
+
+def ask(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
+    """One real HTTP request to 127.0.0.1: its status and body."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, ray_address, tmp_path):
+    """python -m hydra_raytrain.serve on the session's cluster, asked by real HTTP requests on 127.0.0.1: answers
+    equal load_model's on validation digits, 8 concurrent clients each get their own answers, every malformed
+    request gets a 4xx and one line, and SIGTERM ends it (exit 0, the port closed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hydra.utils import instantiate
+
+    from hydra_raytrain import load_model
+
+    _, run_dir = default_run
+    port = unused_port()
+    command = [sys.executable, "-m", "hydra_raytrain.serve", str(run_dir), "--port", str(port)]
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as stderr:
+        server = subprocess.Popen(
+            [*command, "--address", ray_address], cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    printed: list[str] = []  # its terminal, read as it comes
+    reader = threading.Thread(target=lambda: printed.extend(iter(server.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        deadline, status = time.time() + 120, 0
+        while not (status == 200 and any(line.startswith("Serving ") for line in printed)):
+            assert server.poll() is None, errors.read_text()[-3000:]
+            assert time.time() < deadline, f"serve was not ready in 120 s: {printed}"
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):
+                status, text = ask(port, "GET", "/health")
+        described = json.loads(text)
+        assert described == {
+            "status": "ready",
+            "run": "run",
+            "input_shape": [1, 8, 8],
+            "num_outputs": 10,
+            "classes": None,
+        }
+
+        config = json.loads((run_dir / "config.json").read_text())
+        val = instantiate(config["dataset"], _convert_="all").val
+        x = torch.stack([val[i][0] for i in range(24)])
+        with torch.no_grad():
+            expected = torch.softmax(load_model(str(run_dir))(x), dim=1)
+        status, text = ask(port, "POST", "/predict", json.dumps({"inputs": x[:5].tolist()}).encode())
+        assert status == 200, text
+        answered = json.loads(text)
+        assert answered["predictions"] == expected[:5].argmax(dim=1).tolist()
+        assert torch.allclose(torch.tensor(answered["probabilities"]), expected[:5], atol=1e-5)
+
+        def one(i: int) -> list[float]:  # 8 clients at once, each its own sample: answers reach their own asker
+            status, text = ask(port, "POST", "/predict", json.dumps({"inputs": x[i : i + 1].tolist()}).encode())
+            assert status == 200, text
+            return json.loads(text)["probabilities"][0]
+
+        with ThreadPoolExecutor(8) as clients:
+            concurrent = torch.tensor(list(clients.map(one, range(24))))
+        assert torch.allclose(concurrent, expected, atol=1e-5)
+
+        for method, path, body, code, reason in [
+            ("POST", "/predict", b"{not json", 400, "the body is not JSON"),
+            ("POST", "/predict", b'{"inputs": [[1, 2, 3]]}', 422, "each sample must have shape [1, 8, 8]"),
+            ("POST", "/predict", json.dumps({"inputs": [[[[0] * 8] * 8]] * 1025}).encode(), 413, "at most 1024"),
+            ("GET", "/predict", None, 405, "Method Not Allowed"),
+        ]:
+            status, text = ask(port, method, path, body)
+            assert (status, reason in text, "Traceback" in text) == (code, True, False), (path, body, text)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        reader.join(timeout=10)
+    assert server.returncode == 0, errors.read_text()[-3000:]
+    assert (
+        printed[0].startswith(f"Serving {run_dir} at http://127.0.0.1:{port}/predict (POST)")
+        and "Stopping.\n" in printed
+    )
+    with pytest.raises(ConnectionRefusedError):
+        ask(port, "GET", "/health")
 
 
 def test_a_run_writes_the_output_contract(default_run):

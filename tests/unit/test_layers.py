@@ -50,7 +50,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("the driver: train(cfg)", ("hydra_raytrain.driver",)),
     ("sweeps: Hydra multirun as Ray Tune trials", ("hydra_raytrain.sweep",)),
     (
-        "entry points: the CLI, check, evaluate, export, predict, the config files, Hydra's plugin, the package's face",
+        "entry points: the CLI, check, evaluate, export, predict, serve, the config files, Hydra's plugin, the "
+        "package's face",
         (
             "hydra_raytrain",
             "hydra_raytrain.__main__",
@@ -59,6 +60,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.evaluate",
             "hydra_raytrain.export",
             "hydra_raytrain.predict",
+            "hydra_raytrain.serve",
             "hydra_raytrain.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",

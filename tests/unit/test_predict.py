@@ -49,4 +49,5 @@ def test_a_column_of_arrays_is_decoded_to_the_runs_input_shape():
     decoded = predictor.decode(pa.table({"a": [1, 2], "b": [3.0, 4.0]}))
     assert decoded.dtype == np.float32 and decoded.tolist() == [[1.0, 3.0], [2.0, 4.0]]
     predictor.transform = functools.partial(normalize, mean=[1.0], std=[2.0])  # a Parquet run's, as in training
-    assert predictor.decode(pa.table({"a": [1, 2], "b": [3.0, 4.0]})).tolist() == [[0.0, 1.0], [0.5, 1.5]]
+    prepared = predictor.prepare(predictor.decode(pa.table({"a": [1, 2], "b": [3.0, 4.0]})))
+    assert prepared.tolist() == [[0.0, 1.0], [0.5, 1.5]]

@@ -1,0 +1,289 @@
+"""Serve a trained run's model over HTTP with Ray Serve: batched requests, replicas on the cluster.
+
+    python -m hydra_raytrain.serve outputs/runs/<name>                        # http://127.0.0.1:8000
+    python -m hydra_raytrain.serve outputs/runs/<name> --port 9000 --num-replicas 2 --address auto
+
+    curl -s 127.0.0.1:8000/predict -d '{"inputs": [<sample>, ...]}'
+      -> {"predictions": [...], "probabilities": [[...], ...]}      (regression: no "probabilities")
+    curl -s 127.0.0.1:8000/health
+      -> {"status": "ready", "run": ..., "input_shape": [...], "classes": [...]}
+
+Each sample is nested lists in the run's ``dataset.input_shape``: a model input as the run's dataset yields it (a
+Parquet run's ``dataset.transform`` is applied here, as in training and predict). Predictions are the class (by
+name when the run's classes are strings) or, for regression, the value. Requests are batched across clients
+(``--max-batch-size`` requests, waiting at most ``--batch-wait-timeout-s``); a malformed request gets a 4xx
+answer ``{"error": "<one line>"}``. The server listens on 127.0.0.1: ``--host 0.0.0.0`` opens it to every
+machine that can reach this one, with no authentication. Ctrl-C or SIGTERM stops it: the app is deleted, and Serve
+itself is shut down when this command started it. The cluster: ``--address``, else ``RAY_ADDRESS``, else a local
+one of its own.
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI reads the route's annotations (``Request``, imported in
+# ``application`` because Ray Serve is an extra) as objects.
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.driver.run import import_path
+from hydra_raytrain.evaluate import check_config, check_finished, load_config
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+SERVE_EXTRA = "pip install 'hydra_raytrain[serve]' (Ray Serve: ray[serve], with FastAPI and uvicorn)"
+
+
+class BadRequest(Exception):
+    """A request the model cannot answer: its HTTP status and a one-line reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
+    """``{"inputs": [<sample>, ...]}`` as a float32 array of shape ``(n, *shape)``, or ``BadRequest``."""
+    try:
+        data = json.loads(body)
+    except ValueError as error:  # JSONDecodeError, and bytes that are not UTF-8
+        raise BadRequest(400, f"the body is not JSON ({error})") from None
+    usage = f'a JSON object {{"inputs": [<sample>, ...]}}, each sample nested lists of shape {list(shape)}'
+    if not isinstance(data, dict) or "inputs" not in data:
+        raise BadRequest(422, f"the body must be {usage}")
+    inputs = data["inputs"]
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest(422, f'"inputs" must be a non-empty list of samples: {usage}')
+    if len(inputs) > limit:
+        raise BadRequest(413, f'"inputs" holds {len(inputs)} samples; at most {limit} per request (--max-samples)')
+    try:
+        x = np.asarray(inputs, dtype=np.float32)
+    except (ValueError, TypeError):
+        raise BadRequest(
+            422, f'"inputs" must hold numbers only, each sample nested lists of shape {list(shape)}'
+        ) from None
+    if x.shape[1:] != shape:
+        got = "ragged lists" if x.dtype == object else f"shape {list(x.shape[1:])}"
+        raise BadRequest(422, f"each sample must have shape {list(shape)} (the run's dataset.input_shape); got {got}")
+    if not np.isfinite(x).all():
+        raise BadRequest(422, '"inputs" hold NaN or infinite values')
+    return x
+
+
+def answer(predictions: Any, probabilities: np.ndarray | None) -> dict[str, Any]:
+    """The JSON answer to one request: its predictions and, for classification, each class's probability."""
+    body: dict[str, Any] = {"predictions": np.asarray(predictions).tolist()}
+    if probabilities is not None:
+        body["probabilities"] = probabilities.tolist()
+    return body
+
+
+def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
+    """What /health describes: the run, the shape of a sample, the outputs; a run with no such model is refused."""
+    model = cfg.get("model") or {}
+    if "_target_" not in model:
+        raise ConfigError(
+            "RUN_DIR",
+            run,
+            f"holds several models ({', '.join(sorted(model))}): serve answers a model that takes the dataset's "
+            "samples (a GAN's generator is exported: python -m hydra_raytrain.export RUN_DIR).",
+            "a run of a classification, regression or Lightning task",
+        )
+    dataset = cfg["dataset"]
+    return {
+        "run": os.path.basename(os.path.abspath(run)),
+        "input_shape": [int(n) for n in dataset["input_shape"]],
+        "num_outputs": int(dataset.get("num_outputs") or 1),
+        "classes": dataset.get("classes"),
+    }
+
+
+def application(run: str, description: dict[str, Any], options: argparse.Namespace) -> Any:
+    """The Ray Serve app: a FastAPI ingress, the run's model in each replica, requests batched across clients."""
+    import asyncio
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from ray import serve
+
+    from hydra_raytrain.predict import Predictor
+
+    app = FastAPI(title=f"hydra_raytrain: {description['run']}")
+    shape, limit = tuple(description["input_shape"]), options.max_samples
+
+    @serve.deployment(
+        num_replicas=options.num_replicas,
+        ray_actor_options={
+            "num_cpus": options.num_cpus,
+            "num_gpus": options.num_gpus,
+            # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
+            "runtime_env": {"env_vars": {"PYTHONPATH": import_path()}},
+        },
+        max_ongoing_requests=max(8, 2 * options.max_batch_size),
+    )
+    @serve.ingress(app)
+    class Model:
+        def __init__(self, dataset: dict[str, Any]) -> None:
+            device = "cuda" if options.num_gpus else "cpu"
+            self.predictor = Predictor(os.path.abspath(run), [], dataset, device)
+
+        @app.get("/health")
+        def health(self) -> dict[str, Any]:
+            return {"status": "ready", **description}
+
+        @app.post("/predict")
+        async def predict(self, request: Request) -> Any:
+            try:
+                x = parse_inputs(await request.body(), shape, limit)
+            except BadRequest as error:
+                return JSONResponse({"error": error.reason}, status_code=error.status)
+            return await self.batched(x)
+
+        @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)
+        async def batched(self, requests: list[np.ndarray]) -> list[dict[str, Any]]:
+            # The model runs beside the event loop, which goes on taking requests (and /health) meanwhile
+            outputs = await asyncio.get_running_loop().run_in_executor(None, self.forward, requests)
+            return outputs
+
+        def forward(self, requests: list[np.ndarray]) -> list[dict[str, Any]]:
+            predictions, probabilities = self.predictor.answer(self.predictor.forward(np.concatenate(requests)))
+            ends = np.cumsum([len(x) for x in requests])[:-1]
+            split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
+            return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
+
+    return Model.bind(load_config(run)["dataset"])  # type: ignore[attr-defined]  # serve.deployment's
+
+
+def check_resources(options: argparse.Namespace) -> None:
+    """The replicas fit the cluster, or one ConfigError saying what does."""
+    import ray
+
+    for key, value, kind in (("--num-cpus", options.num_cpus, "CPU"), ("--num-gpus", options.num_gpus, "GPU")):
+        have = float(ray.cluster_resources().get(kind, 0))
+        if value < 0 or options.num_replicas * value > have:
+            raise ConfigError(
+                key,
+                value,
+                f"{options.num_replicas} replicas x {value:g} {kind}s each; the cluster has {have:g}.",
+                f"at most {have / max(options.num_replicas, 1):g} per replica (--num-replicas {options.num_replicas})",
+            )
+
+
+def check_port(host: str, port: int) -> None:
+    """The port is free on this machine (where a local cluster's proxy listens), or one ConfigError."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own (connections closing)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            problem = f"cannot be listened on at {host}: {error.strerror}."
+            raise ConfigError("--port", port, problem, "a free port") from None
+
+
+def serve_run(options: argparse.Namespace, address: str | None) -> tuple[str, bool]:
+    """Start Serve (unless it runs on the cluster already) and the app; returns its name and whether this command
+    started Serve (and so shuts it down)."""
+    import ray
+    from ray import serve
+
+    cfg = load_config(options.run)
+    check_config(cfg, options.run, "serve")
+    check_finished(options.run)
+    description = served(cfg, options.run)
+    if not address:
+        check_port(options.host, options.port)
+    ray.init(
+        address=address or "local",
+        logging_level="WARNING",
+        **({} if address else {"num_cpus": max(os.cpu_count() or 1, options.num_replicas * options.num_cpus)}),
+    )
+    signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets a handler of its own
+    check_resources(options)
+    logs = {"log_level": options.log_level}
+    logging.getLogger("ray.serve").setLevel(options.log_level)  # this process's Serve client too
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        started = False
+        print("Serve already runs on this cluster: its HTTP host and port stand (--host and --port are not applied).")
+    except ValueError:
+        started = True
+        serve.start(http_options={"host": options.host, "port": options.port}, logging_config=logs)
+    name = description["run"]
+    app = application(options.run, description, options)
+    serve.run(app, name=name, route_prefix="/", blocking=False, logging_config=logs)
+    return name, started
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM stops the server as Ctrl-C does: through main's ``finally``."""
+    raise KeyboardInterrupt
+
+
+def parse_options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a finished run dir (a classification, regression or Lightning run)")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
+    parser.add_argument("--num-replicas", type=int, default=1, help="model replicas answering at once")
+    parser.add_argument("--num-cpus", type=float, default=1, help="CPUs per replica")
+    parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per replica (0: CPU)")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="requests one model call answers at most")
+    parser.add_argument("--batch-wait-timeout-s", type=float, default=0.001, help="how long a batch waits to fill")
+    parser.add_argument("--max-samples", type=int, default=1024, help="samples one request may hold")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="Serve's log level (INFO: a line per request; default WARNING)"
+    )
+    parser.add_argument("--address", help="the Ray cluster to serve on (default: RAY_ADDRESS, else a local cluster)")
+    options = parser.parse_args()
+    if not os.path.isdir(options.run):
+        parser.error(f"{options.run}: no such folder")
+    for name in ("num_replicas", "max_batch_size", "max_samples"):
+        if getattr(options, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(options, name)}: at least 1")
+    return options
+
+
+def main() -> None:
+    options = parse_options()
+    try:
+        import fastapi  # noqa: F401
+        import ray.serve  # noqa: F401
+    except ImportError as error:
+        print(f"Cannot serve: {error}. {SERVE_EXTRA}", file=sys.stderr)
+        sys.exit(2)
+    import ray
+    from ray import serve
+
+    address = options.address or os.environ.get("RAY_ADDRESS")
+    name, started = "", False
+    try:
+        name, started = serve_run(options, address)
+        url = f"http://{'[' + options.host + ']' if ':' in options.host else options.host}:{options.port}"
+        print(f"Serving {options.run} at {url}/predict (POST) and {url}/health (GET). Ctrl-C stops it.", flush=True)
+        if options.host not in LOOPBACK:
+            print(f"Listening on {options.host}: anyone who can reach this machine can call the model.", flush=True)
+        while True:
+            time.sleep(3600)
+    except ConfigError as error:
+        print(str(error).replace("Invalid config", "Cannot serve this run", 1), file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("Stopping.", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if ray.is_initialized():
+            if started:
+                serve.shutdown()
+            elif name:
+                serve.delete(name)
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
