@@ -1,11 +1,13 @@
-"""Use a trained run: rebuild its model, or score it on its validation split.
+"""Use a trained run: rebuild its model, or score it on its validation or test split.
 
     python -m hydra_raytrain.evaluate outputs/runs/<name>                          # a run dir
     python -m hydra_raytrain.evaluate outputs/runs/<name>/ray_storage/<name>/epoch_0004   # one checkpoint
+    python -m hydra_raytrain.evaluate outputs/runs/<name> --split test             # its test split
 
-Prints the metrics (the names metrics.jsonl uses: val_loss, val_accuracy, ...) and writes them to
-``evaluation.json`` in that folder. Evaluation runs in this process on the CPU (or the first GPU) over the
-whole validation split, so it equals what training reported when ``trainer.limit_val_batches`` was unset.
+Prints the metrics (the names metrics.jsonl uses: val_loss, val_accuracy, ...; test_loss, ... for the test
+split) and writes them to ``evaluation.json`` (``evaluation_test.json``) in that folder. Evaluation runs in this
+process on the CPU (or the first GPU) over the whole split, so the validation figures equal what training reported
+when ``trainer.limit_val_batches`` was unset, and the test figures of the best checkpoint equal summary.json's.
 """
 
 from __future__ import annotations
@@ -17,17 +19,13 @@ import sys
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
-from hydra_raytrain.config.schema import DataLoaderConfig
+from hydra_raytrain.driver.scoring import SPLITS, load_weights, score
 from hydra_raytrain.preflight.resolvers import register_resolvers
 from hydra_raytrain.preflight.targets import check_targets
-from hydra_raytrain.recipe.lightning_setup import import_lightning, is_lightning, one_device_trainer
-from hydra_raytrain.recipe.loaders import build_loader, move_to
-from hydra_raytrain.recipe.metrics import validation_totals
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
 
 EVALUATION_FILE = "evaluation.json"
@@ -102,85 +100,38 @@ def load_model(path: str) -> torch.nn.Module | dict[str, torch.nn.Module]:
     A task with several models (a GAN) gives ``{name: model}``."""
     cfg = load_config(path)
     check_config(cfg, path)
-    return _load_model(path, cfg["model"])
+    return load_weights(path, cfg["model"])
 
 
-def _load_model(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
-    from hydra_raytrain.recipe.checkpoint import read_weights  # model.pt, or a sharded (FSDP) checkpoint
-
-    lightning_checkpoint = os.path.join(path, "checkpoint.ckpt")  # a task=lightning checkpoint folder
-    if os.path.exists(lightning_checkpoint) and not os.path.exists(os.path.join(path, "model.pt")):
-        state = torch.load(lightning_checkpoint, map_location="cpu", weights_only=False)["state_dict"]
-    else:
-        state = read_weights(path)["model"]
-    if "_target_" not in spec:
-        return {name: _build(node, state[name]) for name, node in spec.items()}
-    return _build(spec, state)
-
-
-def _build(spec: dict[str, Any], state: dict[str, Any]) -> torch.nn.Module:
-    model = instantiate(spec, _convert_="all")
-    model.load_state_dict(state)
-    return model.eval()
-
-
-def evaluate(path: str) -> dict[str, float]:
+def evaluate(path: str, split: str = "val") -> dict[str, float]:
+    """The run's (or checkpoint's) model scored on its whole ``split`` (val, or test where the run has one);
+    written to ``evaluation.json`` (``evaluation_test.json`` for the test split)."""
     cfg = load_config(path)
     check_config(cfg, path)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = _load_model(path, cfg["model"])
-    model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
-    if is_lightning(cfg["task"]["_target_"]):
-        metrics = _validate_lightning(cfg, model, device)
-    else:
-        task = instantiate(cfg["task"])
-        totals = validation_totals(task, model, _val_loader(cfg), lambda b: move_to(b, device))
-        metrics = {f"val_{name}": value for name, value in task.compute(totals).items()}
-    write_json(os.path.join(path, EVALUATION_FILE), metrics)
+    metrics = score(path, cfg, split)
+    write_json(os.path.join(path, evaluation_file(split)), metrics)
     return metrics
 
 
-def _val_loader(cfg: dict[str, Any]) -> Any:
-    """The whole validation split, read in this process: a built dataset's through a DataLoader, a streamed one's
-    files (Ray Data streamed them in training) read here."""
-    from hydra_raytrain.data.streamed import Streamed
-
-    splits = instantiate(cfg["dataset"], _convert_="all")
-    trainer = cfg["trainer"]
-    batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
-    if isinstance(splits, Streamed):
-        return splits.read("val", batch)
-    options = DataLoaderConfig(**trainer["dataloader"])
-    return build_loader(splits.val, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=options)
-
-
-def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device) -> dict[str, float]:
-    """``task=lightning``: ``lightning.Trainer.validate`` on one device, over the datamodule's validation loader
-    or the dataset's whole validation split; the metrics are what the module logs."""
-    from hydra_raytrain.recipe.lightning import quiet_lightning
-
-    quiet_lightning("WARNING")
-    trainer = one_device_trainer(import_lightning(), accelerator="gpu" if device.type == "cuda" else "cpu")
-    if cfg.get("datamodule"):
-        [logged] = trainer.validate(module, datamodule=instantiate(cfg["datamodule"], _convert_="all"), verbose=False)
-    else:
-        [logged] = trainer.validate(module, dataloaders=_val_loader(cfg), verbose=False)
-    return {name: float(value) for name, value in logged.items()}
+def evaluation_file(split: str) -> str:
+    return EVALUATION_FILE if split == "val" else EVALUATION_FILE.replace(".json", f"_{split}.json")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a run dir, or one checkpoint folder inside its Ray storage")
-    path = parser.parse_args().path
+    parser.add_argument("--split", default="val", choices=SPLITS, help="the split to score (default: val)")
+    options = parser.parse_args()
+    path = options.path
     if not os.path.isdir(path):
         parser.error(f"{path}: no such folder")
     try:
-        metrics = evaluate(path)
+        metrics = evaluate(path, options.split)
     except ConfigError as error:
         print(str(error).replace("Invalid config", "Cannot evaluate this run here", 1), file=sys.stderr)
         sys.exit(2)
     print("  ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
-    print(f"Written: {os.path.join(path, EVALUATION_FILE)}")
+    print(f"Written: {os.path.join(path, evaluation_file(options.split))}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,13 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         node = identity[section] if section else identity
         if not node.get(key):
             node.pop(key, None)
+    split: dict[str, Any] = dict(identity["dataset"])
+    identity["dataset"] = split
+    for key in ("test_fraction", "test_path", "test_size"):  # a test split, when asked for
+        if not split.get(key):
+            split.pop(key, None)
+    if str(split.get("_target_")).endswith(".torchvision_builtin") and "test_fraction" not in split:
+        split.pop("split_seed", None)  # added with test_fraction, which it draws
     if not any((identity.get("finetune") or {}).values()):
         identity.pop("finetune", None)
     if cfg["trainer"].get("data_on_device") is True:

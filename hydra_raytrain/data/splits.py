@@ -15,17 +15,59 @@ from hydra_raytrain.config.errors import ConfigError, Problems
 class Splits:
     train: Dataset
     val: Dataset
+    test: Dataset | None = None  # held out of training and validation: scored once, on the best checkpoint
 
 
 def random_split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """A reproducible train/val split of ``range(n)``; the same seed gives the same split on every worker."""
+    train, val, _ = split_indices(n, val_fraction, seed)
+    return train, val
+
+
+def split_indices(
+    n: int, val_fraction: float, seed: int, test_fraction: float = 0.0
+) -> tuple[list[int], list[int], list[int]]:
+    """Train, val and test indices of ``range(n)``: one seeded order, validation first, then the test rows (so
+    asking for a test split leaves the validation split as it was, and takes its rows from training)."""
+    check_fractions(val_fraction, test_fraction)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = max(1, round(n * val_fraction))
+    n_test = max(1, round(n * test_fraction)) if test_fraction else 0
+    if n_val + n_test >= n:
+        raise ConfigError(
+            "dataset.test_fraction", test_fraction, f"leaves no training sample of {n} (val {n_val}, test {n_test})."
+        )
+    return order[n_val + n_test :], order[:n_val], order[n_val : n_val + n_test]
+
+
+def check_fractions(val_fraction: float, test_fraction: float = 0.0) -> None:
+    """``val_fraction`` in (0, 1), ``test_fraction`` in [0, 1), and both together below 1."""
     if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
         raise ConfigError(
             "dataset.val_fraction", val_fraction, "must be between 0 and 1 (exclusive).", "a fraction, e.g. 0.2"
         )
+    if not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1 - val_fraction:
+        raise ConfigError(
+            "dataset.test_fraction",
+            test_fraction,
+            f"must be at least 0 and below 1 - dataset.val_fraction ({1 - val_fraction:g}).",
+            "a fraction, e.g. 0.1 (0: no test split)",
+        )
+
+
+def held_out(dataset: Dataset, test_fraction: float, seed: int) -> tuple[Dataset, Dataset | None]:
+    """A seeded ``test_fraction`` of ``dataset`` held out as the test split (a set whose validation split is its
+    own, like torchvision's test sets); ``(dataset, None)`` when no test split is asked for."""
+    from torch.utils.data import Subset
+
+    if not test_fraction:
+        return dataset, None
+    if not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
+        raise ConfigError("dataset.test_fraction", test_fraction, "must be at least 0 and below 1.", "e.g. 0.1")
+    n = len(dataset)  # type: ignore[arg-type]
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    n_val = max(1, round(n * val_fraction))
-    return order[n_val:], order[:n_val]
+    n_test = min(n - 1, max(1, round(n * test_fraction)))
+    return Subset(dataset, order[n_test:]), Subset(dataset, order[:n_test])
 
 
 def check_shape(

@@ -18,7 +18,7 @@ import os
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import numpy as np
@@ -49,6 +49,7 @@ class Streamed:
     num_cpus: float | None = None  # each read and decode task's CPUs (Ray's default: 1)
     concurrency: int | None = None  # the most decode tasks at once (Ray's default: as many as fit)
     table: Any = None  # one table file split by rows (data.tables.TableRows): it reads, not the files' readers
+    test_files: list[str] = field(default_factory=list)  # held out: scored once, on the best checkpoint
 
     @property
     def cpus(self) -> int:
@@ -66,7 +67,7 @@ class Streamed:
         shuffled = train and self.shuffle != "none"
         tasks = {"num_cpus": self.num_cpus} if self.num_cpus is not None else {}
         if self.table is not None:
-            return self.table.dataset(not train, self.decode, self.seed if shuffled else None, tasks)
+            return self.table.dataset("train" if train else "val", self.decode, self.seed if shuffled else None, tasks)
         # A new order every epoch (every execution), the same sequence of orders for the same seed.
         reads: dict[str, Any] = (
             {"shuffle": FileShuffleConfig(self.seed)} if shuffled and self.shuffle == "files" else {}
@@ -84,15 +85,18 @@ class Streamed:
             dataset = dataset.random_shuffle(seed=RandomSeedConfig(self.seed))
         return dataset
 
+    def files(self, split: str) -> list[str]:
+        return {"train": self.train_files, "val": self.val_files, "test": self.test_files}[split]
+
     def read(self, split: str, batch_size: int) -> Iterator[tuple[Any, Any]]:
-        """Every row of ``split`` (``train`` or ``val``), in file order, decoded into tensor batches here (pyarrow,
-        PIL; no Ray): what ``hydra_raytrain.evaluate`` scores a run on."""
+        """Every row of ``split`` (``train``, ``val`` or ``test``), in file order, decoded into tensor batches here
+        (pyarrow, PIL; no Ray): what ``hydra_raytrain.evaluate`` and the test split's score read."""
         import torch
 
         decoded_batches = (
-            self.table.read_here(split == "val", self.decode, batch_size)
+            self.table.read_here(split, self.decode, batch_size)
             if self.table is not None
-            else self._read_here(self.train_files if split == "train" else self.val_files, batch_size)
+            else self._read_here(self.files(split), batch_size)
         )
         for decoded in decoded_batches:
             yield torch.from_numpy(decoded[FEATURES]), torch.from_numpy(decoded[LABELS])
@@ -104,7 +108,7 @@ class Streamed:
 
         files = self.train_files
         if self.table is not None:  # the first training rows
-            batch = next(self.table.read_here(False, self.decode, count))
+            batch = next(self.table.read_here("train", self.decode, count))
         elif isinstance(self.decode, DecodeImages):  # a file per sample: ``count`` of them, spread over the classes
             picked = sorted({files[round(i * (len(files) - 1) / max(1, count - 1))] for i in range(count)})
             batch = next(self._read_here(picked, count))
@@ -249,9 +253,12 @@ def parquet(
     transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
     num_cpus: float | None = None,
     concurrency: int | None = None,
+    test_path: OptionalPath = None,
+    test_fraction: float = 0.0,
 ) -> Streamed:
     """Parquet files under ``path`` (a file, a folder, an ``s3://`` URI), split into train and val by whole files
-    (``val_fraction`` of them, chosen with ``split_seed``) unless ``val_path`` holds the validation files."""
+    (``val_fraction`` of them, chosen with ``split_seed``) unless ``val_path`` holds the validation files. The test
+    split, scored once on the best checkpoint: ``test_path``'s files, or ``test_fraction`` of the training files."""
     check_stream_options(shuffle, local_shuffle_buffer_size, prefetch_batches)
     names = (features,) if isinstance(features, str) else tuple(features)
     files = parquet_files(path, "dataset.path")
@@ -261,8 +268,13 @@ def parquet(
     else:
         train_files, val_files = files, parquet_files(val_path, "dataset.val_path")
         check_columns(val_files[0], (*names, label), "dataset.val_path", val_path)
-    counted = row_counts(train_files + val_files)
-    rows = {"train": sum(counted[: len(train_files)]), "val": sum(counted[len(train_files) :])}
+    train_files, test_files = test_split(train_files, test_path, test_fraction, split_seed, parquet_files)
+    if test_path is not None:
+        check_columns(test_files[0], (*names, label), "dataset.test_path", test_path)
+    counted, ends = row_counts(train_files + val_files + test_files), (len(train_files), len(train_files + val_files))
+    rows = {"train": sum(counted[: ends[0]]), "val": sum(counted[ends[0] : ends[1]])}
+    if test_files:
+        rows["test"] = sum(counted[ends[1] :])
     shape = tuple(input_shape)
     found = sample_shape(files[0], features)
     if math.prod(shape) != math.prod(found):
@@ -284,6 +296,7 @@ def parquet(
         val_files,
         rows,
         decode,
+        test_files=test_files,
         shuffle=shuffle,
         seed=split_seed,
         local_shuffle_buffer_size=local_shuffle_buffer_size,
@@ -306,10 +319,13 @@ def images(
     transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
     num_cpus: float | None = None,
     concurrency: int | None = None,
+    test_path: OptionalPath = None,
+    test_fraction: float = 0.0,
 ) -> Streamed:
     """Image files in class folders, ``path/<class>/<image>`` (a folder or an ``s3://`` prefix), read by Ray Data's
     ``read_images`` and resized to ``input_shape``; ``val_fraction`` of the images (chosen with ``split_seed``)
-    validate unless ``val_path`` holds the validation images in the same class folders."""
+    validate unless ``val_path`` holds the validation images in the same class folders. The test split:
+    ``test_path``'s images (the same class folders), or ``test_fraction`` of the training images."""
     from hydra_raytrain.data.splits import check_image_shape
     from hydra_raytrain.data.vision import check_class_count
 
@@ -322,16 +338,17 @@ def images(
         train_files, val_files = split_files(found, val_fraction, split_seed, what="images")
     else:
         train_files, val_files = found, image_files(val_path, "dataset.val_path")
-        unknown = sorted({class_of(file) for file in val_files} - set(classes))
-        if unknown:
-            raise ConfigError(
-                "dataset.val_path", val_path, f"has class folders that {path} has not: {', '.join(unknown)}.", LAYOUT
-            )
+        check_classes(val_files, classes, "dataset.val_path", val_path, path)
+    train_files, test_files = test_split(train_files, test_path, test_fraction, split_seed, image_files)
+    if test_path is not None:
+        check_classes(test_files, classes, "dataset.test_path", test_path, path)
+    rows = {"train": len(train_files), "val": len(val_files), **({"test": len(test_files)} if test_files else {})}
     return Streamed(
         train_files,
         val_files,
-        {"train": len(train_files), "val": len(val_files)},
+        rows,
         DecodeImages({name: index for index, name in enumerate(classes)}, tuple(input_shape), transform),
+        test_files=test_files,
         shuffle=shuffle,
         seed=split_seed,
         local_shuffle_buffer_size=local_shuffle_buffer_size,
@@ -339,6 +356,44 @@ def images(
         num_cpus=num_cpus,
         concurrency=concurrency,
     )
+
+
+def check_classes(files: list[str], classes: list[str], key: str, value: str, path: str) -> None:
+    unknown = sorted({class_of(file) for file in files} - set(classes))
+    if unknown:
+        raise ConfigError(key, value, f"has class folders that {path} has not: {', '.join(unknown)}.", LAYOUT)
+
+
+def test_split(
+    train_files: list[str],
+    test_path: str | None,
+    test_fraction: float,
+    seed: int,
+    listing: Callable[[str, str], list[str]],
+) -> tuple[list[str], list[str]]:
+    """The training files, and the test split's: ``test_path``'s (listed by ``listing``), or a seeded
+    ``test_fraction`` of the training files (whole files, as validation's), or none."""
+    if test_path is not None and test_fraction:
+        raise ConfigError(
+            "dataset.test_fraction", test_fraction, f"dataset.test_path ({test_path}) is the test split already.", "0"
+        )
+    if test_path is not None:
+        return train_files, listing(test_path, "dataset.test_path")
+    if not test_fraction:
+        return train_files, []
+    if not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
+        raise ConfigError("dataset.test_fraction", test_fraction, "must be at least 0 and below 1.", "e.g. 0.1")
+    if len(train_files) < 2:
+        raise ConfigError(
+            "dataset.test_fraction",
+            test_fraction,
+            f"one training file is left ({train_files[0]}), and a streamed split takes whole files.",
+            "dataset.test_path=PATH (the test files), or the data written as more files",
+        )
+    order = list(train_files)
+    random.Random(seed + 1).shuffle(order)  # another draw than validation's
+    n_test = min(len(order) - 1, max(1, round(len(order) * test_fraction)))
+    return sorted(order[n_test:]), sorted(order[:n_test])
 
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif")  # what read_images reads

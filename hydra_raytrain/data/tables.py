@@ -50,12 +50,15 @@ def table(
     memory_limit_mb: float = 1024,
     local_shuffle_buffer_size: int | None = None,
     columns: Sequence[str] | None = None,
+    test_fraction: float = 0.0,
 ) -> Any:
-    """The table's rows as ``(features float32 [F], label)`` pairs, ``val_fraction`` of them validating
-    (``val_mask``): ``Splits`` of tensors read here, or a ``Streamed`` for Ray Data (``streams_table``).
-    ``columns``: the feature columns the config resolved (``table_columns``), checked against the file's."""
+    """The table's rows as ``(features float32 [F], label)`` pairs, ``val_fraction`` of them validating and
+    ``test_fraction`` held out to test (``split_masks``): ``Splits`` of tensors read here, or a ``Streamed`` for
+    Ray Data (``streams_table``). ``columns``: the feature columns the config resolved (``table_columns``),
+    checked against the file's."""
+    fractions = (val_fraction, test_fraction)
     if streams_table(path, read, memory_limit_mb):
-        stream = streamed_table(path, input_shape, num_outputs, features, label, classes, val_fraction, split_seed)
+        stream = streamed_table(path, input_shape, num_outputs, features, label, classes, fractions, split_seed)
         check_columns(columns, stream.table.columns[:-1])
         streamed.check_stream_options("files", local_shuffle_buffer_size, 1)
         return dataclasses.replace(stream, local_shuffle_buffer_size=local_shuffle_buffer_size)
@@ -70,8 +73,11 @@ def table(
     check_input_shape(input_shape, chosen)
     x = torch.tensor(_matrix(data, chosen), dtype=torch.float32)
     y = label_tensor(data, label, classes, num_outputs)
-    val = torch.from_numpy(val_mask(np.arange(len(y)), val_threshold(len(y), val_fraction, split_seed), split_seed))
-    return Splits(TensorDataset(x[~val], y[~val]), TensorDataset(x[val], y[val]))
+    thresholds = split_thresholds(len(y), val_fraction, test_fraction, split_seed)
+    val, test = (torch.from_numpy(mask) for mask in split_masks(np.arange(len(y)), thresholds, split_seed))
+    train = ~(val | test)
+    held = TensorDataset(x[test], y[test]) if test_fraction else None
+    return Splits(TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), held)
 
 
 def check_columns(columns: Sequence[str] | None, chosen: Sequence[str]) -> None:
@@ -141,6 +147,36 @@ def val_threshold(rows: int, val_fraction: float, seed: int) -> int:
 def val_mask(positions: np.ndarray, threshold: int, seed: int) -> np.ndarray:
     """Which of the rows at ``positions`` validate."""
     return split_keys(positions, seed) <= np.uint64(threshold)
+
+
+def split_thresholds(rows: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[int, int]:
+    """The largest validating key, and the largest test key: the test rows are the ``test_fraction`` of rows
+    whose keys come next after validation's (so asking for a test split leaves validation as it was)."""
+    from hydra_raytrain.data.splits import check_fractions
+
+    check_fractions(val_fraction, test_fraction)
+    val = val_threshold(rows, val_fraction, seed)
+    if not test_fraction:
+        return val, val
+    if not split_counts(rows, val_fraction, test_fraction)["test"]:
+        raise ConfigError("dataset.test_fraction", test_fraction, f"holds no row of {rows} (a larger fraction).")
+    return val, val_threshold(rows, val_fraction + test_fraction, seed)
+
+
+def split_masks(positions: np.ndarray, thresholds: tuple[int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Which of the rows at ``positions`` validate, and which test (the rest train)."""
+    keys = split_keys(positions, seed)
+    val = keys <= np.uint64(thresholds[0])
+    return val, ~val & (keys <= np.uint64(thresholds[1]))
+
+
+def split_counts(rows: int, val_fraction: float, test_fraction: float) -> dict[str, int]:
+    """Each split's rows, from the row count alone (as ``split_thresholds`` chooses them)."""
+    n_val = validation_rows(rows, val_fraction)
+    if not test_fraction:
+        return {"train": rows - n_val, "val": n_val}
+    n_test = validation_rows(rows, val_fraction + test_fraction) - n_val
+    return {"train": rows - n_val - n_test, "val": n_val, "test": n_test}
 
 
 # Which road: the table's size in memory against dataset.memory_limit_mb.
@@ -496,7 +532,7 @@ def streamed_table(
     features: Sequence[str],
     label: str,
     classes: Sequence[str] | None,
-    val_fraction: float,
+    fractions: tuple[float, float],
     split_seed: int,
 ) -> Streamed:
     kind, location, fs, inside, _, _ = _locate(path)
@@ -521,7 +557,7 @@ def streamed_table(
             raise ConfigError(
                 "dataset.classes", list(classes), f"the label column has values it lacks: {', '.join(unknown[:5])}."
             )
-    n_val = validation_rows(rows, val_fraction)
+    thresholds = split_thresholds(rows, *fractions, split_seed)
     decode = Decode(
         tuple(columns),
         label,
@@ -529,10 +565,8 @@ def streamed_table(
         classes is not None or num_outputs > 1,
         class_names=tuple(classes) if classes is not None else None,
     )
-    source = TableRows(
-        location, kind, (*columns, label), val_threshold(rows, val_fraction, split_seed), split_seed, tuple(units)
-    )
-    counts = {"train": rows - n_val, "val": n_val}
+    source = TableRows(location, kind, (*columns, label), thresholds, split_seed, tuple(units))
+    counts = split_counts(rows, *fractions)
     return Streamed([location], [location], counts, decode, seed=split_seed, table=source)
 
 
@@ -543,22 +577,22 @@ class TableRows:
     location: str
     kind: str
     columns: tuple[str, ...]
-    threshold: int
+    thresholds: tuple[int, int]  # split_thresholds: the largest validating key, the largest test key
     seed: int
     units: tuple[tuple[int, tuple[int, ...]], ...]  # (the first row's position, the Parquet row groups)
 
-    def rows(self, validation: bool, unit: tuple[int, tuple[int, ...]]) -> Iterator[dict[str, np.ndarray]]:
-        """The unit's rows of one split, as numpy columns, in file order."""
+    def rows(self, split: str, unit: tuple[int, tuple[int, ...]]) -> Iterator[dict[str, np.ndarray]]:
+        """The unit's rows of one split (train, val or test), as numpy columns, in file order."""
         position, groups = unit
         with _parsing(self.location, self.kind):
             for batch in _batches(self.location, self.kind, self.columns, groups if self.kind == "parquet" else None):
-                keep = val_mask(np.arange(position, position + batch.num_rows), self.threshold, self.seed)
+                val, test = split_masks(np.arange(position, position + batch.num_rows), self.thresholds, self.seed)
                 position += batch.num_rows
-                kept = batch.filter(keep if validation else ~keep)
+                kept = batch.filter({"val": val, "test": test}.get(split, ~(val | test)))
                 if kept.num_rows:
                     yield {name: kept.column(name).to_numpy(zero_copy_only=False) for name in self.columns}
 
-    def dataset(self, validation: bool, decode: Decode, shuffle_seed: int | None, tasks: Mapping[str, Any]) -> Any:
+    def dataset(self, split: str, decode: Decode, shuffle_seed: int | None, tasks: Mapping[str, Any]) -> Any:
         """The split as a Ray Dataset: the units (in a new order every epoch when ``shuffle_seed`` is set), each
         read and decoded by one task of ``map_batches``."""
         import ray.data
@@ -571,16 +605,16 @@ class TableRows:
 
         def read(batch: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
             for index in batch["unit"]:
-                for rows in self.rows(validation, self.units[int(index)]):
+                for rows in self.rows(split, self.units[int(index)]):
                     yield decode(rows)
 
         return units.map_batches(read, batch_size=1, batch_format="numpy", **tasks)
 
-    def read_here(self, validation: bool, decode: Decode, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    def read_here(self, split: str, decode: Decode, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         """The split's decoded rows in file order, in batches of ``batch_size``, read in this process."""
         pending: list[dict[str, np.ndarray]] = []
         for unit in self.units:
-            for rows in self.rows(validation, unit):
+            for rows in self.rows(split, unit):
                 pending.append(decode(rows))
                 if sum(len(p[LABELS]) for p in pending) < batch_size:
                     continue

@@ -13,7 +13,7 @@ from torch.utils.data import Subset
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import ExistingDir, LocalPath
 from hydra_raytrain.data.folders import LAYOUT, train_folder
-from hydra_raytrain.data.splits import Splits, check_image_shape, random_split_indices
+from hydra_raytrain.data.splits import Splits, check_image_shape, held_out, split_indices
 
 
 def image_transform(
@@ -42,8 +42,11 @@ def torchvision_builtin(
     download: bool = False,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    test_fraction: float = 0.0,
+    split_seed: int = 0,
 ) -> Splits:
-    """``torchvision.datasets.<name>(root, train=True/False)``, e.g. MNIST, FashionMNIST, CIFAR10."""
+    """``torchvision.datasets.<name>(root, train=True/False)``, e.g. MNIST, FashionMNIST, CIFAR10: the official
+    test set validates; ``test_fraction`` of the training set (chosen with ``split_seed``) is held out to test."""
     import torchvision
 
     dataset_cls = getattr(torchvision.datasets, name, None)
@@ -71,7 +74,8 @@ def torchvision_builtin(
     classes = getattr(splits.train, "classes", None)
     if classes is not None:
         check_class_count(num_outputs, classes, f"torchvision's {name}")
-    return splits
+    train, test = held_out(splits.train, test_fraction, split_seed)
+    return Splits(train, splits.val, test)
 
 
 def check_class_count(num_outputs: int, classes: Sequence[str], where: str) -> None:
@@ -86,21 +90,26 @@ def check_class_count(num_outputs: int, classes: Sequence[str], where: str) -> N
 
 
 def fake(
-    input_shape: Sequence[int] = (3, 32, 32), num_outputs: int = 10, train_size: int = 1024, val_size: int = 256
+    input_shape: Sequence[int] = (3, 32, 32),
+    num_outputs: int = 10,
+    train_size: int = 1024,
+    val_size: int = 256,
+    test_size: int = 0,
 ) -> Splits:
     """Random images (torchvision.datasets.FakeData) for throughput tests; deterministic per index."""
     import torchvision
     from torchvision import transforms as T
 
     check_image_shape(input_shape)
-    for key, size in (("dataset.train_size", train_size), ("dataset.val_size", val_size)):
-        if size < 1:
-            raise ConfigError(key, size, "must be >= 1.")
+    for key, size, least in (("train_size", train_size, 1), ("val_size", val_size, 1), ("test_size", test_size, 0)):
+        if size < least:
+            raise ConfigError(f"dataset.{key}", size, f"must be >= {least}.")
 
     def make(size: int, offset: int):
         return torchvision.datasets.FakeData(size, tuple(input_shape), num_outputs, T.ToTensor(), random_offset=offset)
 
-    return Splits(make(train_size, 0), make(val_size, train_size))
+    test = make(test_size, train_size + val_size) if test_size else None
+    return Splits(make(train_size, 0), make(val_size, train_size), test)
 
 
 def imagefolder(
@@ -111,26 +120,44 @@ def imagefolder(
     split_seed: int = 0,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    test_fraction: float = 0.0,
 ) -> Splits:
     """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
-    Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way."""
+    Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way. The test
+    split: ``root/test/<class>/*`` where it exists, else a seeded ``test_fraction`` of train (0: none)."""
     transform = image_transform(input_shape, mean, std)
     train_dir = train_folder(root)
     train = _image_folder(train_dir, transform, root)
     check_class_count(num_outputs, train.classes, f"{train_dir} (class folders)")
-    val_dir = os.path.join(root, "val")
-    if train_dir != root and os.path.isdir(val_dir):
-        val = _image_folder(val_dir, transform, root)
-        if val.classes != train.classes:
-            raise ConfigError(
-                "dataset.root",
-                root,
-                f"{val_dir} has classes {val.classes}, {train_dir} has {train.classes}.",
-                "the same class folders under train/ and val/",
-            )
-        return Splits(train, val)
-    train_idx, val_idx = random_split_indices(len(train), val_fraction, split_seed)
-    return Splits(Subset(train, train_idx), Subset(train, val_idx))
+    val, test = (  # beside train/ only: in torchvision's layout they would be class folders
+        _same_classes(os.path.join(root, name), train, transform, root) if train_dir != root else None
+        for name in ("val", "test")
+    )
+    if test is not None and test_fraction:
+        raise ConfigError(
+            "dataset.test_fraction", test_fraction, f"{os.path.join(root, 'test')} is the test split already.", "0"
+        )
+    if val is not None:
+        train, held = held_out(train, test_fraction, split_seed)
+        return Splits(train, val, test if test is not None else held)
+    train_idx, val_idx, test_idx = split_indices(len(train), val_fraction, split_seed, test_fraction)
+    parts = Subset(train, train_idx), Subset(train, val_idx), Subset(train, test_idx) if test_idx else test
+    return Splits(*parts)
+
+
+def _same_classes(folder: str, train: Any, transform: Any, root: str) -> Any:
+    """The image folder beside ``train/`` (val/ or test/) where it exists, with the same class folders."""
+    if not os.path.isdir(folder):
+        return None
+    found = _image_folder(folder, transform, root)
+    if found.classes != train.classes:
+        raise ConfigError(
+            "dataset.root",
+            root,
+            f"{folder} has classes {found.classes}, {train.root} has {train.classes}.",
+            f"the same class folders under train/ and {os.path.basename(folder)}/",
+        )
+    return found
 
 
 def _image_folder(folder: str, transform: Any, root: str) -> Any:

@@ -64,8 +64,13 @@ def summary_table(summary: dict[str, Any]):
     table.add_column("metric")
     table.add_column("final", justify="right")
     table.add_column(f"best ({monitor}, epoch {best.get('epoch', '-')})", justify="right")
+    test = {k: v for k, v in (summary.get("test") or {}).items() if k.startswith("test_")}
+    if test:  # the best checkpoint on the test split: beside each val_ metric
+        table.add_column("test (best checkpoint)", justify="right")
     for name in sorted(key for key in final if key.startswith(("train_", "val_"))):
-        table.add_row(name, f"{final[name]:.4f}", f"{best[name]:.4f}" if name in best else "-")
+        scored = test.get(name.replace("val_", "test_", 1)) if name.startswith("val_") else None
+        row = [name, f"{final[name]:.4f}", f"{best[name]:.4f}" if name in best else "-"]
+        table.add_row(*row, *([f"{scored:.4f}" if scored is not None else ""] if test else []))
     table.add_section()
     table.add_row("epochs", str(summary["epochs_completed"]), "")
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s", "")

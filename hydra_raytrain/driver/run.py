@@ -29,6 +29,7 @@ from hydra_raytrain.data import roads, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.preflight import preflight
+from hydra_raytrain.driver.scoring import has_test_split, score
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
@@ -173,7 +174,7 @@ def _fit(
     if local_mode:  # local mode runs no callbacks: write the epochs it returned
         for metrics in outcome.history:
             epoch_log.write(metrics)
-    return _conclude(outcome, summarize, run_dir)
+    return _conclude(outcome, summarize, run_dir, result)
 
 
 def _trainer_factory(
@@ -243,8 +244,9 @@ class Summary:
         return summary
 
 
-def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str) -> dict[str, Any]:
-    """A preempted run's summary and how to resume it; a completed one's ``model.pt`` and summary."""
+def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: Any = None) -> dict[str, Any]:
+    """A preempted run's summary and how to resume it; a completed one's ``model.pt``, its test split's score
+    (where the dataset has one) and summary."""
     if outcome.status == "preempted":
         summary = summarize("preempted", preempted_by=outcome.notice)
         print(
@@ -256,9 +258,60 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str) -> dict[s
     assert outcome.weights is not None, outcome.status
     with open(os.path.join(run_dir, rundir.MODEL_FILE), "wb") as file:
         file.write(outcome.weights)
-    summary = summarize("completed")
+    test = _test_best(summarize.resolved, run_dir, result) if has_test_split(summarize.resolved.dataset) else None
+    if test and "error" not in test:
+        _log_test(summarize.resolved, run_dir, test)
+    summary = summarize("completed", test=test) if test else summarize("completed")
     print(f"Run dir: {run_dir}", flush=True)
     return summary
+
+
+def _test_best(resolved: Resolved, run_dir: str, result: Any) -> dict[str, Any]:
+    """The best checkpoint (by ``trainer.monitor``; the final model where Ray kept no checkpoint with it, as in
+    local mode) scored on the dataset's test split, here on the driver: every test sample once. A failure warns and
+    is recorded; the trained run stands."""
+    trainer = resolved.trainer
+    monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
+    kept = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if m.get(monitor) is not None]
+    best = (max if mode == "max" else min)(kept, key=lambda pair: pair[1][monitor]) if kept else None
+    cfg = resolved.to_dict()
+    try:
+        if best is None:
+            metrics = score(run_dir, cfg, "test")
+            where, epoch = os.path.join(run_dir, rundir.MODEL_FILE), None
+        else:
+            with best[0].as_directory() as folder:
+                metrics = score(folder, cfg, "test")
+            where, epoch = _checkpoint_uri(best[0]), best[1].get("epoch")
+    except Exception as error:  # noqa: BLE001  (training completed: its model and summary are written regardless)
+        print(f"WARNING: the test split was not scored: {one_line(error)}", file=sys.stderr, flush=True)
+        return {"error": one_line(error)}
+    shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    chosen = f"the checkpoint of epoch {epoch}, best {monitor}" if best is not None else "the final model"
+    print(f"Test ({chosen}): {shown}", flush=True)
+    return {**metrics, "checkpoint": where, "epoch": epoch, "monitor": monitor}
+
+
+def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
+    """The test metrics to the run's loggers, at the last epoch's step (the same W&B run: its id is the run's)."""
+    if not resolved.logger:
+        return
+    from hydra_raytrain.loggers.base import replay
+
+    metrics = {key: value for key, value in test.items() if key.startswith("test_")}
+    epochs = len(rundir.read_history(run_dir))
+    replay(
+        resolved.logger,
+        {"cfg": resolved.to_dict(), "run_name": resolved.run_name()},
+        run_dir,
+        [{**metrics, "epoch": epochs}],
+    )
+
+
+def _checkpoint_uri(checkpoint: Any) -> str:
+    """A checkpoint's place as a user names it: a local path, or ``s3://bucket/...``."""
+    kind = type(checkpoint.filesystem).__name__
+    return f"s3://{checkpoint.path}" if kind == "S3FileSystem" else checkpoint.path
 
 
 def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
@@ -287,7 +340,9 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
         return summary
     _tracker_env(missing)
     history = rundir.read_history(run_dir)
-    logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, history)
+    tested = {k: v for k, v in (summary.get("test") or {}).items() if k.startswith("test_")}
+    logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
+    logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs)
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)

@@ -1,7 +1,8 @@
 """``dataset=table`` on 2 workers of the session's cluster, through the CLI: a CSV with string classes read into
 each worker's memory (the in-worker tensor path), and a Parquet file above ``dataset.memory_limit_mb`` streamed
 by Ray Data; on both roads the same rows validate, every one counted once per epoch, and the class mapping is
-kept with the run and read back by ``evaluate``."""
+kept with the run and read back by ``evaluate``. Both hold a test split out (``dataset.test_fraction``): the best
+checkpoint scores every test row once after training, as ``evaluate --split test`` does later."""
 
 import json
 import os
@@ -17,6 +18,7 @@ import torch
 from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
 from tests.conftest import ROOT, run_cli
+from tests.helpers.loggers import read_scalars
 
 pytestmark = pytest.mark.integration
 
@@ -38,6 +40,8 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
         "task._target_=tests.helpers.tasks.Counted",
         "trainer.max_epochs=12",
         "optimizer.lr=0.01",
+        "dataset.test_fraction=0.2",
+        "logger=tensorboard",
         "hydra.run.dir=run",
     ]
     done = run_cli(args, cwd=str(tmp_path))
@@ -54,6 +58,25 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     assert history[-1]["val_accuracy"] >= 0.9, history[-1]
     evaluated = evaluate(str(tmp_path / "run"))  # the file read again, mapped with the run's classes
     assert evaluated["val_samples"] == 30 and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
+    # The test split: 30 more rows held out of training (validation kept its own), scored once on the best
+    # checkpoint after training; the same figures from evaluate --split test, and in the run's logger
+    _, test = tables.split_masks(np.arange(150), tables.split_thresholds(150, 0.2, 0.2, 0), 0)
+    test_label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in np.flatnonzero(test))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    tested = summary["test"]
+    assert (tested["test_samples"], tested["test_label_sum"], tested["monitor"]) == (30, test_label_sum, "val_accuracy")
+    best = max(history, key=lambda m: m["val_accuracy"])  # the first of equals, as Ray's checkpoint manager
+    assert (
+        tested["epoch"] == summary["best"]["epoch"]
+        and history[tested["epoch"] - 1]["val_accuracy"] == best["val_accuracy"]
+    )
+    assert (
+        tested["checkpoint"].endswith(f"epoch_{tested['epoch']:04d}") and "Test (the checkpoint of epoch" in done.stdout
+    )
+    again = evaluate(tested["checkpoint"], split="test")
+    assert all(abs(again[name] - tested[name]) < 1e-6 for name in again), (again, tested)
+    scalars = read_scalars(tmp_path / "run" / "tensorboard")
+    assert [round(v, 5) for _, v in scalars["test_accuracy"]] == [round(tested["test_accuracy"], 5)]
 
 
 def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_the_memory_road_would(
@@ -71,6 +94,7 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
         "dataset.path=t.parquet",
         "dataset.label=species",
         "dataset.memory_limit_mb=0.01",  # the file's columns take 0.03 MB: auto streams them
+        "dataset.test_fraction=0.1",
         "model=mlp",
         "task._target_=tests.helpers.tasks.Counted",
         "trainer.max_epochs=4",
@@ -88,6 +112,9 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     assert history[-1]["val_accuracy"] >= 0.8, history[-1]
     evaluated = evaluate(str(tmp_path / "run"))  # the stream read again here, mapped with the run's classes
     assert evaluated["val_samples"] == len(whole.val) and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
+    held = tables.table(str(tmp_path / "t.parquet"), [4], 3, ["*"], "species", sorted(SPECIES), test_fraction=0.1)
+    tested = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]  # the streamed road's test rows
+    assert (tested["test_samples"], tested["test_label_sum"]) == (len(held.test), int(held.test.tensors[1].sum()))
 
     # Batch predictions of the same file on the cluster: 2 model actors, every row once, as load_model computes
     done = subprocess.run(

@@ -122,6 +122,19 @@ def test_both_roads_keep_the_same_rows_in_the_same_order_and_count_them_before_r
             assert torch.equal(x, getattr(whole, split).tensors[0]) and torch.equal(y, getattr(whole, split).tensors[1])
         x, y = stream.sample(3)
         assert torch.equal(x, whole.train.tensors[0][:3]) and torch.equal(y, whole.train.tensors[1][:3])
+    # A test split: validation as it was, the test rows taken from training, the same on both roads
+    whole_test = table(str(tmp_path / "t.csv"), *args, read="memory", test_fraction=0.25)
+    assert torch.equal(whole_test.val.tensors[0], whole.val.tensors[0]) and len(whole_test.test) == 10
+    assert len(whole_test.train) == 22 and whole.test is None
+    stream = table(str(tmp_path / "t.parquet"), *args, read="stream", test_fraction=0.25)
+    assert stream.rows == {"train": 22, "val": 8, "test": 10}
+    for split in ("train", "val", "test"):
+        x, _ = (torch.cat(parts) for parts in zip(*stream.read(split, batch_size=5), strict=True))
+        assert torch.equal(x, getattr(whole_test, split).tensors[0])
+    every = torch.cat([whole_test.train.tensors[0], whole_test.val.tensors[0], whole_test.test.tensors[0]])
+    assert sorted(map(tuple, every.tolist())) == sorted(
+        map(tuple, torch.cat([whole.train.tensors[0], whole.val.tensors[0]]).tolist())
+    )
     path = str(tmp_path / "t.parquet")
     kept = table(path, *args, read="stream", local_shuffle_buffer_size=64, columns=["width", "height"])
     assert kept.local_shuffle_buffer_size == 64  # the streamed road's row mixing, as dataset=parquet's

@@ -1,0 +1,113 @@
+"""A trained model scored on one whole split, in this process (the CPU, or the first GPU): what ``evaluate``
+prints and what the driver reports as ``summary.json``'s ``test`` after training.
+
+The metrics are the task's own, every sample once (``validation_totals``), named for the split: ``val_loss``,
+``test_accuracy``, ... A Lightning run is validated by ``lightning.Trainer`` over the split's loader (its
+``val_*`` names renamed for the test split)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.schema import DataLoaderConfig
+from hydra_raytrain.recipe.lightning_setup import import_lightning, is_lightning, one_device_trainer
+from hydra_raytrain.recipe.loaders import build_loader, move_to
+from hydra_raytrain.recipe.metrics import validation_totals
+
+SPLITS = ("val", "test")
+
+
+def has_test_split(dataset: dict[str, Any]) -> bool:
+    """Whether the config asks for a test split (``test_fraction``, ``test_path``, ``test_size``, or an image
+    folder's ``test/`` beside its ``train/``), without building the dataset."""
+    if any(dataset.get(key) for key in ("test_fraction", "test_path", "test_size")):
+        return True
+    root = dataset.get("root")
+    if str(dataset.get("_target_", "")).endswith(".imagefolder") and isinstance(root, str):
+        return os.path.isdir(os.path.join(root, "train")) and os.path.isdir(os.path.join(root, "test"))
+    return False
+
+
+def load_weights(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
+    """The model ``spec`` builds, with the weights of ``path`` (a run dir's model.pt, a checkpoint folder, a
+    sharded FSDP checkpoint read whole, a Lightning checkpoint), in eval mode; a task of several: ``{name: model}``."""
+    from hydra_raytrain.recipe.checkpoint import read_weights
+
+    lightning_checkpoint = os.path.join(path, "checkpoint.ckpt")  # a task=lightning checkpoint folder
+    if os.path.exists(lightning_checkpoint) and not os.path.exists(os.path.join(path, "model.pt")):
+        state = torch.load(lightning_checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    else:
+        state = read_weights(path)["model"]
+    if "_target_" not in spec:
+        return {name: _build(node, state[name]) for name, node in spec.items()}
+    return _build(spec, state)
+
+
+def _build(spec: dict[str, Any], state: dict[str, Any]) -> torch.nn.Module:
+    model = instantiate(spec, _convert_="all")
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, float]:
+    """The weights at ``path`` scored on the whole ``split`` of the run's dataset (``cfg``: its resolved config)."""
+    if split not in SPLITS:
+        raise ConfigError("--split", split, "is no split to score.", " | ".join(SPLITS))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_weights(path, cfg["model"])
+    model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
+    if is_lightning(cfg["task"]["_target_"]):
+        return _validate_lightning(cfg, model, device, split)
+    task = instantiate(cfg["task"])
+    totals = validation_totals(task, model, split_loader(cfg, split), lambda b: move_to(b, device))
+    return {f"{split}_{name}": value for name, value in task.compute(totals).items()}
+
+
+def split_loader(cfg: dict[str, Any], split: str) -> Any:
+    """The whole split, read in this process: a built dataset's through a DataLoader, a streamed one's files
+    (Ray Data streamed them in training) read here. A split the dataset does not have: one ConfigError."""
+    from hydra_raytrain.data.streamed import Streamed
+
+    built = instantiate(cfg["dataset"], _convert_="all")
+    trainer = cfg["trainer"]
+    batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
+    if isinstance(built, Streamed):
+        if split == "test" and "test" not in built.rows:
+            raise _no_test_split(cfg)
+        return built.read(split, batch)
+    dataset = getattr(built, split)
+    if dataset is None:
+        raise _no_test_split(cfg)
+    options = DataLoaderConfig(**trainer["dataloader"])
+    return build_loader(dataset, batch, train=False, rank=0, world_size=1, seed=trainer["seed"], options=options)
+
+
+def _no_test_split(cfg: dict[str, Any]) -> ConfigError:
+    return ConfigError(
+        "--split",
+        "test",
+        f"the run's dataset ({cfg['dataset'].get('_target_')}) has no test split.",
+        "a run trained with dataset.test_fraction (or dataset.test_path, an image folder's test/); or --split val",
+    )
+
+
+def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device, split: str) -> dict[str, float]:
+    """``task=lightning``: ``lightning.Trainer.validate`` on one device, over the datamodule's validation loader
+    or the dataset's whole split; the metrics are what the module logs (``val_*`` named for the split)."""
+    from hydra_raytrain.recipe.lightning import quiet_lightning
+
+    quiet_lightning("WARNING")
+    trainer = one_device_trainer(import_lightning(), accelerator="gpu" if device.type == "cuda" else "cpu")
+    if cfg.get("datamodule"):
+        if split != "val":
+            raise _no_test_split(cfg)
+        [logged] = trainer.validate(module, datamodule=instantiate(cfg["datamodule"], _convert_="all"), verbose=False)
+    else:
+        [logged] = trainer.validate(module, dataloaders=split_loader(cfg, split), verbose=False)
+    rename = (lambda name: name) if split == "val" else (lambda name: name.replace("val_", f"{split}_", 1))
+    return {rename(name): float(value) for name, value in logged.items()}
