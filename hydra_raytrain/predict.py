@@ -5,12 +5,15 @@
 
 INPUT is a Parquet, CSV or JSON-lines file, or a folder (or ``s3://`` prefix) of them, with the columns the run
 trained on: a ``dataset=table`` run's features (its names and patterns, as in training) or a ``dataset=parquet``
-run's features column(s). Each row is decoded as training decoded it (the same column mapping and
-``input_shape``), the model is the run's (``load_model``), and the output is a folder of Parquet files: the
-input's other columns (ids, labels) carried through, ``prediction`` (the class, by name when the run's classes
-are strings; the value for regression) and, for classification, ``probabilities`` (one per class, in class
-order). Rows come back in no particular order: carry an id column to join them. The cluster: ``--address``, else
-the environment's ``RAY_ADDRESS``, else a local one.
+run's features column(s). For a run trained on images (``imagefolder``, ``images``, ``mnist``, ``cifar10``, ...)
+INPUT is an image file or a folder (or ``s3://`` prefix) of images, class folders or not. Each row or image is
+decoded as training decoded it (the same column mapping, image transforms and ``input_shape``), the model is the
+run's (``load_model``), and the output is a folder of Parquet files: the input's other columns (ids, labels; an
+image's ``path``, and its class folder as ``label`` where that is one of the run's classes) carried through,
+``prediction`` (the class, by name when the run's classes are strings; the value for regression) and, for
+classification, ``probabilities`` (one per class, in class order). Rows come back in no particular order: carry
+an id column to join them. The output must not exist yet (a path, or an ``s3://`` prefix with nothing under it).
+The cluster: ``--address``, else the environment's ``RAY_ADDRESS``, else a local one.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.driver.run import import_path
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
@@ -38,6 +41,69 @@ READERS = {
     ".ndjson": "read_json",
 }
 INPUTS = "a .parquet, .csv or .jsonl file, or a folder (or s3:// prefix) of them"
+IMAGE_INPUTS = "an image file, or a folder (or s3:// prefix) of images (.png, .jpg, ...)"
+IMAGE_BUILDERS = ("imagefolder", "torchvision_builtin", "images")  # hydra_raytrain.data's, by name
+
+
+def image_builder(dataset: dict[str, Any]) -> str | None:
+    """The image dataset kind a run trained on (its preprocessing is predict's), or None."""
+    target = str(dataset.get("_target_", ""))
+    name = target.rsplit(".", 1)[-1]
+    return name if target.startswith("hydra_raytrain.data.") and name in IMAGE_BUILDERS else None
+
+
+def class_names(dataset: dict[str, Any]) -> list[str] | None:
+    """An image run's class names (its class folders, sorted as training indexed them), where its training
+    folder is still there; else None (predictions are then class indices)."""
+    kind = image_builder(dataset)
+    if kind == "torchvision_builtin":
+        return None
+    if kind == "imagefolder":
+        from hydra_raytrain.data.folders import train_folder
+
+        folder = train_folder(dataset["root"]) if os.path.isdir(dataset["root"]) else None
+        return sorted(e.name for e in os.scandir(folder) if e.is_dir()) if folder else None
+    try:
+        return sorted({streamed.class_of(file) for file in streamed.image_files(dataset["path"])})
+    except ConfigError:
+        return None
+
+
+class ImageDecoder:
+    """One image file's bytes to a model input, as the run's dataset decoded its images in training: an image
+    folder's and torchvision's sets through ``image_transform`` (an image folder's images opened as RGB first, as
+    ImageFolder opens them), a streamed ``images`` run's as ``read_images`` loads them, then its ``transform``."""
+
+    def __init__(self, dataset: dict[str, Any]) -> None:
+        from hydra.utils import instantiate
+
+        self.kind, self.shape = image_builder(dataset), tuple(int(n) for n in dataset["input_shape"])
+        if self.kind == "images":
+            transform = dataset.get("transform")
+            self.transform = instantiate(transform, _convert_="all") if transform else None
+        else:
+            from hydra_raytrain.data.vision import image_transform
+
+            self.transform = image_transform(self.shape, dataset.get("mean"), dataset.get("std"))
+
+    def __call__(self, images: list[bytes]) -> np.ndarray:
+        import io
+
+        from PIL import Image
+
+        opened: list[Any] = [Image.open(io.BytesIO(data)) for data in images]
+        if self.kind != "images":
+            if self.kind == "imagefolder":
+                opened = [image.convert("RGB") for image in opened]
+            return np.stack([self.transform(image).numpy() for image in opened]).astype(np.float32)  # type: ignore[misc]
+        channels, height, width = self.shape
+        mode = "L" if channels == 1 else "RGB"
+        loaded = [streamed.resized(image, (height, width), mode) for image in opened]
+        x = np.asarray(loaded, dtype=np.float32) / 255.0
+        x = np.ascontiguousarray(x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2))
+        if self.transform is None:
+            return x
+        return self.transform({streamed.FEATURES: x, streamed.LABELS: np.zeros(len(x), np.int64)})[streamed.FEATURES]
 
 
 def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, Any]) -> list[str]:
@@ -68,8 +134,9 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
         raise ConfigError(
             "RUN_DIR",
             dataset["_target_"],
-            "predict reads the inputs of runs trained on tables: dataset=table and dataset=parquet runs.",
-            "a run trained on dataset=table or dataset=parquet (for other runs: load_model(run) in your own loop)",
+            "predict reads the inputs of runs trained on tables (dataset=table, parquet) and images (dataset="
+            "imagefolder, images, mnist, fashion_mnist, cifar10).",
+            "such a run (for others: load_model(run) in your own loop)",
         )
     missing = [name for name in chosen if name not in names]
     if missing:
@@ -80,9 +147,17 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
 
 
 class Predictor:
-    """One actor of the pool: the run's model, and each batch's rows decoded, predicted and written back."""
+    """One actor of the pool: the run's model, and each batch's rows (or images) decoded, predicted and written
+    back. ``classes``: an image run's class names (its dataset node holds a table run's)."""
 
-    def __init__(self, run: str, features: list[str], dataset: dict[str, Any], device: str = "cpu") -> None:
+    def __init__(
+        self,
+        run: str,
+        features: list[str],
+        dataset: dict[str, Any],
+        device: str = "cpu",
+        classes: list[str] | None = None,
+    ) -> None:
         import torch
         from hydra.utils import instantiate
 
@@ -92,9 +167,10 @@ class Predictor:
         self.torch, self.device = torch, torch.device(device)
         self.model = Exported(load_model(run)).to(self.device).eval()  # type: ignore[arg-type]
         self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
-        self.classes = dataset.get("classes")
+        self.classes = classes or dataset.get("classes")
         self.outputs = int(dataset.get("num_outputs") or 1)
-        transform = dataset.get("transform")  # a Parquet run's, applied to its decoded batches as in training
+        self.images = ImageDecoder(dataset) if image_builder(dataset) else None
+        transform = dataset.get("transform") if self.images is None else None  # an images run's: its decoder's
         self.transform = instantiate(transform, _convert_="all") if transform else None
 
     def __call__(self, batch: Any) -> Any:
@@ -102,6 +178,11 @@ class Predictor:
 
         prediction, probabilities = self.answer(self.forward(self.decode(batch)))
         carried = {name: batch.column(name) for name in batch.column_names if name not in self.features}
+        if self.images is not None:  # an image's path, and its class folder where it names one of the run's
+            paths = batch.column("path").to_pylist()
+            folders = [streamed.class_of(path) for path in paths]
+            known = set(self.classes or ())
+            carried = {"path": pa.array(paths), "label": pa.array([f if f in known else None for f in folders])}
         if probabilities is None:
             return pa.table({**carried, "prediction": pa.array(prediction)})
         probs = pa.FixedSizeListArray.from_arrays(pa.array(probabilities.ravel()), self.outputs)
@@ -128,6 +209,8 @@ class Predictor:
         return ([self.classes[i] for i in index] if self.classes else index.astype(np.int64)), probabilities
 
     def decode(self, batch: Any) -> np.ndarray:
+        if self.images is not None:
+            return self.images(batch.column("bytes").to_pylist())
         if len(self.features) == 1 and math.prod(self.shape) > 1:  # one column of arrays
             values = streamed.dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
         else:
@@ -152,6 +235,36 @@ def read_input(path: str) -> Any:
     return getattr(ray.data, READERS[suffix])(location, **options)
 
 
+def read_images(path: str) -> Any:
+    """An image run's input: every image file at ``path`` as its bytes and path (decoded by the actors)."""
+    import ray.data
+
+    location = tables.absolute_location(path)
+    found = [
+        f for f in streamed._listing(location, "INPUT", IMAGE_INPUTS) if f.lower().endswith(streamed.IMAGE_EXTENSIONS)
+    ]
+    if not found:
+        raise ConfigError("INPUT", path, "holds no image file.", IMAGE_INPUTS)
+    return ray.data.read_binary_files(found, include_paths=True)
+
+
+def check_output(output: str) -> str:
+    """The output's location, which must not exist yet (a path, or an ``s3://`` prefix with nothing under it)."""
+    import pyarrow.fs
+
+    location = tables.absolute_location(output)
+    try:
+        fs, inside = streamed.filesystem_of(location)
+        taken = fs.get_file_info(inside).type != pyarrow.fs.FileType.NotFound
+        if not taken and "://" in location:  # a prefix with objects under it, which S3 lists but does not "have"
+            taken = bool(fs.get_file_info(pyarrow.fs.FileSelector(inside, allow_not_found=True)))
+    except OSError as error:
+        raise ConfigError("--output", output, f"cannot be checked: {one_line(error)}", "a reachable location") from None
+    if taken:
+        raise ConfigError("--output", output, "exists: predictions go to a new folder.", "a path that does not exist")
+    return location
+
+
 def predict(
     run: str, input: str, output: str, num_workers: int = 1, batch_size: int = 256, num_gpus: float = 0
 ) -> dict[str, Any]:
@@ -162,9 +275,8 @@ def predict(
     cfg = load_config(run)
     check_config(cfg, run, "predict")
     check_finished(run)
-    location = tables.absolute_location(output)
-    if "://" not in location and os.path.exists(location):
-        raise ConfigError("--output", output, "exists: predictions go to a new folder.", "a path that does not exist")
+    location = check_output(output)
+    images = image_builder(cfg["dataset"]) is not None
     import ray
 
     gpus = float(ray.cluster_resources().get("GPU", 0))
@@ -181,12 +293,15 @@ def predict(
             f"1 to {max(1, cpus - 1)}",
         )
     started = time.time()
-    data = read_input(input)
-    schema = data.schema()
-    names = list(schema.names)
-    numbers = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
-    types = {name: any(test(kind) for test in numbers) for name, kind in zip(names, schema.types, strict=True)}
-    features = input_columns(cfg["dataset"], names, types)
+    if images:
+        data, features = read_images(input), ["bytes", "path"]
+    else:
+        data = read_input(input)
+        schema = data.schema()
+        names = list(schema.names)
+        numbers = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+        types = {name: any(test(kind) for test in numbers) for name, kind in zip(names, schema.types, strict=True)}
+        features = input_columns(cfg["dataset"], names, types)
     predictions = data.map_batches(
         Predictor,
         fn_constructor_kwargs={
@@ -194,6 +309,7 @@ def predict(
             "features": features,
             "dataset": cfg["dataset"],
             "device": "cuda" if num_gpus else "cpu",
+            "classes": class_names(cfg["dataset"]) if images else None,
         },
         compute=ActorPoolStrategy(size=num_workers),
         batch_size=batch_size,
@@ -213,8 +329,8 @@ def predict(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", help="a finished run dir (trained on dataset=table or dataset=parquet)")
-    parser.add_argument("input", help=INPUTS)
+    parser.add_argument("run", help="a finished run dir (trained on a table, or on images)")
+    parser.add_argument("input", help=f"{INPUTS}; for an image run: {IMAGE_INPUTS}")
     parser.add_argument("--output", required=True, help="the folder of Parquet files to write (a path or s3://)")
     parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
     parser.add_argument("--batch-size", type=int, default=256, help="rows per model call")

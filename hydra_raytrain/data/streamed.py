@@ -179,7 +179,13 @@ def load_image(path: str, size: tuple[int, int], mode: str) -> np.ndarray:
 
     fs, location = filesystem_of(path)
     with fs.open_input_file(location) as file:
-        image: Image.Image = Image.open(io.BytesIO(file.readall()))
+        return resized(Image.open(io.BytesIO(file.readall())), size, mode)
+
+
+def resized(image: Any, size: tuple[int, int], mode: str) -> np.ndarray:
+    """A PIL image at ``size`` (height, width) in ``mode``, as ``read_images`` makes it."""
+    from PIL import Image
+
     if image.size != tuple(reversed(size)):
         image = image.resize((size[1], size[0]), resample=Image.Resampling.BILINEAR)
     if image.mode != mode:

@@ -2,16 +2,21 @@
 across two workers, validated once per sample, resumed after a killed worker."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
+import torch
 from PIL import Image
 
-from hydra_raytrain import evaluate, train
+from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.data.streamed import split_files
-from tests.conftest import compose_config
+from hydra_raytrain.predict import ImageDecoder
+from tests.conftest import ROOT, compose_config
 from tests.helpers.data import write_digits_parquet
 
 pytestmark = pytest.mark.integration
@@ -109,3 +114,26 @@ def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the
     assert failure["retried"] is True and failure["why"] == "a worker process died", failure
     # evaluate reads the validation images from S3 itself, every one of them (training validated 2 batches).
     assert evaluate(str(tmp_path / "run"))["val_accuracy"] >= 0.9
+
+    # Batch predictions of one class folder on S3, written to S3: decoded as training decoded them (read_images'
+    # resize, the run's transform), each image once, its class folder carried as its label; an output that
+    # exists on S3 is refused.
+    command = [sys.executable, "-m", "hydra_raytrain.predict", str(tmp_path / "run"), "s3://images-bucket/shades/mid"]
+    command += ["--output", "s3://images-bucket/predicted", "--address", ray_address]
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}
+    )
+    assert done.returncode == 0 and "Predicted 40 rows in" in done.stdout, done.stderr[-3000:]
+    predicted = pq.read_table("images-bucket/predicted", filesystem=s3).to_pydict()
+    assert sorted(predicted["path"]) == [f"images-bucket/shades/mid/{i:02d}.png" for i in range(40)]
+    assert set(predicted["label"]) == {"mid"} and predicted["prediction"].count("mid") >= 36, predicted["prediction"]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    local = [(tmp_path / "shades" / "mid" / os.path.basename(path)).read_bytes() for path in predicted["path"]]
+    with torch.no_grad():
+        x = torch.from_numpy(ImageDecoder(config["dataset"])(local))
+        expected = torch.softmax(load_model(str(tmp_path / "run"))(x), dim=1)
+    assert torch.allclose(torch.tensor(predicted["probabilities"]), expected, atol=1e-5)
+    again = subprocess.run(
+        command, capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}
+    )
+    assert again.returncode == 2 and "--output='s3://images-bucket/predicted': exists" in again.stderr, again.stderr

@@ -21,6 +21,7 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
         "storage.name=s3run",
         "debug=smoke",
         "trainer.limit_val_batches=null",
+        "dataset.test_fraction=0.1",
     ]
     train(compose_config(*overrides, "trainer.max_epochs=1"), run_dir=str(tmp_path / "first"))
     summary = train(compose_config(*overrides, "trainer.max_epochs=2"), run_dir=str(tmp_path / "second"))
@@ -42,6 +43,12 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
         destination_filesystem=pyarrow.fs.LocalFileSystem(),
     )
     assert abs(evaluate(str(local))["val_loss"] - summary["final"]["val_loss"]) <= 1e-5
+    # The test split was scored on the best checkpoint, read from S3 by the driver
+    tested = summary["test"]
+    assert tested["checkpoint"] == f"s3://runs-bucket/team/s3run/epoch_{tested['epoch']:04d}"
+    (tmp_path / "best").mkdir()
+    pyarrow.fs.copy_files(tested["checkpoint"][5:], str(tmp_path / "best"), s3, pyarrow.fs.LocalFileSystem())
+    assert abs(evaluate(str(tmp_path / "best"), split="test")["test_loss"] - tested["test_loss"]) <= 1e-6
     # A new run warm-started from that checkpoint on S3 (weights and optimizer state), trained with lr=0, keeps its
     # weights.
     warm = [

@@ -42,7 +42,7 @@ def test_a_parquet_runs_column_must_be_there_and_other_runs_are_refused_by_name(
 
 def test_a_column_of_arrays_is_decoded_to_the_runs_input_shape():
     predictor = Predictor.__new__(Predictor)  # decode only: no model
-    predictor.features, predictor.shape, predictor.transform = ["pixels"], (1, 2, 2), None
+    predictor.features, predictor.shape, predictor.transform, predictor.images = ["pixels"], (1, 2, 2), None, None
     batch = pa.table({"pixels": [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]})
     assert predictor.decode(batch).shape == (2, 1, 2, 2)
     predictor.features, predictor.shape = ["a", "b"], (2,)
@@ -51,3 +51,36 @@ def test_a_column_of_arrays_is_decoded_to_the_runs_input_shape():
     predictor.transform = functools.partial(normalize, mean=[1.0], std=[2.0])  # a Parquet run's, as in training
     prepared = predictor.prepare(predictor.decode(pa.table({"a": [1, 2], "b": [3.0, 4.0]})))
     assert prepared.tolist() == [[0.0, 1.0], [0.5, 1.5]]
+
+
+def test_an_image_is_decoded_as_the_runs_dataset_decoded_it_in_training(tmp_path):
+    """The bytes of a training image, decoded for predict, equal the sample training read: an image folder's
+    (torchvision transforms, normalized), a streamed images run's (read_images' resize, then its transform)."""
+    from hydra_raytrain.data import imagefolder, images
+    from hydra_raytrain.predict import ImageDecoder, class_names, image_builder
+    from tests.helpers.data import write_images
+
+    write_images(tmp_path / "pets", ["cat", "dog"], 3, size=(11, 13))
+    node = {"_target_": "hydra_raytrain.data.imagefolder", "root": str(tmp_path / "pets"), "input_shape": [1, 8, 8]}
+    splits = imagefolder(str(tmp_path / "pets"), (1, 8, 8), 2, mean=[0.5], std=[0.25])
+    path, _ = splits.train.dataset.samples[splits.train.indices[0]]
+    decoded = ImageDecoder({**node, "mean": [0.5], "std": [0.25]})([open(path, "rb").read()])
+    assert decoded.shape == (1, 1, 8, 8) and np.allclose(decoded[0], splits.train[0][0].numpy())
+    assert image_builder(node) == "imagefolder" and class_names(node) == ["cat", "dog"]
+    assert image_builder({"_target_": "hydra_raytrain.data.digits"}) is None
+
+    transform = {"_target_": "hydra_raytrain.data.streamed.normalize", "_partial_": True, "mean": [0.5], "std": [0.5]}
+    stream = images(str(tmp_path / "pets"), (3, 6, 6), 2, transform=functools.partial(normalize, mean=[0.5], std=[0.5]))
+    x, _ = next(stream.read("train", batch_size=1))
+    streamed_node = {"_target_": "hydra_raytrain.data.images", "path": str(tmp_path / "pets"), "input_shape": [3, 6, 6]}
+    decoded = ImageDecoder({**streamed_node, "transform": transform})([open(stream.train_files[0], "rb").read()])
+    assert np.allclose(decoded, x.numpy()) and class_names(streamed_node) == ["cat", "dog"]
+
+
+def test_an_output_that_exists_is_refused(tmp_path):
+    from hydra_raytrain.predict import check_output
+
+    assert check_output(str(tmp_path / "new")) == str(tmp_path / "new")
+    (tmp_path / "old").mkdir()
+    with pytest.raises(ConfigError, match=r"--output='.*old': exists: predictions go to a new folder"):
+        check_output(str(tmp_path / "old"))
