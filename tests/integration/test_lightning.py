@@ -12,8 +12,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from hydra_raytrain import evaluate, train
+from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.driver.run import TrainingFailed
+from hydra_raytrain.driver.scoring import score
+from hydra_raytrain.export import export
+from hydra_raytrain.predict import Predictor
 from tests.conftest import compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import wandb_runs
@@ -33,7 +36,7 @@ def test_lightning_module_trains_to_the_bar_and_a_killed_worker_resumes_to_the_s
     """experiment=digits_lightning over 2 workers reaches the default run's bar, with the output contract. The
     same run with rank 1 SIGKILLed at the start of epoch 3 resumes from Lightning's epoch-2 checkpoint in Ray
     storage (weights, Adam's moments, epoch and step counters) and each epoch ends on the uninterrupted run's
-    metrics."""
+    metrics. A checkpoint scores a test split, and the module exports and serves as it computes."""
     common = ("experiment=digits_lightning", "scaling.num_workers=2")
     plain = train(compose_config(*common, f"trainer.max_epochs={EPOCHS}"), run_dir=str(tmp_path / "plain"))
     assert plain["status"] == "completed" and plain["best"]["val_accuracy"] >= 0.95, plain  # dataset=digits' bar
@@ -55,6 +58,21 @@ def test_lightning_module_trains_to_the_bar_and_a_killed_worker_resumes_to_the_s
     assert abs(evaluated["val_accuracy"] - history[-1]["val_accuracy"]) <= 1 / 359, evaluated
     (last,) = (tmp_path / "plain" / "ray_storage").glob(f"*/epoch_{EPOCHS:04d}")  # a Lightning checkpoint folder
     assert evaluate(str(last)) == evaluated
+    # Scoring a Lightning checkpoint: lightning.Trainer validates on the split, its val_ names as test_ for a test
+    # split (this run held none out: the 180 rows are training rows here; what is checked is the path and names)
+    tested = score(str(last), config, "val")
+    held = {**config, "dataset": {**config["dataset"], "test_fraction": 0.1}}
+    test = score(str(last), held, "test")
+    assert set(test) == {"test_loss", "test_accuracy"} and test["test_accuracy"] >= 0.9 and tested == evaluated
+    # Exported (ONNX, checked against the module) and served: serve's replicas compute what load_model does
+    assert export(str(tmp_path / "plain"), "onnx")["max_abs_diff"] <= 1e-4
+    x = torch.stack([instantiate(config["dataset"], _convert_="all").val[i][0] for i in range(4)])
+    replica = Predictor(str(tmp_path / "plain"), [], config["dataset"])
+    predictions, probabilities = replica.answer(replica.forward(x.numpy()))
+    with torch.no_grad():
+        expected = torch.softmax(load_model(str(tmp_path / "plain"))(x), dim=1)
+    assert torch.allclose(torch.from_numpy(probabilities), expected, atol=1e-6)
+    assert list(predictions) == expected.argmax(dim=1).tolist()
 
     killed = train(
         compose_config(
