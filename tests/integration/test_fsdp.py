@@ -1,12 +1,16 @@
 """FSDP2 and activation checkpointing on the session's real local Ray cluster (CPU workers, gloo): the same result
 as DDP, sharded checkpoints that resume after a killed worker and on another number of workers, memory shown."""
 
+import json
+
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.driver.run import TrainingFailed
 from hydra_raytrain.export import export
+from hydra_raytrain.predict import Predictor
 from tests.conftest import compose_config, run_cli
 from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 from tests.integration.test_training_features import _difference, read_metrics
@@ -116,6 +120,12 @@ def test_a_sharded_checkpoint_holds_every_ranks_part_and_loads_as_a_whole(runs):
         assert all(torch.equal(state[k], run["model"][k].to(state[k].dtype)) for k in run["model"])
     scores = evaluate(str(last))
     assert abs(scores["val_loss"] - run["metrics"][-1]["val_loss"]) <= 1e-5  # evaluated in float32
+    # What predict's actors and serve's replicas compute: the shards read whole, as load_model reads them
+    config = json.loads((last / "config.json").read_text())
+    x = torch.stack([instantiate(config["dataset"], _convert_="all").val[i][0] for i in range(4)])
+    replica = Predictor(str(last), [], config["dataset"])
+    with torch.no_grad():
+        assert torch.allclose(replica.forward(x.numpy()), load_model(str(last))(x).float(), atol=1e-6)
 
 
 def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(runs, tmp_path):
