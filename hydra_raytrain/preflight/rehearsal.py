@@ -55,7 +55,9 @@ REHEARSED_SAMPLES = 16
 WEIGHT_ARGUMENTS = ("weights", "pretrained")
 
 
-def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = True) -> set[str] | None:
+def rehearse(
+    cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = True, named: Mapping[str, str] | None = None
+) -> set[str] | None:
     """Build and run what a worker would; return the metric names a run reports (None when the step could not be
     rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
     optimizer's or the schedule's arguments were refused); ``warm_start``: also load ``run.init_from``'s weights
@@ -94,11 +96,11 @@ def rehearse(cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = T
         )
         return None
     names |= set(RUNNER_METRICS) | (set(PROFILE_METRICS) if cfg["trainer"]["profile"] else set())
-    check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch)
+    check_monitors(cfg, names, task, allow_any_train=type(task).train_batch is not Task.train_batch, named=named)
     return names
 
 
-def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
+def rehearse_lightning(cfg: Mapping[str, Any], named: Mapping[str, str] | None = None) -> set[str] | None:
     """``task=lightning``: the module (a LightningModule) and the datamodule are built here. With the dataset
     group's splits, Lightning's ``fast_dev_run`` then runs one training and one validation batch of
     REHEARSED_SAMPLES samples on the driver's CPU (nothing is kept): what the module logs is what the settings
@@ -153,7 +155,7 @@ def rehearse_lightning(cfg: Mapping[str, Any]) -> set[str] | None:
             f"{cfg['model']['_target_']} logs no validation metric (self.log('val_...')): the run's last epoch is "
             "its best (trainer.monitor=epoch); set trainer.monitor to a metric it logs to pick another."
         )
-    check_monitors(cfg, names, Lightning, allow_any_train=False, reporter=cfg["model"]["_target_"])
+    check_monitors(cfg, names, Lightning, allow_any_train=False, reporter=cfg["model"]["_target_"], named=named)
     return names
 
 
@@ -350,17 +352,23 @@ def check_lr_scheduler(cfg: Mapping[str, Any], model: Any) -> None:
 
 
 def check_monitors(
-    cfg: Mapping[str, Any], names: set[str], task: Any, allow_any_train: bool, reporter: str | None = None
+    cfg: Mapping[str, Any],
+    names: set[str],
+    task: Any,
+    allow_any_train: bool,
+    reporter: str | None = None,
+    named: Mapping[str, str] | None = None,
 ) -> None:
     """Every setting that names a metric names one the run reports. A task with its own ``train_batch`` may report
     train metrics its validation step does not: any ``train_*`` name is accepted there. ``reporter``: what reports
-    the metrics (default: the task)."""
+    the metrics (default: the task); ``named``: settings from outside the config (a sweep's metric)."""
     trainer, checkpoint = cfg["trainer"], cfg["checkpoint"]
     monitor, _ = monitored(task, (trainer["monitor"], trainer["monitor_mode"]))  # the task's default must exist too
     settings = {
         "trainer.monitor": monitor,
         "trainer.early_stopping.monitor": trainer["early_stopping"]["monitor"],
         "checkpoint.checkpoint_score_attribute": checkpoint["checkpoint_score_attribute"],
+        **(named or {}),
     }
     problems = Problems()
     for key, metric in settings.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,7 @@ class Sections:
     plain: dict[str, Any]
     problems: Problems
     rehearse: bool
+    named: Mapping[str, str]  # settings from outside the config that name a metric (a sweep's metric)
 
     @functools.cached_property
     def trainer(self) -> TrainerConfig:
@@ -91,15 +92,16 @@ class Check:
     applies: Callable[[Sections], bool] = lambda cfg: True
 
 
-def validate(cfg: DictConfig, cwd: str, rehearse: bool = True) -> Resolved:
+def validate(cfg: DictConfig, cwd: str, rehearse: bool = True, named: Mapping[str, str] | None = None) -> Resolved:
     """Every check that can run on the driver, each independent one run even when another failed: the error
     (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
-    that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``)."""
+    that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``); the metrics
+    that ``named`` settings name (``{"hydra.sweeper.metric": "val_loss"}``) must be among those it reports."""
     problems = Problems()
     resolved = check_sections(cfg, cwd, problems)
     if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
         problems.raise_any()
-    sections = Sections(resolved, problems, rehearse)
+    sections = Sections(resolved, problems, rehearse, named or {})
     for check in CHECKS:
         if not problems.failed(*check.needs) and check.applies(sections):
             with problems.collect():
@@ -153,7 +155,7 @@ def check_batch_split(trainer: TrainerConfig, scaling: ScalingConfig) -> None:
 
 def _rehearse_step(cfg: Sections) -> None:
     schedule, warm_start = not cfg.problems.failed("scheduler", "optimizer"), not cfg.problems.failed("run")
-    rehearsal.rehearse(cfg.plain, schedule=schedule, warm_start=warm_start)
+    rehearsal.rehearse(cfg.plain, schedule=schedule, warm_start=warm_start, named=cfg.named)
 
 
 CHECKS = (
@@ -165,7 +167,7 @@ CHECKS = (
     Check(("trainer", "scaling", "fsdp"), _trainer),
     Check(
         ("model", "dataset", "task", "trainer", "datamodule"),
-        lambda cfg: rehearsal.rehearse_lightning(cfg.plain),
+        lambda cfg: rehearsal.rehearse_lightning(cfg.plain, named=cfg.named),
         applies=lambda cfg: cfg.rehearse and cfg.lightning,
     ),
     Check(

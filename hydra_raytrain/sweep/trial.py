@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 TRIAL_FILE = "trial.json"
 
 
-def run_trial(config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str, pythonpath: str) -> None:
+def run_trial(
+    config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str, pythonpath: str, argv: list[str] | None = None
+) -> None:
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -31,7 +33,7 @@ def run_trial(config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str,
     # The basic search hands every job over up front; a search algorithm's jobs are written by the driver as
     # they are suggested (the trial runs on the driver's node).
     job = jobs[config["index"]] if jobs else read_job(os.path.join(sweep_dir, config["name"]))
-    _as_on_the_driver(cwd, pythonpath)
+    _as_on_the_driver(cwd, pythonpath, argv)
     run_dir = job.run_dir
     os.makedirs(run_dir, exist_ok=True)
     finished = rundir.finished_summary(run_dir)
@@ -50,10 +52,13 @@ def run_trial(config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str,
     )
 
 
-def _as_on_the_driver(cwd: str, pythonpath: str) -> None:
+def _as_on_the_driver(cwd: str, pythonpath: str, argv: list[str] | None = None) -> None:
     """The trial runs train() as the CLI does on the driver: from the driver's folder (Tune moves a trial into
-    its own folder), with the driver's import path, which train() then hands to the workers."""
+    its own folder), with the driver's import path, which train() then hands to the workers, and its command line
+    (the run's provenance)."""
     os.chdir(cwd)
+    if argv:
+        sys.argv = list(argv)
     os.environ["PYTHONPATH"] = pythonpath
     for entry in reversed(pythonpath.split(os.pathsep)):
         if entry not in sys.path:

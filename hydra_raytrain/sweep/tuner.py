@@ -46,9 +46,11 @@ def compose_job(
     overrides: list[str],
     index: int,
     params: dict[str, Any] | None = None,
+    metric: str | None = None,
 ) -> Job:
-    """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here: a config
-    error stops the sweep before the trial starts, naming the trial."""
+    """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here (the sweep's
+    ``metric`` too: one the trial reports): a config error stops the sweep before the trial starts, naming the
+    trial."""
     composed = config_loader.load_sweep_config(sweep_config, list(overrides))
     with open_dict(composed):
         del composed["hydra"]
@@ -57,7 +59,7 @@ def compose_job(
             SAID.add(note)
             print(note, file=sys.stderr, flush=True)
     try:
-        resolved = validate(composed, cwd=os.getcwd())
+        resolved = validate(composed, cwd=os.getcwd(), named={"hydra.sweeper.metric": metric} if metric else None)
     except ConfigError as error:
         trial = f"trial {index}" if index >= 0 else "the search space"
         raise error.within(f"{trial}: {' '.join(overrides)}") from None
@@ -131,7 +133,7 @@ def run_sweep(
     errors: dict[int, Any]
     settings.check()
     sweep_dir = os.path.abspath(str(sweep_config.hydra.sweep.dir))
-    compose = functools.partial(compose_job, sweep_config, config_loader, sweep_dir)
+    compose = functools.partial(compose_job, sweep_config, config_loader, sweep_dir, metric=settings.metric)
     previous = results.read_previous(sweep_dir)
     plan = plan_trials(compose, arguments, settings, sweep_dir, previous)
     trainer = plan.probes[0].cfg.trainer
@@ -265,7 +267,9 @@ def _trainable(jobs: list[Job], sweep_dir: str) -> Any:
     from hydra_raytrain.driver.run import import_path
 
     node = f"node:{ray.util.get_node_ip_address()}"
-    trial = tune.with_parameters(run_trial, jobs=jobs, sweep_dir=sweep_dir, cwd=os.getcwd(), pythonpath=import_path())
+    trial = tune.with_parameters(
+        run_trial, jobs=jobs, sweep_dir=sweep_dir, cwd=os.getcwd(), pythonpath=import_path(), argv=list(sys.argv)
+    )
     return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: 0.001})
 
 

@@ -186,6 +186,10 @@ def test_a_run_writes_the_output_contract(default_run):
     assert metrics <= json.loads(lines[0]).keys()
     assert {"status", "epochs_completed", "final", "best", "run_dir", "storage"} <= summary.keys()
     assert summary["run_dir"] == str(run_dir) and os.path.isdir(summary["storage"])
+    origin = summary["provenance"]  # where the run came from: the command as typed, versions, host
+    assert origin["command"] == "python -m hydra_raytrain hydra.run.dir=run trainer.progress_bar=true"
+    assert origin["git"] is None and origin["launch_dir"] == str(run_dir.parent)  # a temporary folder: no repository
+    assert origin["versions"]["torch"] == torch.__version__ and origin["versions"]["hydra_raytrain"]
     assert Image.open(run_dir / "curves.png").format == "PNG"
 
 
@@ -411,6 +415,17 @@ BAD_INPUTS = [
             "hydra.sweep.dir=sweep",
         ],
         ["hydra.sweeper.search_alg='optuna': has nothing to search"],
+    ),
+    # A sweep metric no trial reports: refused by the first trial's rehearsal, before any trial starts
+    (
+        [
+            "-m",
+            "hydra/sweeper=ray_tune",
+            "hydra.sweeper.metric=val_nope",
+            "optimizer.lr=1e-3,1e-2",
+            "hydra.sweep.dir=sweep",
+        ],
+        ["hydra.sweeper.metric='val_nope'", "does not report this metric", "val_accuracy", "(trial 0: optimizer.lr="],
     ),
 ]
 
