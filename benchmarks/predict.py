@@ -6,10 +6,12 @@
 A table of ``--rows`` rows of 64 float32 features and an integer class is written as one Parquet file; an MLP
 run trains on it for one short epoch in local mode (what is measured is prediction, not the model's quality).
 Then, each in a fresh process, best of ``--rounds``: the plain loop (``load_model``, the file read with pyarrow,
-batches of 1,024 rows, softmax and argmax, predictions gathered in memory), and ``hydra_raytrain.predict`` with 1
+batches of 1,024 rows, softmax and argmax, predictions gathered in memory), the same loop writing what predict
+writes (the other columns, prediction, probabilities) to one Parquet file, and ``hydra_raytrain.predict`` with 1
 and 2 model actors on a local cluster (reading, decoding, predicting, writing Parquet; its own figure, from
 before the first read to the last write: the actors' start included, Ray's excluded). Printed: rows/s and the
-ratio to the plain loop, and for predict the seconds 1,000 rows take (the fixed cost) and the rate beyond them.
+ratio to the plain loop (and to the loop that writes), and for predict the seconds 1,000 rows take (the fixed
+cost) and the rate beyond them.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ def train(folder: str, table: str) -> str:
     return run
 
 
-def plain(run: str, table: str) -> None:
-    """The baseline, in this process: rows/s from the first read to the last prediction."""
+def plain(run: str, table: str, output: str | None = None) -> None:
+    """The baseline, in this process: rows/s from the first read to the last prediction; with ``output``, to the
+    last row written there as predict writes it (the other columns, prediction, probabilities; Parquet)."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
 
@@ -61,11 +65,27 @@ def plain(run: str, table: str) -> None:
     model = load_model(run)
     started, predicted = time.perf_counter(), []
     data = pq.ParquetFile(table)
+    features = [f"f{i}" for i in range(64)]
+    writer = None
     with torch.no_grad():
-        for batch in data.iter_batches(batch_size=BATCH, columns=[f"f{i}" for i in range(64)]):
-            x = torch.from_numpy(np.stack([c.to_numpy() for c in batch.columns], axis=1))
+        for batch in data.iter_batches(batch_size=BATCH, columns=features + (["label", "key"] if output else [])):
+            x = torch.from_numpy(np.stack([batch.column(name).to_numpy() for name in features], axis=1))
             probabilities = torch.softmax(model(x), dim=1)
             predicted.append(probabilities.argmax(dim=1).numpy())
+            if output:
+                p = probabilities.numpy()
+                written = pa.table(
+                    {
+                        "label": batch.column("label"),
+                        "key": batch.column("key"),
+                        "prediction": pa.array(predicted[-1].astype(np.int64)),
+                        "probabilities": pa.FixedSizeListArray.from_arrays(pa.array(p.ravel()), p.shape[1]),
+                    }
+                )
+                writer = writer or pq.ParquetWriter(output, written.schema)
+                writer.write_table(written)
+    if writer is not None:
+        writer.close()
     seconds = time.perf_counter() - started
     print(f"rows {sum(len(p) for p in predicted)} seconds {seconds:.3f}", flush=True)
 
@@ -91,11 +111,19 @@ def main() -> None:
         run = train(folder, table)
         small = os.path.join(folder, "small.parquet")
         write_rows(small, 1000)
-        figures: dict[str, list[float]] = {"plain loop": [], "predict, 1 actor": [], "predict, 2 actors": []}
+        figures: dict[str, list[float]] = {
+            "plain loop": [],
+            "plain loop, writing": [],
+            "predict, 1 actor": [],
+            "predict, 2 actors": [],
+        }
         fixed: dict[str, list[float]] = {name: [] for name in figures}
         for round_ in range(options.rounds):
             rows, seconds = measure([sys.executable, __file__, "plain", run, table], ROOT)
             figures["plain loop"].append(rows / seconds)
+            written = os.path.join(folder, f"plain{round_}.parquet")
+            rows, seconds = measure([sys.executable, __file__, "plain", run, table, written], ROOT)
+            figures["plain loop, writing"].append(rows / seconds)
             for actors in (1, 2):
                 name = f"predict, {actors} actor{'s' if actors > 1 else ''}"
                 for data, into in ((table, figures), (small, fixed)):
@@ -104,9 +132,11 @@ def main() -> None:
                     command += ["--num-workers", str(actors), "--batch-size", str(BATCH)]
                     rows, seconds = measure(command, folder)
                     into[name].append(rows / seconds if into is figures else seconds)
-        base = max(figures["plain loop"])
+        base, same_work = max(figures["plain loop"]), max(figures["plain loop, writing"])
         for name, values in figures.items():
             line = f"{name:20s} {max(values):11,.0f} rows/s  {max(values) / base:.2f}x"
+            if name.startswith("predict"):
+                line += f" ({max(values) / same_work:.2f}x the loop that writes)"
             if fixed[name]:  # the seconds 1,000 rows take (the actors' start, Ray Data's planning), and the rest
                 start = min(fixed[name])
                 rest = options.rows / (options.rows / max(values) - start)
@@ -115,7 +145,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "plain":
-        plain(sys.argv[2], sys.argv[3])
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "plain":
+        plain(*sys.argv[2:])
     else:
         main()

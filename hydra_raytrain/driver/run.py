@@ -29,6 +29,7 @@ from hydra_raytrain.data import roads, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.preflight import preflight
+from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.scoring import has_test_split, score
 from hydra_raytrain.driver.storage import check_storage
 from hydra_raytrain.driver.storage import delete as delete_storage
@@ -154,11 +155,12 @@ def _fit(
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
-    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary)
+    origin = provenance(str(resolved.model.get("_target_") or ""))
+    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin)
     epoch_log = rundir.EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
     callbacks = [epoch_log, failures.FailureLog(run_dir, resolved.failure), *extra_callbacks]
-    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks)
+    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin)
     try:
         if local_mode:  # nothing persists a checkpoint: no notice to act on
             result = trainer_for(None).fit()
@@ -178,7 +180,13 @@ def _fit(
 
 
 def _trainer_factory(
-    resolved: Resolved, run_dir: str, storage: str, name: str, stream: Streamed | None, callbacks: list[Any]
+    resolved: Resolved,
+    run_dir: str,
+    storage: str,
+    name: str,
+    stream: Streamed | None,
+    callbacks: list[Any],
+    origin: dict[str, Any] | None = None,
 ) -> Callable[[str | None], TorchTrainer]:
     """The run's ``TorchTrainer`` for a preemption notice's name (None: no notice): the workers' loop (ours, or
     Lightning's), its config, Ray Data's datasets, and Ray's config objects (``builders.py``)."""
@@ -186,6 +194,7 @@ def _trainer_factory(
         os.environ.setdefault(variable, value)
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
     loop_config: dict[str, Any] = {"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name}
+    loop_config["provenance"] = origin  # the loggers record it
     data: dict[str, Any] = {}
     if stream is not None:
         from ray.data import DataContext  # each dataset keeps a copy of the driver's; Ray Train hands it on
@@ -222,6 +231,7 @@ class Summary:
     checkpoints: str  # the run's folder in Ray storage
     started: float
     show: bool
+    provenance: dict[str, Any] | None = None  # where the run came from (driver/provenance.py)
 
     def __call__(self, status: RunStatus, error: str | None = None, **extra: Any) -> dict[str, Any]:
         trainer = self.resolved.trainer
@@ -233,6 +243,7 @@ class Summary:
         summary["loggers"] = sorted(self.resolved.logger)  # what logged the run: a logger added later replays it
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
         summary["failures"] = failures.read(self.run_dir)  # what failed in this command, what was retried and why
+        summary["provenance"] = self.provenance
         summary.update(extra)
         rundir.write_json(os.path.join(self.run_dir, rundir.SUMMARY_FILE), summary)
         if history:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,8 @@ class TensorBoardLogger:
         from tensorboardX import SummaryWriter
 
         self.writer = SummaryWriter(os.path.join(run_dir, self.subdir))
+        if config.get("provenance"):  # where the run came from: the command, git commit, versions, host
+            self.writer.add_text("provenance", f"```\n{json.dumps(config['provenance'], indent=2)}\n```")
         return run_id or config["run_name"]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:

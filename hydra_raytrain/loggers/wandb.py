@@ -54,8 +54,9 @@ class WandbLogger:
 
         # The run id is the run's identity (or what a checkpoint stored), so a resumed run continues the same W&B run.
         run_id = run_id or _wandb_id(config["run_name"])
+        logged = {**config["cfg"], **({"provenance": config["provenance"]} if config.get("provenance") else {})}
         self.run = wandb.init(
-            id=run_id, resume="allow", dir=run_dir, config=config["cfg"], reinit="create_new", **self.settings
+            id=run_id, resume="allow", dir=run_dir, config=logged, reinit="create_new", **self.settings
         )
         self.run.define_metric("epoch")
         self.run.define_metric("*", step_metric="epoch")

@@ -70,6 +70,7 @@ def train_loop_lightning(config: dict[str, Any]) -> WorkerResult | None:
     loaders = {} if own else dataset_loaders(cfg, rank)
     seed_everything(rank_seed(cfg.trainer.seed, rank))  # dropout masks and random transforms differ by rank
     report = RunReport(cfg, config["run_dir"], config["run_name"], config.get("notice"), loaders.get("train"))
+    report.provenance = config.get("provenance")
     trainer = build_trainer(cfg, report)
     status: RunStatus = "failed"
     try:
@@ -232,6 +233,7 @@ class RunReport(pl.Callback):
             local_mode=cfg.scaling.num_workers == 0,
         )
         self.resumed_from: str | None = None  # the checkpoint fit() resumes from
+        self.provenance: dict[str, Any] | None = None  # where the run came from (the driver's), for the loggers
         self.started, self.samples = 0.0, 0
 
     # Kept in every Lightning checkpoint (under "callbacks"): a resumed run continues the history and tracker runs.
@@ -242,7 +244,7 @@ class RunReport(pl.Callback):
         self.history, self.tracker_ids = list(state["history"]), dict(state["tracker_ids"])
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:  # after Lightning restored this callback's state
-        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name}
+        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name, "provenance": self.provenance}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
 
     def on_train_start(self, trainer: Any, module: Any) -> None:  # after Lightning restored its loops' counters

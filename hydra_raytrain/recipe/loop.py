@@ -80,6 +80,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
         run_name=config["run_name"],
         notice=config.get("notice"),
         rows=config.get("rows"),
+        provenance=config.get("provenance"),
     )
     status: RunStatus = "failed"
     try:
@@ -102,9 +103,12 @@ class Recipe:
         run_name: str,
         notice: str | None = None,
         rows: dict[str, int] | None = None,
+        provenance: dict[str, Any] | None = None,
     ):
-        """``rows``: the rows of each split of a dataset that Ray Data streams (None: the workers build it)."""
+        """``rows``: the rows of each split of a dataset that Ray Data streams (None: the workers build it);
+        ``provenance``: where the run came from (the driver's), for the loggers."""
         self.cfg, self.run_dir, self.run_name, self.notice, self.rows = cfg, run_dir, run_name, notice, rows
+        self.provenance = provenance
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -144,7 +148,7 @@ class Recipe:
             self._warm_start()
         rng = self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
-        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name}
+        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name, "provenance": self.provenance}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
         self.profiler = self._setup_profiler()
         every = self.cfg.checkpoint
