@@ -148,7 +148,8 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
 
 class Predictor:
     """One actor of the pool: the run's model, and each batch's rows (or images) decoded, predicted and written
-    back. ``classes``: an image run's class names (its dataset node holds a table run's)."""
+    back. ``classes``: an image run's class names (its dataset node holds a table run's); ``scheme``: the input's
+    (``s3://``), which Ray Data's image paths lack."""
 
     def __init__(
         self,
@@ -157,6 +158,7 @@ class Predictor:
         dataset: dict[str, Any],
         device: str = "cpu",
         classes: list[str] | None = None,
+        scheme: str = "",
     ) -> None:
         import torch
         from hydra.utils import instantiate
@@ -170,6 +172,7 @@ class Predictor:
         self.classes = classes or dataset.get("classes")
         self.outputs = int(dataset.get("num_outputs") or 1)
         self.images = ImageDecoder(dataset) if image_builder(dataset) else None
+        self.scheme = scheme
         transform = dataset.get("transform") if self.images is None else None  # an images run's: its decoder's
         self.transform = instantiate(transform, _convert_="all") if transform else None
 
@@ -179,7 +182,7 @@ class Predictor:
         prediction, probabilities = self.answer(self.forward(self.decode(batch)))
         carried = {name: batch.column(name) for name in batch.column_names if name not in self.features}
         if self.images is not None:  # an image's path, and its class folder where it names one of the run's
-            paths = batch.column("path").to_pylist()
+            paths = [self.scheme + path for path in batch.column("path").to_pylist()]
             folders = [streamed.class_of(path) for path in paths]
             known = set(self.classes or ())
             carried = {"path": pa.array(paths), "label": pa.array([f if f in known else None for f in folders])}
@@ -310,6 +313,7 @@ def predict(
             "dataset": cfg["dataset"],
             "device": "cuda" if num_gpus else "cpu",
             "classes": class_names(cfg["dataset"]) if images else None,
+            "scheme": tables.absolute_location(input).split("://")[0] + "://" if "://" in input else "",
         },
         compute=ActorPoolStrategy(size=num_workers),
         batch_size=batch_size,

@@ -21,18 +21,21 @@ one of its own.
 # No ``from __future__ import annotations`` here: FastAPI reads the route's annotations (``Request``, imported in
 # ``application`` because Ray Serve is an extra) as objects.
 import argparse
+import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.driver.run import import_path
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
 
@@ -63,14 +66,18 @@ def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
     if len(inputs) > limit:
         raise BadRequest(413, f'"inputs" holds {len(inputs)} samples; at most {limit} per request (--max-samples)')
     try:
-        x = np.asarray(inputs, dtype=np.float32)
-    except (ValueError, TypeError):
+        raw = np.asarray(inputs)
+    except (ValueError, TypeError):  # lists of unequal lengths
+        raise BadRequest(422, f'"inputs" must be samples of shape {list(shape)}: lists of equal lengths') from None
+    if raw.dtype.kind not in "iuf":
         raise BadRequest(
-            422, f'"inputs" must hold numbers only, each sample nested lists of shape {list(shape)}'
-        ) from None
+            422, f'"inputs" must hold numbers only (no text, booleans or nulls), each sample of shape {list(shape)}'
+        )
+    x = raw.astype(np.float32)
     if x.shape[1:] != shape:
-        got = "ragged lists" if x.dtype == object else f"shape {list(x.shape[1:])}"
-        raise BadRequest(422, f"each sample must have shape {list(shape)} (the run's dataset.input_shape); got {got}")
+        raise BadRequest(
+            422, f"each sample must have shape {list(shape)} (the run's dataset.input_shape); got {list(x.shape[1:])}"
+        )
     if not np.isfinite(x).all():
         raise BadRequest(422, '"inputs" hold NaN or infinite values')
     return x
@@ -95,12 +102,15 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
             "samples (a GAN's generator is exported: python -m hydra_raytrain.export RUN_DIR).",
             "a run of a classification, regression or Lightning task",
         )
+    from hydra_raytrain.predict import class_names, image_builder
+
     dataset = cfg["dataset"]
+    classes = dataset.get("classes") or (class_names(dataset) if image_builder(dataset) else None)
     return {
         "run": os.path.basename(os.path.abspath(run)),
         "input_shape": [int(n) for n in dataset["input_shape"]],
         "num_outputs": int(dataset.get("num_outputs") or 1),
-        "classes": dataset.get("classes"),
+        "classes": classes,
     }
 
 
@@ -131,7 +141,7 @@ def application(run: str, description: dict[str, Any], options: argparse.Namespa
     class Model:
         def __init__(self, dataset: dict[str, Any]) -> None:
             device = "cuda" if options.num_gpus else "cpu"
-            self.predictor = Predictor(os.path.abspath(run), [], dataset, device)
+            self.predictor = Predictor(os.path.abspath(run), [], dataset, device, classes=description["classes"])
 
         @app.get("/health")
         def health(self) -> dict[str, Any]:
@@ -186,9 +196,19 @@ def check_port(host: str, port: int) -> None:
             raise ConfigError("--port", port, problem, "a free port") from None
 
 
-def serve_run(options: argparse.Namespace, address: str | None) -> tuple[str, bool]:
-    """Start Serve (unless it runs on the cluster already) and the app; returns its name and whether this command
-    started Serve (and so shuts it down)."""
+@dataclass
+class Started:
+    """What this command started on the cluster, so that every way out (an error, Ctrl-C, SIGTERM during the
+    start) takes it down: Serve itself (``serve``), or only its app on a Serve that was running (``app``)."""
+
+    serve: bool = False
+    app: str = ""
+    shared: bool = False  # Serve was running already: its proxies' host and port stand
+
+
+def serve_run(options: argparse.Namespace, address: str | None, started: Started) -> None:
+    """Start Serve (unless it runs on the cluster already) and the app, recording in ``started`` what to take
+    down; a ConfigError for what the cluster cannot do, ``ServeFailed`` when the app does not start."""
     import ray
     from ray import serve
 
@@ -198,26 +218,50 @@ def serve_run(options: argparse.Namespace, address: str | None) -> tuple[str, bo
     description = served(cfg, options.run)
     if not address:
         check_port(options.host, options.port)
-    ray.init(
-        address=address or "local",
-        logging_level="WARNING",
-        **({} if address else {"num_cpus": max(os.cpu_count() or 1, options.num_replicas * options.num_cpus)}),
-    )
+    cpus = math.ceil(max(os.cpu_count() or 1, options.num_replicas * options.num_cpus))  # Ray counts whole CPUs
+    ray.init(address=address or "local", logging_level="WARNING", **({} if address else {"num_cpus": cpus}))
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets a handler of its own
     check_resources(options)
     logs = {"log_level": options.log_level}
     logging.getLogger("ray.serve").setLevel(options.log_level)  # this process's Serve client too
     try:
         ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
-        started = False
-        print("Serve already runs on this cluster: its HTTP host and port stand (--host and --port are not applied).")
+        started.shared = True
     except ValueError:
-        started = True
+        started.serve = True
         serve.start(http_options={"host": options.host, "port": options.port}, logging_config=logs)
-    name = description["run"]
-    app = application(options.run, description, options)
-    serve.run(app, name=name, route_prefix="/", blocking=False, logging_config=logs)
-    return name, started
+    if started.shared:
+        apps = sorted(serve.status().applications)
+        if apps:  # the app's routes are at the root: one app per Serve
+            raise ConfigError(
+                "--address",
+                address,
+                f"Serve on that cluster already serves {', '.join(apps)} at its routes.",
+                "a cluster whose Serve serves no app (serve.delete(name) ends one), or a local cluster",
+            )
+    started.app = description["run"]
+    try:
+        serve.run(
+            application(options.run, description, options), name=started.app, route_prefix="/", logging_config=logs
+        )
+    except Exception as error:  # a replica that cannot start (Serve's DEPLOY_FAILED), a route taken meanwhile
+        raise ServeFailed(f"the app did not start: {one_line(error)}") from None
+
+
+class ServeFailed(Exception):
+    """The Serve app did not start (its replicas failed)."""
+
+
+def serving_line(options: argparse.Namespace, shared: bool) -> str:
+    """Where the model answers (and a warning when that is beyond this machine)."""
+    if shared:
+        where = "the cluster's Serve proxies (their host and port; --host and --port apply to a Serve started here)"
+        return f"Serving {options.run} at {where}: /predict (POST), /health (GET). Ctrl-C stops it."
+    url = f"http://{'[' + options.host + ']' if ':' in options.host else options.host}:{options.port}"
+    line = f"Serving {options.run} at {url}/predict (POST) and {url}/health (GET). Ctrl-C stops it."
+    if options.host not in LOOPBACK:
+        line += f"\nListening on {options.host}: anyone who can reach this machine can call the model."
+    return line
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -261,27 +305,28 @@ def main() -> None:
     from ray import serve
 
     address = options.address or os.environ.get("RAY_ADDRESS")
-    name, started = "", False
+    started = Started()
     try:
-        name, started = serve_run(options, address)
-        url = f"http://{'[' + options.host + ']' if ':' in options.host else options.host}:{options.port}"
-        print(f"Serving {options.run} at {url}/predict (POST) and {url}/health (GET). Ctrl-C stops it.", flush=True)
-        if options.host not in LOOPBACK:
-            print(f"Listening on {options.host}: anyone who can reach this machine can call the model.", flush=True)
+        serve_run(options, address, started)
+        print(serving_line(options, started.shared), flush=True)
         while True:
             time.sleep(3600)
     except ConfigError as error:
         print(str(error).replace("Invalid config", "Cannot serve this run", 1), file=sys.stderr)
         sys.exit(2)
+    except ServeFailed as error:
+        print(f"Cannot serve this run: {error}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print("Stopping.", flush=True)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if ray.is_initialized():
-            if started:
+            if started.serve:
                 serve.shutdown()
-            elif name:
-                serve.delete(name)
+            elif started.app:
+                with contextlib.suppress(Exception):  # an app that never deployed
+                    serve.delete(started.app)
             ray.shutdown()
 
 

@@ -19,3 +19,4 @@ class PathArg:
 
 LocalPath = Annotated[str, PathArg()]
 ExistingDir = Annotated[str, PathArg(must_exist=True)]
+OptionalPath = Annotated[str | None, PathArg()]  # made absolute against the driver's folder, as LocalPath

@@ -34,9 +34,10 @@ def split_indices(
     n_val = max(1, round(n * val_fraction))
     n_test = max(1, round(n * test_fraction)) if test_fraction else 0
     if n_val + n_test >= n:
-        raise ConfigError(
-            "dataset.test_fraction", test_fraction, f"leaves no training sample of {n} (val {n_val}, test {n_test})."
+        key, value = (
+            ("dataset.test_fraction", test_fraction) if test_fraction else ("dataset.val_fraction", val_fraction)
         )
+        raise ConfigError(key, value, f"leaves no training sample of {n} (val {n_val}, test {n_test}).")
     return order[n_val + n_test :], order[:n_val], order[n_val : n_val + n_test]
 
 

@@ -19,14 +19,12 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
-from hydra_raytrain.config.paths import LocalPath, PathArg
-
-OptionalPath = Annotated[str | None, PathArg()]  # made absolute against the driver's folder, as LocalPath
+from hydra_raytrain.config.paths import LocalPath, OptionalPath
 
 SHUFFLES = ("files", "blocks", "full", "none")
 PARQUET_LAYOUT = "a .parquet file, or a folder (or s3:// prefix) holding .parquet files"

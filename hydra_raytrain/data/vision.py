@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import Subset
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
-from hydra_raytrain.config.paths import ExistingDir, LocalPath
+from hydra_raytrain.config.paths import ExistingDir, LocalPath, OptionalPath
 from hydra_raytrain.data.folders import LAYOUT, train_folder
 from hydra_raytrain.data.splits import Splits, check_image_shape, held_out, split_indices
 
@@ -121,22 +121,29 @@ def imagefolder(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     test_fraction: float = 0.0,
+    test_path: OptionalPath = None,
 ) -> Splits:
     """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
     Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way. The test
-    split: ``root/test/<class>/*`` where it exists, else a seeded ``test_fraction`` of train (0: none)."""
+    split, when asked for: ``test_path``'s class folders (e.g. ``root/test``), or a seeded ``test_fraction`` of
+    train."""
     transform = image_transform(input_shape, mean, std)
     train_dir = train_folder(root)
     train = _image_folder(train_dir, transform, root)
     check_class_count(num_outputs, train.classes, f"{train_dir} (class folders)")
-    val, test = (  # beside train/ only: in torchvision's layout they would be class folders
-        _same_classes(os.path.join(root, name), train, transform, root) if train_dir != root else None
-        for name in ("val", "test")
-    )
-    if test is not None and test_fraction:
-        raise ConfigError(
-            "dataset.test_fraction", test_fraction, f"{os.path.join(root, 'test')} is the test split already.", "0"
-        )
+    val = _same_classes(os.path.join(root, "val"), train, transform, root) if train_dir != root else None
+    test = None
+    if test_path is not None:
+        if test_fraction:
+            raise ConfigError(
+                "dataset.test_fraction",
+                test_fraction,
+                f"dataset.test_path ({test_path}) is the test split already.",
+                "0",
+            )
+        if not os.path.isdir(test_path):
+            raise ConfigError("dataset.test_path", test_path, "no such folder.", "a folder of class folders of images")
+        test = _same_classes(test_path, train, transform, root, "dataset.test_path")
     if val is not None:
         train, held = held_out(train, test_fraction, split_seed)
         return Splits(train, val, test if test is not None else held)
@@ -145,15 +152,16 @@ def imagefolder(
     return Splits(*parts)
 
 
-def _same_classes(folder: str, train: Any, transform: Any, root: str) -> Any:
-    """The image folder beside ``train/`` (val/ or test/) where it exists, with the same class folders."""
+def _same_classes(folder: str, train: Any, transform: Any, root: str, key: str = "dataset.root") -> Any:
+    """An image folder with the same class folders as training's (``root/val``, or the test split's), where it
+    exists."""
     if not os.path.isdir(folder):
         return None
     found = _image_folder(folder, transform, root)
     if found.classes != train.classes:
         raise ConfigError(
-            "dataset.root",
-            root,
+            key,
+            root if key == "dataset.root" else folder,
             f"{folder} has classes {found.classes}, {train.root} has {train.classes}.",
             f"the same class folders under train/ and {os.path.basename(folder)}/",
         )

@@ -284,7 +284,9 @@ def _test_best(resolved: Resolved, run_dir: str, result: Any) -> dict[str, Any]:
     trainer = resolved.trainer
     monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
     kept = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if m.get(monitor) is not None]
-    best = (max if mode == "max" else min)(kept, key=lambda pair: pair[1][monitor]) if kept else None
+    # The best score; on ties the earliest epoch, as summary.json's best
+    sign = 1 if mode == "max" else -1
+    best = max(kept, key=lambda pair: (sign * pair[1][monitor], -pair[1].get("epoch", 0))) if kept else None
     cfg = resolved.to_dict()
     try:
         if best is None:
@@ -320,9 +322,9 @@ def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
 
 
 def _checkpoint_uri(checkpoint: Any) -> str:
-    """A checkpoint's place as a user names it: a local path, or ``s3://bucket/...``."""
-    kind = type(checkpoint.filesystem).__name__
-    return f"s3://{checkpoint.path}" if kind == "S3FileSystem" else checkpoint.path
+    """A checkpoint's place as a user names it: a local path, or a URI (``s3://bucket/...``, ``gs://...``)."""
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(getattr(checkpoint.filesystem, "type_name", "local"))
+    return f"{scheme}://{checkpoint.path}" if scheme else checkpoint.path
 
 
 def streamed_dataset(node: dict[str, Any]) -> Streamed | None:

@@ -23,14 +23,9 @@ SPLITS = ("val", "test")
 
 
 def has_test_split(dataset: dict[str, Any]) -> bool:
-    """Whether the config asks for a test split (``test_fraction``, ``test_path``, ``test_size``, or an image
-    folder's ``test/`` beside its ``train/``), without building the dataset."""
-    if any(dataset.get(key) for key in ("test_fraction", "test_path", "test_size")):
-        return True
-    root = dataset.get("root")
-    if str(dataset.get("_target_", "")).endswith(".imagefolder") and isinstance(root, str):
-        return os.path.isdir(os.path.join(root, "train")) and os.path.isdir(os.path.join(root, "test"))
-    return False
+    """Whether the config asks for a test split (``test_fraction``, ``test_path``, ``test_size``), without
+    building the dataset."""
+    return any(dataset.get(key) for key in ("test_fraction", "test_path", "test_size"))
 
 
 def load_weights(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
@@ -92,7 +87,7 @@ def _no_test_split(cfg: dict[str, Any]) -> ConfigError:
         "--split",
         "test",
         f"the run's dataset ({cfg['dataset'].get('_target_')}) has no test split.",
-        "a run trained with dataset.test_fraction (or dataset.test_path, an image folder's test/); or --split val",
+        "a run trained with dataset.test_fraction (or dataset.test_path, dataset.test_size); or --split val",
     )
 
 
@@ -109,5 +104,8 @@ def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device, 
         [logged] = trainer.validate(module, datamodule=instantiate(cfg["datamodule"], _convert_="all"), verbose=False)
     else:
         [logged] = trainer.validate(module, dataloaders=split_loader(cfg, split), verbose=False)
-    rename = (lambda name: name) if split == "val" else (lambda name: name.replace("val_", f"{split}_", 1))
-    return {rename(name): float(value) for name, value in logged.items()}
+
+    def named(name: str) -> str:  # the module's val_ metrics, named for the split
+        return f"{split}_{name[4:]}" if split != "val" and name.startswith("val_") else name
+
+    return {named(name): float(value) for name, value in logged.items()}

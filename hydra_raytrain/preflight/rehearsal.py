@@ -200,8 +200,11 @@ def build_dataset(node: Mapping[str, Any]) -> Any:
                 )
                 return None
             raise
-        counts = splits.rows if isinstance(splits, Streamed) else {s: len(getattr(splits, s)) for s in ("train", "val")}
-        for split in ("train", "val"):
+        if isinstance(splits, Streamed):
+            counts = splits.rows
+        else:  # a test split only where one was asked for
+            counts = {s: len(getattr(splits, s)) for s in ("train", "val", "test") if getattr(splits, s) is not None}
+        for split in counts:
             if counts[split] == 0:
                 raise ConfigError(
                     "dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits"

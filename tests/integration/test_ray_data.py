@@ -125,7 +125,7 @@ def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the
     )
     assert done.returncode == 0 and "Predicted 40 rows in" in done.stdout, done.stderr[-3000:]
     predicted = pq.read_table("images-bucket/predicted", filesystem=s3).to_pydict()
-    assert sorted(predicted["path"]) == [f"images-bucket/shades/mid/{i:02d}.png" for i in range(40)]
+    assert sorted(predicted["path"]) == [f"s3://images-bucket/shades/mid/{i:02d}.png" for i in range(40)]
     assert set(predicted["label"]) == {"mid"} and predicted["prediction"].count("mid") >= 36, predicted["prediction"]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     local = [(tmp_path / "shades" / "mid" / os.path.basename(path)).read_bytes() for path in predicted["path"]]

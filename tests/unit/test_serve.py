@@ -31,7 +31,9 @@ def test_a_body_of_samples_in_the_input_shape_is_one_float32_batch():
         (json.dumps({"inputs": [SAMPLE] * 9}).encode(), 413, "holds 9 samples; at most 8 per request"),
         (json.dumps({"inputs": [[[["a", 1], [2, 3]]]]}).encode(), 422, '"inputs" must hold numbers only'),
         (json.dumps({"inputs": [[1, 2, 3, 4]]}).encode(), 422, "each sample must have shape [1, 2, 2] (the run's"),
-        (json.dumps({"inputs": [SAMPLE, [[[0, 1], [2]]]]}).encode(), 422, '"inputs" must hold numbers only'),
+        (json.dumps({"inputs": [SAMPLE, [[[0, 1], [2]]]]}).encode(), 422, "lists of equal lengths"),
+        (json.dumps({"inputs": [[[["1.5", "1"], ["2", "3"]]]]}).encode(), 422, "no text, booleans or nulls"),
+        (json.dumps({"inputs": [[[[True, 1], [2, None]]]]}).encode(), 422, "no text, booleans or nulls"),
         (b'{"inputs": [[[[NaN, 1], [2, 3]]]]}', 422, "NaN or infinite"),
     ],
 )

@@ -1,6 +1,6 @@
 """The test split of every dataset kind: held out of training (validation keeps its own rows), disjoint, asked
-for by ``test_fraction`` / ``test_path`` / ``test_size`` / an image folder's ``test/``, and absent otherwise
-(the run's name unchanged); how the summary shows it and how a run without one is refused."""
+for by ``test_fraction`` / ``test_path`` / ``test_size``, and absent otherwise (the run's name unchanged); how the
+summary shows it and how a run without one is refused."""
 
 from __future__ import annotations
 
@@ -35,10 +35,12 @@ def test_image_folders_test_from_a_test_folder_or_a_fraction_and_fake_data_by_si
     write_images(tmp_path / "a" / "train", ["cat", "dog"], 5)
     write_images(tmp_path / "a" / "val", ["cat", "dog"], 1)
     write_images(tmp_path / "a" / "test", ["cat", "dog"], 2)
-    splits = imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2)
+    assert imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2).test is None  # only when asked
+    test = str(tmp_path / "a" / "test")
+    splits = imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2, test_path=test)
     assert (len(splits.train), len(splits.val), len(splits.test)) == (10, 2, 4)
     with pytest.raises(ConfigError, match="is the test split already"):
-        imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2, test_fraction=0.2)
+        imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2, test_fraction=0.2, test_path=test)
     write_images(tmp_path / "b", ["cat", "dog"], 6)  # torchvision's layout: both splits drawn from the images
     splits = imagefolder(str(tmp_path / "b"), input_shape=(1, 8, 8), num_outputs=2, test_fraction=0.25)
     assert (len(splits.train), len(splits.val), len(splits.test)) == (7, 2, 3)
@@ -70,7 +72,7 @@ def test_streamed_files_test_from_a_path_or_a_fraction_of_the_training_files(tmp
         images(str(tmp_path / "i"), (3, 8, 8), 2, test_path=str(tmp_path / "it"))
 
 
-def test_a_test_split_is_part_of_the_run_name_only_when_asked_for(tmp_path):
+def test_a_test_split_is_part_of_the_run_name_only_when_asked_for():
     register_resolvers()
     names = {}
     for extra in ([], ["dataset.test_fraction=0.0"], ["dataset.test_fraction=0.1"]):
@@ -79,9 +81,7 @@ def test_a_test_split_is_part_of_the_run_name_only_when_asked_for(tmp_path):
     assert names[()] == names[("dataset.test_fraction=0.0",)] != names[("dataset.test_fraction=0.1",)]
     assert not has_test_split({"_target_": "hydra_raytrain.data.digits", "test_fraction": 0.0})
     assert has_test_split({"_target_": "hydra_raytrain.data.parquet", "test_path": "x", "test_fraction": 0})
-    write_images(tmp_path / "train", ["a"], 1)
-    write_images(tmp_path / "test", ["a"], 1)
-    assert has_test_split({"_target_": "hydra_raytrain.data.imagefolder", "root": str(tmp_path)})
+    assert not has_test_split({"_target_": "hydra_raytrain.data.imagefolder", "root": "x", "test_path": None})
 
 
 def test_a_run_without_a_test_split_is_refused_by_name_and_the_summary_shows_one_beside_validation():
