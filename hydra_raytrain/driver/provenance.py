@@ -21,8 +21,11 @@ PACKAGES = {"torch": "torch", "ray": "ray", "hydra": "hydra-core", "hydra_raytra
 
 def provenance(model_target: str | None = None, launch_dir: str | None = None) -> dict[str, Any]:
     """The run's provenance; ``model_target``: the model's ``_target_`` (its package's version is recorded)."""
+    import torch
+
     folder = launch_dir or os.getcwd()
     versions = {name: _version(distribution) for name, distribution in PACKAGES.items()}
+    versions["torch"] = torch.__version__  # with its build's local tag (+cu130): which CUDA it was built for
     top = (model_target or "").split(".", 1)[0]
     if top and top not in ("hydra_raytrain", "torch", "tests"):
         versions[top] = _distribution_version(top)

@@ -3,8 +3,6 @@ across two workers, validated once per sample, resumed after a killed worker."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.fs
@@ -14,9 +12,10 @@ import torch
 from PIL import Image
 
 from hydra_raytrain import evaluate, load_model, train
+from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data.streamed import split_files
-from hydra_raytrain.predict import ImageDecoder
-from tests.conftest import ROOT, compose_config
+from hydra_raytrain.predict import ImageDecoder, predict
+from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet
 
 pytestmark = pytest.mark.integration
@@ -118,12 +117,8 @@ def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the
     # Batch predictions of one class folder on S3, written to S3: decoded as training decoded them (read_images'
     # resize, the run's transform), each image once, its class folder carried as its label; an output that
     # exists on S3 is refused.
-    command = [sys.executable, "-m", "hydra_raytrain.predict", str(tmp_path / "run"), "s3://images-bucket/shades/mid"]
-    command += ["--output", "s3://images-bucket/predicted", "--address", ray_address]
-    done = subprocess.run(
-        command, capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}
-    )
-    assert done.returncode == 0 and "Predicted 40 rows in" in done.stdout, done.stderr[-3000:]
+    done = predict(str(tmp_path / "run"), "s3://images-bucket/shades/mid", "s3://images-bucket/predicted")
+    assert done["rows"] == 40, done  # called in this process: one model actor on the session's cluster
     predicted = pq.read_table("images-bucket/predicted", filesystem=s3).to_pydict()
     assert sorted(predicted["path"]) == [f"s3://images-bucket/shades/mid/{i:02d}.png" for i in range(40)]
     assert set(predicted["label"]) == {"mid"} and predicted["prediction"].count("mid") >= 36, predicted["prediction"]
@@ -133,7 +128,5 @@ def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the
         x = torch.from_numpy(ImageDecoder(config["dataset"])(local))
         expected = torch.softmax(load_model(str(tmp_path / "run"))(x), dim=1)
     assert torch.allclose(torch.tensor(predicted["probabilities"]), expected, atol=1e-5)
-    again = subprocess.run(
-        command, capture_output=True, text=True, cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}
-    )
-    assert again.returncode == 2 and "--output='s3://images-bucket/predicted': exists" in again.stderr, again.stderr
+    with pytest.raises(ConfigError, match=r"--output='s3://images-bucket/predicted': exists"):
+        predict(str(tmp_path / "run"), "s3://images-bucket/shades/mid", "s3://images-bucket/predicted")
