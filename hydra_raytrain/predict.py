@@ -268,18 +268,8 @@ def check_output(output: str) -> str:
     return location
 
 
-def predict(
-    run: str, input: str, output: str, num_workers: int = 1, batch_size: int = 256, num_gpus: float = 0
-) -> dict[str, Any]:
-    """Predict every row of ``input`` with a pool of ``num_workers`` model actors; write ``output`` (Parquet)."""
-    import pyarrow as pa
-    from ray.data import ActorPoolStrategy
-
-    cfg = load_config(run)
-    check_config(cfg, run, "predict")
-    check_finished(run)
-    location = check_output(output)
-    images = image_builder(cfg["dataset"]) is not None
+def check_pool(num_workers: int, num_gpus: float) -> None:
+    """The actors fit the connected cluster: a CPU each and one more for Ray Data's reads, and their GPUs."""
     import ray
 
     gpus = float(ray.cluster_resources().get("GPU", 0))
@@ -295,16 +285,34 @@ def predict(
             f"each model actor holds a CPU, and Ray Data's reads need one more; the cluster has {cpus}.",
             f"1 to {max(1, cpus - 1)}",
         )
+
+
+def read_rows(dataset: dict[str, Any], input: str) -> tuple[Any, list[str]]:
+    """A table run's input as a Ray Dataset, and its columns that hold the run's features."""
+    import pyarrow as pa
+
+    data = read_input(input)
+    schema = data.schema()
+    names = list(schema.names)
+    numbers = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    types = {name: any(test(kind) for test in numbers) for name, kind in zip(names, schema.types, strict=True)}
+    return data, input_columns(dataset, names, types)
+
+
+def predict(
+    run: str, input: str, output: str, num_workers: int = 1, batch_size: int = 256, num_gpus: float = 0
+) -> dict[str, Any]:
+    """Predict every row of ``input`` with a pool of ``num_workers`` model actors; write ``output`` (Parquet)."""
+    from ray.data import ActorPoolStrategy
+
+    cfg = load_config(run)
+    check_config(cfg, run, "predict")
+    check_finished(run)
+    location = check_output(output)
+    images = image_builder(cfg["dataset"]) is not None
+    check_pool(num_workers, num_gpus)
     started = time.time()
-    if images:
-        data, features = read_images(input), ["bytes", "path"]
-    else:
-        data = read_input(input)
-        schema = data.schema()
-        names = list(schema.names)
-        numbers = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
-        types = {name: any(test(kind) for test in numbers) for name, kind in zip(names, schema.types, strict=True)}
-        features = input_columns(cfg["dataset"], names, types)
+    data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input)
     predictions = data.map_batches(
         Predictor,
         fn_constructor_kwargs={

@@ -275,19 +275,9 @@ def parquet(
     train_files, test_files = test_split(train_files, test_path, test_fraction, split_seed, parquet_files)
     if test_path is not None:
         check_columns(test_files[0], (*names, label), "dataset.test_path", test_path)
-    counted, ends = row_counts(train_files + val_files + test_files), (len(train_files), len(train_files + val_files))
-    rows = {"train": sum(counted[: ends[0]]), "val": sum(counted[ends[0] : ends[1]])}
-    if test_files:
-        rows["test"] = sum(counted[ends[1] :])
+    rows = split_rows({"train": train_files, "val": val_files, "test": test_files})
     shape = tuple(input_shape)
-    found = sample_shape(files[0], features)
-    if math.prod(shape) != math.prod(found):
-        raise ConfigError(
-            "dataset.input_shape",
-            list(shape),
-            f"a sample of {path} holds {math.prod(found)} values ({'x'.join(map(str, found))}).",
-            f"a shape of {math.prod(found)} values, e.g. {list(found)}".replace(" ", ""),
-        )
+    check_sample_values(path, files[0], features, shape)
     decode = Decode(
         features if isinstance(features, str) else names,
         label,
@@ -360,6 +350,25 @@ def images(
         num_cpus=num_cpus,
         concurrency=concurrency,
     )
+
+
+def check_sample_values(path: str, file: str, features: str | Sequence[str], shape: tuple[int, ...]) -> None:
+    """``dataset.input_shape`` holds as many values as a sample of the files."""
+    found = sample_shape(file, features)
+    if math.prod(shape) != math.prod(found):
+        raise ConfigError(
+            "dataset.input_shape",
+            list(shape),
+            f"a sample of {path} holds {math.prod(found)} values ({'x'.join(map(str, found))}).",
+            f"a shape of {math.prod(found)} values, e.g. {list(found)}".replace(" ", ""),
+        )
+
+
+def split_rows(splits: dict[str, list[str]]) -> dict[str, int]:
+    """Each split's rows, from its Parquet files' footers (read at once); a split without files is left out."""
+    every = [file for files in splits.values() for file in files]
+    counted = iter(row_counts(every))
+    return {split: sum(next(counted) for _ in files) for split, files in splits.items() if files}
 
 
 def check_classes(files: list[str], classes: list[str], key: str, value: str, path: str) -> None:
