@@ -30,7 +30,6 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
-from hydra_raytrain.driver.run import import_path
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
 
 READERS = {
@@ -304,6 +303,8 @@ def predict(
 ) -> dict[str, Any]:
     """Predict every row of ``input`` with a pool of ``num_workers`` model actors; write ``output`` (Parquet)."""
     from ray.data import ActorPoolStrategy
+
+    from hydra_raytrain.driver.run import import_path  # the driver's: not in the actors' imports
 
     cfg = load_config(run)
     check_config(cfg, run, "predict")

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
-from hydra_raytrain.driver.run import import_path
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -122,6 +121,7 @@ def application(run: str, description: dict[str, Any], options: argparse.Namespa
     from fastapi.responses import JSONResponse
     from ray import serve
 
+    from hydra_raytrain.driver.run import import_path  # the driver's: not in the replicas' imports
     from hydra_raytrain.predict import Predictor
 
     app = FastAPI(title=f"hydra_raytrain: {description['run']}")

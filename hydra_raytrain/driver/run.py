@@ -28,6 +28,7 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data import roads, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
+from hydra_raytrain.driver.epoch_log import EpochLog
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.scoring import has_test_split, score
@@ -157,7 +158,7 @@ def _fit(
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
     origin = provenance(str(resolved.model.get("_target_") or ""))
     summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin)
-    epoch_log = rundir.EpochLog(run_dir, resolved.trainer.max_epochs)
+    epoch_log = EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
     callbacks = [epoch_log, failures.FailureLog(run_dir, resolved.failure), *extra_callbacks]
     trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin)

@@ -27,6 +27,7 @@ def run_trial(
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from hydra_raytrain import rundir
+    from hydra_raytrain.driver.epoch_log import EpochReportsOnly
     from hydra_raytrain.driver.run import train
     from hydra_raytrain.sweep.search import read_job
 
@@ -46,7 +47,7 @@ def run_trial(
     train(
         OmegaConf.create(job.cfg.to_dict()),
         run_dir=run_dir,
-        extra_callbacks=[rundir.EpochReportsOnly(TuneReportCallback())],
+        extra_callbacks=[EpochReportsOnly(TuneReportCallback())],
         show_summary=False,
         rehearse=False,
     )

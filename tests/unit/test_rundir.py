@@ -3,6 +3,7 @@
 import json
 
 from hydra_raytrain import rundir
+from hydra_raytrain.driver.epoch_log import EpochLog
 
 
 def metrics(epoch, accuracy):
@@ -10,7 +11,7 @@ def metrics(epoch, accuracy):
 
 
 def test_an_epoch_trained_again_replaces_the_entries_from_it_on(tmp_path):
-    log = rundir.EpochLog(str(tmp_path), max_epochs=4)
+    log = EpochLog(str(tmp_path), max_epochs=4)
     for epoch in (1, 2, 3):
         log.write(metrics(epoch, 0.1 * epoch))
     log.write(metrics(3, 0.9))  # resumed from the epoch-2 checkpoint: epoch 3 again

@@ -1,0 +1,62 @@
+"""Ray Train callbacks on the driver's side: each epoch's metrics into the run dir as they arrive, and the reports
+another callback (Tune's) is given."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ray.train import UserCallback
+
+from hydra_raytrain.logfiles import link_process_logs
+from hydra_raytrain.rundir import METRICS_FILE, format_epoch, read_history
+
+
+class EpochLog(UserCallback):
+    """Appends each epoch's metrics to ``metrics.jsonl`` as they arrive and prints one line per epoch.
+
+    Runs on Ray Train's controller, which Ray places on the driver's node, so the run dir is reachable.
+    Every rank reports the same all-reduced metrics; rank 0's are written.
+    """
+
+    def __init__(self, run_dir: str, max_epochs: int):
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        self.max_epochs = max_epochs
+        self.linked = False
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if not self.linked:  # the controller's own stdout / stderr, linked into <run dir>/logs
+            link_process_logs(os.path.dirname(self.path), "controller")
+            self.linked = True
+        if is_epoch_report(metrics[0]):
+            self.write(metrics[0])
+
+    def write(self, metrics: dict[str, Any]) -> None:
+        """Append; an epoch a resumed run trains again (it failed after the last checkpoint) replaces the
+        entries from that epoch on, so the file is always the run's one history."""
+        history = read_history(os.path.dirname(self.path))
+        if history and history[-1]["epoch"] >= metrics["epoch"]:
+            kept = [m for m in history if m["epoch"] < metrics["epoch"]]
+            with open(self.path, "w") as file:
+                file.writelines(json.dumps(m) + "\n" for m in kept)
+        with open(self.path, "a") as file:
+            file.write(json.dumps(metrics) + "\n")
+        print(format_epoch(metrics, self.max_epochs), flush=True)
+
+
+class EpochReportsOnly(UserCallback):
+    """Another callback (Tune's ``TuneReportCallback`` in a sweep trial) given epoch reports only: a mid-epoch
+    checkpoint's report is not a result for Tune's schedulers to count."""
+
+    def __init__(self, callback: UserCallback):
+        self.callback = callback
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if is_epoch_report(metrics[0]):
+            self.callback.after_report(run_context, metrics, checkpoint)
+
+
+def is_epoch_report(metrics: dict[str, Any]) -> bool:
+    """An epoch's metrics, not a mid-epoch checkpoint's report (recipe/loop.py ``_save_mid_epoch``)."""
+    return "epoch_progress" not in metrics
