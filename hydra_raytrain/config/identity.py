@@ -43,13 +43,7 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         node = identity[section] if section else identity
         if not node.get(key):
             node.pop(key, None)
-    split: dict[str, Any] = dict(identity["dataset"])
-    identity["dataset"] = split
-    for key in ("test_fraction", "test_path", "test_size"):  # a test split, when asked for
-        if not split.get(key):
-            split.pop(key, None)
-    if str(split.get("_target_")).endswith(".torchvision_builtin") and "test_fraction" not in split:
-        split.pop("split_seed", None)  # added with test_fraction, which it draws
+    identity["dataset"] = _split_identity(identity["dataset"])
     if not any((identity.get("finetune") or {}).values()):
         identity.pop("finetune", None)
     if cfg["trainer"].get("data_on_device") is True:
@@ -63,6 +57,20 @@ def run_name(cfg: Mapping[str, Any]) -> str:
 
     dataset = str(cfg["dataset"].get("name") or cfg["dataset"]["_target_"].rsplit(".", 1)[-1]).lower()
     return f"{model}-{dataset}-{digest}"
+
+
+def _split_identity(dataset: Mapping[str, Any]) -> dict[str, Any]:
+    """The dataset node as run names count it: split settings added since runs were first named only when set."""
+    split: dict[str, Any] = dict(dataset)
+    for key in ("test_fraction", "test_path", "test_size"):  # a test split, when asked for
+        if not split.get(key):
+            split.pop(key, None)
+    if split.get("folds") is None:  # cross-validation, when asked for
+        split.pop("folds", None)
+        split.pop("fold", None)
+    if str(split.get("_target_")).endswith(".torchvision_builtin") and "test_fraction" not in split:
+        split.pop("split_seed", None)  # added with test_fraction, which it draws
+    return split
 
 
 def _label(node: Mapping[str, Any]) -> str:

@@ -19,13 +19,15 @@ def digits(
     val_fraction: float = 0.2,
     split_seed: int = 0,
     test_fraction: float = 0.0,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Splits:
     """1,797 8x8 grayscale digits (pixels 0..16, scaled to 0..1), 10 classes."""
     check_shape("digits", input_shape, (1, 8, 8), num_outputs, 10)
     pixels, target = digits_arrays()
     images = torch.tensor(pixels, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(target, dtype=torch.long)
-    train, val, test = split_indices(len(labels), val_fraction, split_seed, test_fraction)
+    train, val, test = split_indices(len(labels), val_fraction, split_seed, test_fraction, folds, fold)
     train_set, val_set = (TensorDataset(images[i], labels[i]) for i in (train, val))
     return Splits(train_set, val_set, _test(images, labels, test))
 
@@ -59,6 +61,8 @@ def diabetes(
     val_fraction: float = 0.2,
     split_seed: int = 0,
     test_fraction: float = 0.0,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Splits:
     """442 patients, 10 features, disease progression after one year. Features and target are standardised
     with the training split's mean and std, so losses are in units of the target's standard deviation."""
@@ -68,7 +72,7 @@ def diabetes(
     data = load_diabetes()
     x = torch.tensor(data.data, dtype=torch.float32)
     y = torch.tensor(data.target, dtype=torch.float32).unsqueeze(1)
-    train, val, test = split_indices(len(y), val_fraction, split_seed, test_fraction)
+    train, val, test = split_indices(len(y), val_fraction, split_seed, test_fraction, folds, fold)
     x = (x - x[train].mean(0)) / x[train].std(0)
     y = (y - y[train].mean(0)) / y[train].std(0)
     return Splits(TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), _test(x, y, test))

@@ -25,20 +25,50 @@ def random_split_indices(n: int, val_fraction: float, seed: int) -> tuple[list[i
 
 
 def split_indices(
-    n: int, val_fraction: float, seed: int, test_fraction: float = 0.0
+    n: int, val_fraction: float, seed: int, test_fraction: float = 0.0, folds: int | None = None, fold: int = 0
 ) -> tuple[list[int], list[int], list[int]]:
     """Train, val and test indices of ``range(n)``: one seeded order, validation first, then the test rows (so
-    asking for a test split leaves the validation split as it was, and takes its rows from training)."""
+    asking for a test split leaves the validation split as it was, and takes its rows from training).
+
+    With ``folds=K`` (cross-validation) validation is fold ``fold`` of K: the test rows are the order's last, the
+    rest is cut into K near-equal folds, so the K runs of ``fold=0..K-1`` validate on disjoint folds that together
+    hold every sample but the test rows once (``val_fraction`` is not used)."""
     check_fractions(val_fraction, test_fraction)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, round(n * val_fraction))
     n_test = max(1, round(n * test_fraction)) if test_fraction else 0
+    if folds is not None:
+        check_folds(folds, fold, n - n_test)
+        pool, test = order[: n - n_test], order[n - n_test :]
+        bounds = [len(pool) * k // folds for k in range(folds + 1)]
+        val = pool[bounds[fold] : bounds[fold + 1]]
+        return pool[: bounds[fold]] + pool[bounds[fold + 1] :], val, test
+    if fold:
+        raise ConfigError("dataset.fold", fold, "picks a fold of dataset.folds, which is not set.", "dataset.folds=K")
     if n_val + n_test >= n:
         key, value = (
             ("dataset.test_fraction", test_fraction) if test_fraction else ("dataset.val_fraction", val_fraction)
         )
         raise ConfigError(key, value, f"leaves no training sample of {n} (val {n_val}, test {n_test}).")
     return order[n_val + n_test :], order[:n_val], order[n_val : n_val + n_test]
+
+
+def check_folds(folds: int, fold: int, samples: int) -> None:
+    """``folds`` of at least 2 and at most the samples cross-validated; ``fold`` one of them (0 to folds - 1)."""
+    if isinstance(folds, bool) or not isinstance(folds, int) or not 2 <= folds <= samples:
+        raise ConfigError(
+            "dataset.folds",
+            folds,
+            f"cross-validation needs 2 to {samples} folds (the samples outside the test split).",
+            "e.g. dataset.folds=5, or null (no cross-validation)",
+        )
+    if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < folds:
+        raise ConfigError(
+            "dataset.fold",
+            fold,
+            f"must be one of the {folds} folds: 0 to {folds - 1}.",
+            f"dataset.fold=range(0,{folds}) (every fold, as a sweep)",
+        )
 
 
 def check_fractions(val_fraction: float, test_fraction: float = 0.0) -> None:

@@ -20,6 +20,7 @@ SUMMARY_FILE = "sweep_summary.json"
 CSV_FILE = "sweep_summary.csv"
 BEST_CONFIG_FILE = "best_config.yaml"
 PLOT_FILE = "sweep.png"
+FOLD_KEY = "dataset.fold"
 COLUMNS = ("index", "overrides", "status", "final", "best", "epochs", "wall_seconds", "run_dir", "error")
 
 
@@ -70,6 +71,7 @@ def collect(
             {
                 "index": job.index,
                 "overrides": " ".join(o for o in job.overrides if o.split("=", 1)[0] in swept),
+                "configuration": configuration_of(job, swept),
                 "status": status,
                 "final": history[-1].get(metric) if history else None,
                 "best": best.get(metric),
@@ -86,14 +88,49 @@ def collect(
     scored = [row for row in rows if isinstance(row["best"], (int, float))]
     pick = max if mode == "max" else min
     best_row = pick(scored, key=lambda row: row["best"]) if scored else None
+    ranked = rank_configurations(rows, mode) if any(job.cfg.dataset.get("folds") for job in jobs) else []
     return {
         "metric": metric,
         "mode": mode,
         "scheduler": scheduler,
         "sweep_dir": sweep_dir,
         "best": best_row,
+        **({"configurations": ranked, "best_configuration": ranked[0] if ranked else None} if ranked else {}),
         "trials": rows,
     }
+
+
+def configuration_of(job: Job, swept: set) -> str:
+    """What a trial tries, folds aside: its swept overrides but ``dataset.fold`` (the trials of one configuration
+    under cross-validation share it)."""
+    return " ".join(o for o in job.overrides if o.split("=", 1)[0] in swept - {FOLD_KEY})
+
+
+def rank_configurations(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """Cross-validation's result: per configuration, the mean and standard deviation (over its folds, ddof 0 as
+    scikit-learn's ``cv_results_``) of each fold's best value of the metric, best mean first. A configuration
+    with a fold that has no value (failed, not run) ranks after those whose every fold has one."""
+    import statistics
+
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        grouped.setdefault(row["configuration"], []).append(row)
+    ranked: list[dict[str, Any]] = []
+    for name, members in grouped.items():
+        values = [row["best"] for row in members if isinstance(row["best"], (int, float))]
+        ranked.append(
+            {
+                "configuration": name,
+                "folds": len(members),
+                "scored": len(values),
+                "mean": statistics.fmean(values) if values else None,
+                "std": statistics.pstdev(values) if values else None,
+                "trials": [row["index"] for row in members],
+            }
+        )
+    sign = -1 if mode == "max" else 1
+    ranked.sort(key=lambda c: (c["scored"] < c["folds"], c["mean"] is None, sign * (c["mean"] or 0.0)))
+    return ranked
 
 
 def _swept_keys(jobs: list[Job]) -> set:
@@ -114,7 +151,11 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
         writer = csv.DictWriter(file, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(summary["trials"])
-    if summary["best"] is not None:
+    chosen = summary.get("best_configuration")
+    if chosen is not None and chosen["mean"] is not None:  # cross-validated: the best mean over the folds
+        best = next(job for job in jobs if job.index == chosen["trials"][0])
+        write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE), chosen)
+    elif summary["best"] is not None:
         best = next(job for job in jobs if job.index == summary["best"]["index"])
         write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE))
     if keep_checkpoints:
@@ -123,11 +164,14 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
     from rich.console import Console
 
     Console().print(table(summary))
+    if summary.get("configurations"):
+        Console().print(configurations_table(summary))
 
 
-def write_best_config(job: Job, path: str) -> None:
+def write_best_config(job: Job, path: str, cross_validated: dict[str, Any] | None = None) -> None:
     """A primary config that reproduces the best trial with the plain CLI:
-    ``python -m hydra_raytrain --config-dir <sweep dir> --config-name best_config``."""
+    ``python -m hydra_raytrain --config-dir <sweep dir> --config-name best_config``. Cross-validated: the best
+    configuration, on the dataset's usual train/val split (``dataset.folds`` unset)."""
     import yaml
 
     config = {
@@ -135,8 +179,16 @@ def write_best_config(job: Job, path: str) -> None:
         "hydra": {"run": {"dir": "outputs/runs/${run_name:}"}, "job": {"name": "train", "chdir": False}},
         **job.cfg.to_dict(),
     }
+    heading = f"# The best trial of this sweep ({' '.join(job.overrides)}), as a complete config. Reproduce it:\n"
+    if cross_validated is not None:
+        config["dataset"] = {**config["dataset"], "folds": None, "fold": 0}
+        heading = (
+            f"# The best configuration of this sweep ({cross_validated['configuration'] or 'the only one'}: "
+            f"mean {cross_validated['mean']:.4f}, std {cross_validated['std']:.4f} over "
+            f"{cross_validated['folds']} folds), on the dataset's usual split. Train it:\n"
+        )
     with open(path, "w") as file:
-        file.write(f"# The best trial of this sweep ({' '.join(job.overrides)}), as a complete config. Reproduce it:\n")
+        file.write(heading)
         file.write(f"#   python -m hydra_raytrain --config-dir {os.path.dirname(path)} --config-name best_config\n")
         yaml.safe_dump(config, file, sort_keys=False)
 
@@ -219,6 +271,24 @@ def table(summary: dict[str, Any]):
         )
     result.caption = f"* best. Sweep dir: {summary['sweep_dir']}"
     result.caption_justify = "left"
+    return result
+
+
+def configurations_table(summary: dict[str, Any]):
+    """Cross-validation's ranking: each configuration's mean and std over its folds, best first."""
+    from rich.table import Table
+
+    result = Table(
+        title=f"cross-validated: {summary['metric']} per configuration, over its folds (best first)",
+        title_justify="left",
+    )
+    result.add_column("configuration", overflow="fold", ratio=1)
+    for column in ("folds", "mean", "std", "trials"):
+        result.add_column(column, justify="right", no_wrap=column != "trials")
+    for rank in summary["configurations"]:
+        folds = f"{rank['scored']}/{rank['folds']}" if rank["scored"] < rank["folds"] else str(rank["folds"])
+        trials = " ".join(str(index) for index in rank["trials"])
+        result.add_row(rank["configuration"] or "-", folds, _fmt(rank["mean"]), _fmt(rank["std"]), trials)
     return result
 
 

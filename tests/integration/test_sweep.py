@@ -197,3 +197,47 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
     )
     lrs = [json.loads((tmp_path / "sweep" / name / "job.json").read_text())["params"]["optimizer.lr"] for name in rows]
     assert len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
+
+
+def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_address, tmp_path):
+    """2 learning rates x 2 folds: each trial validates on its own fold; the summary gives each configuration's
+    mean and std over its folds, and best_config.yaml is the best mean's configuration on the usual split."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.max_concurrent_trials=2",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-6",
+        "dataset.folds=2",
+        "dataset.fold=range(0,2)",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=5",
+        "hydra.sweep.dir=cv",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary, rows = rows_by_overrides(tmp_path / "cv")
+    assert len(rows) == 4 and {row["status"] for row in rows.values()} == {"completed"}
+    folds = {}
+    for row in rows.values():
+        dataset = json.loads(open(f"{row['run_dir']}/config.json").read())["dataset"]
+        folds[row["overrides"]] = (dataset["folds"], dataset["fold"], row["configuration"])
+    assert sorted(folds.values()) == [
+        (2, 0, "optimizer.lr=0.003"),
+        (2, 0, "optimizer.lr=1e-06"),
+        (2, 1, "optimizer.lr=0.003"),
+        (2, 1, "optimizer.lr=1e-06"),
+    ]
+    ranked = summary["configurations"]
+    assert [c["folds"] for c in ranked] == [2, 2] and ranked[0]["mean"] >= ranked[1]["mean"]
+    for configuration in ranked:
+        values = [row["best"] for row in rows.values() if row["configuration"] == configuration["configuration"]]
+        assert configuration["mean"] == pytest.approx(sum(values) / 2)
+        assert configuration["std"] == pytest.approx(abs(values[0] - values[1]) / 2)
+    assert summary["best_configuration"] == ranked[0]
+    best_config = (tmp_path / "cv" / "best_config.yaml").read_text()
+    assert f"best configuration of this sweep ({ranked[0]['configuration']}: mean" in best_config
+    assert "  folds: null\n  fold: 0\n" in best_config
+    assert "cross-validated: val_accuracy per configuration" in done.stdout
