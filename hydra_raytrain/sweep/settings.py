@@ -49,3 +49,10 @@ class SweepSettings:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"hydra.sweeper.{key}", value, "must be >= 1.")
+        if self.scheduler == "asha" and not self.reduction_factor > 1:
+            raise ConfigError(
+                "hydra.sweeper.reduction_factor",
+                self.reduction_factor,
+                f"{self.scheduler} keeps 1/reduction_factor of the trials at each rung: it must be > 1.",
+                "e.g. 2, 3 or 4",
+            )

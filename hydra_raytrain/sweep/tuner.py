@@ -139,6 +139,8 @@ def run_sweep(
     trainer = plan.probes[0].cfg.trainer
     task = get_object(plan.probes[0].cfg.task["_target_"])
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
+    if settings.scheduler == "asha":
+        _check_grace_period(settings.grace_period, min(job.cfg.trainer.max_epochs for job in plan.probes))
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
     if plan.budget > 0:
@@ -285,6 +287,17 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
         grace_period=settings.grace_period,
         reduction_factor=settings.reduction_factor,
     )
+
+
+def _check_grace_period(grace_period: int, max_epochs: int) -> None:
+    """ASHA's first rung is at ``grace_period`` epochs: one past the trials' epochs would stop nothing."""
+    if grace_period > max_epochs:
+        raise ConfigError(
+            "hydra.sweeper.grace_period",
+            grace_period,
+            f"ASHA lets every trial train this many epochs before it can stop one; the trials train {max_epochs}.",
+            f"1 to {max_epochs} (trainer.max_epochs)",
+        )
 
 
 def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig) -> None:

@@ -427,6 +427,23 @@ BAD_INPUTS = [
         ],
         ["hydra.sweeper.metric='val_nope'", "does not report this metric", "val_accuracy", "(trial 0: optimizer.lr="],
     ),
+    # ASHA settings that cannot stop a trial: refused before the cluster starts
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "hydra.sweeper.grace_period=13"]
+        + ["optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"],
+        ["hydra.sweeper.grace_period=13", "the trials train 12", "1 to 12 (trainer.max_epochs)"],
+    ),
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=asha", "hydra.sweeper.reduction_factor=1"]
+        + ["optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"],
+        ["hydra.sweeper.reduction_factor=1", "must be > 1"],
+    ),
+    # Cross-validation: a fold of no folds, and a fold past the folds (each trial's config checked up front)
+    (["dataset.fold=2"], ["dataset.fold=2", "dataset.folds, which is not set", "dataset.folds=K"]),
+    (
+        ["-m", "hydra/sweeper=ray_tune", "dataset.folds=3", "dataset.fold=range(0,4)", "hydra.sweep.dir=sweep"],
+        ["dataset.fold=3", "0 to 2", "(trial 3: dataset.folds=3 dataset.fold=3)"],
+    ),
 ]
 
 

@@ -246,6 +246,12 @@ def test_optuna_is_named_when_it_is_missing(monkeypatch):
     assert "hydra.sweeper.search_alg" in str(error.value) and "hydra_raytrain[optuna]" in str(error.value)
     with pytest.raises(ConfigError, match="unknown search algorithm"):
         SweepSettings(search_alg="hyperopt").check()
+    with pytest.raises(ConfigError, match="hydra.sweeper.reduction_factor=1.0: asha keeps 1/reduction_factor"):
+        SweepSettings(scheduler="asha", reduction_factor=1.0).check()
+    SweepSettings(scheduler="fifo", reduction_factor=1.0).check()  # not used without ASHA
+    with pytest.raises(ConfigError, match="hydra.sweeper.grace_period=5: .* the trials train 4"):
+        tuner._check_grace_period(5, 4)
+    tuner._check_grace_period(4, 4)
 
 
 def test_the_plugin_node_is_sweep_settings_and_loads_light():
