@@ -122,11 +122,13 @@ def imagefolder(
     std: Sequence[float] | None = None,
     test_fraction: float = 0.0,
     test_path: OptionalPath = None,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Splits:
     """``root/train/<class>/*`` and ``root/val/<class>/*``; without ``val/``, a seeded ``val_fraction`` of train.
     Without ``train/``, ``root/<class>/*`` (torchvision's own ImageFolder layout) split the same way. The test
     split, when asked for: ``test_path``'s class folders (e.g. ``root/test``), or a seeded ``test_fraction`` of
-    train."""
+    train. ``folds``/``fold``: cross-validation over train (``splits.split_indices``), where there is no ``val/``."""
     transform = image_transform(input_shape, mean, std)
     train_dir = train_folder(root)
     train = _image_folder(train_dir, transform, root)
@@ -145,9 +147,16 @@ def imagefolder(
             raise ConfigError("dataset.test_path", test_path, "no such folder.", "a folder of class folders of images")
         test = _same_classes(test_path, train, transform, root, "dataset.test_path")
     if val is not None:
+        if folds is not None:
+            raise ConfigError(
+                "dataset.folds",
+                folds,
+                f"{root}/val holds the validation images: cross-validation cuts its folds from train.",
+                "null, or a root without val/",
+            )
         train, held = held_out(train, test_fraction, split_seed)
         return Splits(train, val, test if test is not None else held)
-    train_idx, val_idx, test_idx = split_indices(len(train), val_fraction, split_seed, test_fraction)
+    train_idx, val_idx, test_idx = split_indices(len(train), val_fraction, split_seed, test_fraction, folds, fold)
     parts = Subset(train, train_idx), Subset(train, val_idx), Subset(train, test_idx) if test_idx else test
     return Splits(*parts)
 

@@ -90,3 +90,20 @@ def test_configurations_rank_by_their_mean_over_the_folds():
         "optimizer.lr=0.1",
         "optimizer.lr=0.01",
     ]
+
+
+def test_an_image_folder_cross_validates_its_images_unless_it_has_a_val_folder(tmp_path):
+    from hydra_raytrain.data import imagefolder
+    from tests.helpers.data import write_images
+
+    write_images(tmp_path / "b", ["cat", "dog"], 6)  # root/<class>/*: 12 images
+    paths = []
+    for fold in range(3):
+        splits = imagefolder(str(tmp_path / "b"), input_shape=(1, 8, 8), num_outputs=2, folds=3, fold=fold)
+        assert (len(splits.train), len(splits.val)) == (8, 4)  # type: ignore[arg-type]
+        paths += [splits.val.dataset.samples[i][0] for i in splits.val.indices]  # type: ignore[attr-defined]
+    assert len(paths) == len(set(paths)) == 12  # every image validates once
+    write_images(tmp_path / "a" / "train", ["cat", "dog"], 5)
+    write_images(tmp_path / "a" / "val", ["cat", "dog"], 1)
+    with pytest.raises(ConfigError, match="dataset.folds=3: .*/val holds the validation images"):
+        imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2, folds=3)
