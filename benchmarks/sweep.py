@@ -4,6 +4,7 @@ the full grid.
     .venv/bin/python benchmarks/sweep.py             # or: make bench-sweep
     .venv/bin/python benchmarks/sweep.py concurrency # only part 1 (asha: only part 2)
     .venv/bin/python benchmarks/sweep.py concurrency --epochs 240  # longer trials: start-up weighs less
+    .venv/bin/python benchmarks/sweep.py scale --trials 8          # part 3 with 8 trials instead of 64
 
 1. The same 4-trial sweep of 1-worker trials (a wider SimpleCNN on the digits, 4 learning rates, ~1 s per epoch
    on one core, EPOCHS epochs: two-minute trials) twice, each command in a fresh process that starts its own
@@ -19,6 +20,9 @@ the full grid.
    sweep's own scheduler is then replayed on the grid's per-epoch metrics over 500 seeded start orders
    (equal epoch times, and trials that start together report in start order; in a real run they race, so a
    run's own replay matches it unless the race went the other way: it is printed).
+3. Sweeps at scale: 64 one-epoch trials (the MLP, 2 batches, 1 worker each), as many at a time as the cores hold:
+   the wall time, trials per hour, each trial's start-up (its run's wall time less its epochs: Ray Train's
+   start, the workers' imports, the checkpoint) and the driver's resident memory after 8, 32 and 64 trials.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ ASHA = [*COMMON, "model=mlp", "trainer.max_epochs=16", "trainer.limit_train_batc
 ASCENDING = "optimizer.lr=1e-5,3e-5,1e-4,3e-4,1e-3,3e-3,1e-2,3e-2"
 SCRAMBLED = "optimizer.lr=1e-3,3e-5,1e-2,1e-5,3e-2,3e-4,1e-4,3e-3"
 REPLAYS = 500
+SCALE = [
+    *COMMON,
+    "model=mlp",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "optimizer.lr=tag(log,interval(1e-4,1e-1))",
+]
 
 
 def run(args, folder):
@@ -199,14 +210,60 @@ def asha() -> None:
     )
 
 
+def driver_rss_mb(pid: int) -> float:
+    """The resident memory of a process (Linux: /proc), MB."""
+    with open(f"/proc/{pid}/status") as file:
+        line = next(line for line in file if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def finished_trials(sweep_dir: str) -> int:
+    if not os.path.isdir(sweep_dir):
+        return 0
+    return sum(os.path.exists(os.path.join(sweep_dir, d, "summary.json")) for d in os.listdir(sweep_dir))
+
+
+def scale(trials: int = 64) -> None:
+    """``trials`` one-epoch trials (2 batches each, 1 worker) sampled from a log-uniform learning rate, as many at a
+    time as the cluster holds: start-up per trial, trials per hour, and the driver's memory as trials finish."""
+    args = [*SCALE, f"hydra.sweeper.num_samples={trials}", "hydra.sweep.dir=sweep"]
+    env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
+    marks, memory = [m for m in (8, 32, 64, trials) if m <= trials], {}
+    with tempfile.TemporaryDirectory() as folder, open(os.path.join(folder, "log"), "w") as log:
+        started = time.perf_counter()
+        command = [sys.executable, "-m", "hydra_raytrain", "-m", "hydra/sweeper=ray_tune", *args]
+        process = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+        while process.poll() is None:
+            done = finished_trials(os.path.join(folder, "sweep"))
+            for mark in marks:
+                if done >= mark and mark not in memory:
+                    memory[mark] = driver_rss_mb(process.pid)
+            time.sleep(0.5)
+        wall = time.perf_counter() - started
+        if process.returncode:
+            sys.exit(f"the {trials}-trial sweep failed:\n{open(os.path.join(folder, 'log')).read()[-3000:]}")
+        summary = sweep_summary(folder)
+        rows = summary["trials"]
+        start_up = [row["wall_seconds"] - training_seconds([row["run_dir"]]) for row in rows]
+        running = sum(row["wall_seconds"] for row in rows) / wall  # trials at a time, on average over the sweep
+    start_up.sort()
+    print(
+        f"{trials} trials x 1 worker, 1 epoch each: {wall:.0f} s ({len(rows) / wall * 3600:.0f} trials/hour, "
+        f"{running:.1f} at a time on average); start-up per trial (its run's wall time less its epochs) median "
+        f"{start_up[len(start_up) // 2]:.1f} s, max {start_up[-1]:.1f} s; driver memory "
+        + ", ".join(f"{memory[m]:.0f} MB after {m} trials" for m in marks if m in memory)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("parts", nargs="*", help="concurrency and/or asha (default: both)")
+    parser.add_argument("parts", nargs="*", help="concurrency, asha and/or scale (default: all three)")
     parser.add_argument(
         "--epochs", type=int, default=EPOCHS, help=f"epochs per trial in the concurrency part (default {EPOCHS})"
     )
+    parser.add_argument("--trials", type=int, default=64, help="trials of the scale part (default 64)")
     args = parser.parse_args()
-    parts = {"concurrency": lambda: concurrency(args.epochs), "asha": asha}
+    parts = {"concurrency": lambda: concurrency(args.epochs), "asha": asha, "scale": lambda: scale(args.trials)}
     unknown = [part for part in args.parts if part not in parts]
     if unknown:
         parser.error(f"unknown part {unknown[0]!r}: valid are {', '.join(parts)}")

@@ -3,6 +3,7 @@ summary table on the terminal."""
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import os
@@ -21,6 +22,7 @@ CSV_FILE = "sweep_summary.csv"
 BEST_CONFIG_FILE = "best_config.yaml"
 PLOT_FILE = "sweep.png"
 FOLD_KEY = "dataset.fold"
+TABLE_ROWS = 20  # a larger sweep's terminal table shows its best 20 trials (the files hold every one)
 COLUMNS = ("index", "overrides", "status", "final", "best", "epochs", "wall_seconds", "run_dir", "error")
 
 
@@ -258,7 +260,8 @@ def table(summary: dict[str, Any]):
             result.add_column(column, overflow="fold", ratio=1)
         else:
             result.add_column(column, justify="left" if column == "status" else "right", no_wrap=True)
-    for row in summary["trials"]:
+    shown = shown_rows(summary)
+    for row in shown:
         mark = " *" if row is summary["best"] else ""
         result.add_row(
             str(row["index"]) + mark,
@@ -269,7 +272,11 @@ def table(summary: dict[str, Any]):
             _fmt(row["best"]),
             _fmt(row["wall_seconds"], ".1f"),
         )
-    result.caption = f"* best. Sweep dir: {summary['sweep_dir']}"
+    more = len(summary["trials"]) - len(shown)
+    counts = collections.Counter(row["status"] for row in summary["trials"])
+    statuses = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    rest = f" The {TABLE_ROWS} best of {len(summary['trials'])} ({statuses}); all in {CSV_FILE}." if more else ""
+    result.caption = f"* best.{rest} Sweep dir: {summary['sweep_dir']}"
     result.caption_justify = "left"
     return result
 
@@ -290,6 +297,22 @@ def configurations_table(summary: dict[str, Any]):
         trials = " ".join(str(index) for index in rank["trials"])
         result.add_row(rank["configuration"] or "-", folds, _fmt(rank["mean"]), _fmt(rank["std"]), trials)
     return result
+
+
+def shown_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every trial of a sweep of up to TABLE_ROWS; of a larger one the TABLE_ROWS best by the metric (then the
+    unscored: failed, not run), in trial order, so the table stays readable at 64 trials."""
+    rows = summary["trials"]
+    if len(rows) <= TABLE_ROWS:
+        return rows
+    sign = -1 if summary["mode"] == "max" else 1
+
+    def rank(row: dict[str, Any]) -> tuple[bool, float]:
+        scored = isinstance(row["best"], (int, float))
+        return (not scored, sign * row["best"] if scored else 0.0)
+
+    best = sorted(rows, key=rank)[:TABLE_ROWS]
+    return sorted(best, key=lambda row: row["index"])
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:

@@ -275,3 +275,29 @@ def test_the_plugin_node_is_sweep_settings_and_loads_light():
         ]
     )
     assert done.stdout.strip() == str(expected)
+
+
+def test_a_64_trial_table_shows_the_20_best_and_counts_the_rest():
+    from rich.console import Console
+
+    rows = [
+        {
+            "index": i,
+            "overrides": f"optimizer.lr={i}",
+            "status": "failed" if i == 7 else "completed",
+            "epochs": 1,
+            "final": i / 100,
+            "best": None if i == 7 else i / 100,
+            "wall_seconds": 20.0,
+        }
+        for i in range(64)
+    ]
+    summary = {"metric": "val_loss", "mode": "min", "scheduler": "fifo", "sweep_dir": "/s", "best": rows[0]}
+    shown = results.shown_rows({**summary, "trials": rows})
+    assert [row["index"] for row in shown] == [i for i in range(21) if i != 7]  # the 20 lowest losses, in order
+    console = Console(width=100, record=True, file=open(os.devnull, "w"))
+    console.print(results.table({**summary, "trials": rows}))
+    text = console.export_text()
+    assert "The 20 best of 64 (63 completed, 1 failed); all in sweep_summary.csv" in " ".join(text.split())
+    assert text.count("optimizer.lr=") == 20
+    assert len(results.shown_rows({**summary, "trials": rows[:20]})) == 20  # a sweep of up to 20: every trial
