@@ -228,7 +228,7 @@ def scale(trials: int = 64) -> None:
     time as the cluster holds: start-up per trial, trials per hour, and the driver's memory as trials finish."""
     args = [*SCALE, f"hydra.sweeper.num_samples={trials}", "hydra.sweep.dir=sweep"]
     env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1"}
-    marks, memory = [m for m in (8, 32, 64, trials) if m <= trials], {}
+    marks, memory = sorted({m for m in (8, 32, 64, trials) if m <= trials}), {}
     with tempfile.TemporaryDirectory() as folder, open(os.path.join(folder, "log"), "w") as log:
         started = time.perf_counter()
         command = [sys.executable, "-m", "hydra_raytrain", "-m", "hydra/sweeper=ray_tune", *args]
