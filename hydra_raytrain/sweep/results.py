@@ -60,7 +60,8 @@ def collect(
     for job in jobs:
         run_dir = job.run_dir
         if job.index not in errors and previous.get(job.name, {}).get("status") == "stopped":
-            rows.append({**previous[job.name], "index": job.index})  # not re-run: what it was
+            kept = {"index": job.index, "configuration": configuration_of(job, swept)}  # not re-run: what it was
+            rows.append({**previous[job.name], **kept})
             continue
         history = rundir.read_history(run_dir)
         summary = _read_json(os.path.join(run_dir, rundir.SUMMARY_FILE))

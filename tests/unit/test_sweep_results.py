@@ -301,3 +301,25 @@ def test_a_64_trial_table_shows_the_20_best_and_counts_the_rest():
     assert "The 20 best of 64 (63 completed, 1 failed); all in sweep_summary.csv" in " ".join(text.split())
     assert text.count("optimizer.lr=") == 20
     assert len(results.shown_rows({**summary, "trials": rows[:20]})) == 20  # a sweep of up to 20: every trial
+
+
+def test_a_rerun_cross_validated_sweep_ranks_the_stopped_trials_it_keeps(tmp_path):
+    """A trial ASHA stopped in an earlier run is not run again: its row comes from the earlier summary (one written
+    before rows had a configuration, here) and still counts in its configuration's fold mean."""
+    jobs = []
+    for index, (lr, fold) in enumerate([(0.1, 0), (0.1, 1), (0.01, 0), (0.01, 1)]):
+        run_dir = tmp_path / f"run{index}"
+        run_dir.mkdir()
+        history = [{"epoch": 1, "val_accuracy": lr + fold / 100}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in history))
+        (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "wall_seconds": 3.0}))
+        dataset = {**default_config().dataset, "folds": 2, "fold": fold}
+        cfg = config(dataset=dataset, optimizer={"_target_": "torch.optim.Adam", "_partial_": True, "lr": lr})
+        overrides = [f"optimizer.lr={lr}", "dataset.folds=2", f"dataset.fold={fold}"]
+        jobs.append(Job(index, overrides, {}, cfg, f"run{index}", str(run_dir)))
+    stopped = {"index": 9, "overrides": "optimizer.lr=0.01 dataset.fold=1", "status": "stopped", "best": 0.005}
+    summary = results.collect(jobs, {}, {"run3": stopped}, "val_accuracy", "max", str(tmp_path), "asha")
+    ranked = {c["configuration"]: (c["folds"], c["mean"]) for c in summary["configurations"]}
+    assert ranked == {"optimizer.lr=0.1": (2, pytest.approx(0.105)), "optimizer.lr=0.01": (2, pytest.approx(0.0075))}
+    assert summary["best_configuration"]["configuration"] == "optimizer.lr=0.1"
+    assert summary["trials"][3]["status"] == "stopped" and summary["trials"][3]["index"] == 3
