@@ -210,11 +210,14 @@ def asha() -> None:
     )
 
 
-def driver_rss_mb(pid: int) -> float:
-    """The resident memory of a process (Linux: /proc), MB."""
-    with open(f"/proc/{pid}/status") as file:
-        line = next(line for line in file if line.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+def driver_rss_mb(pid: int) -> float | None:
+    """The resident memory of a process (Linux: /proc), MB; None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as file:
+            line = next((line for line in file if line.startswith("VmRSS:")), None)
+    except FileNotFoundError:
+        return None
+    return int(line.split()[1]) / 1024 if line else None
 
 
 def finished_trials(sweep_dir: str) -> int:
@@ -236,8 +239,8 @@ def scale(trials: int = 64) -> None:
         while process.poll() is None:
             done = finished_trials(os.path.join(folder, "sweep"))
             for mark in marks:
-                if done >= mark and mark not in memory:
-                    memory[mark] = driver_rss_mb(process.pid)
+                if done >= mark and mark not in memory and (rss := driver_rss_mb(process.pid)) is not None:
+                    memory[mark] = rss
             time.sleep(0.5)
         wall = time.perf_counter() - started
         if process.returncode:

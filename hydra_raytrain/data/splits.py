@@ -30,16 +30,17 @@ def split_indices(
     """Train, val and test indices of ``range(n)``: one seeded order, validation first, then the test rows (so
     asking for a test split leaves the validation split as it was, and takes its rows from training).
 
-    With ``folds=K`` (cross-validation) validation is fold ``fold`` of K: the test rows are the order's last, the
-    rest is cut into K near-equal folds, so the K runs of ``fold=0..K-1`` validate on disjoint folds that together
-    hold every sample but the test rows once (``val_fraction`` is not used)."""
+    With ``folds=K`` (cross-validation) validation is fold ``fold`` of K: the test rows are those of the usual
+    split (so a configuration chosen by cross-validation and trained again without folds is tested on rows no fold
+    saw), the rest is cut into K near-equal folds, so the K runs of ``fold=0..K-1`` validate on disjoint folds
+    that together hold every other sample once."""
     check_fractions(val_fraction, test_fraction)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, round(n * val_fraction))
     n_test = max(1, round(n * test_fraction)) if test_fraction else 0
     if folds is not None:
         check_folds(folds, fold, n - n_test)
-        pool, test = order[: n - n_test], order[n - n_test :]
+        pool, test = order[:n_val] + order[n_val + n_test :], order[n_val : n_val + n_test]
         bounds = [len(pool) * k // folds for k in range(folds + 1)]
         val = pool[bounds[fold] : bounds[fold + 1]]
         return pool[: bounds[fold]] + pool[bounds[fold + 1] :], val, test

@@ -147,10 +147,10 @@ def imagefolder(
             raise ConfigError("dataset.test_path", test_path, "no such folder.", "a folder of class folders of images")
         test = _same_classes(test_path, train, transform, root, "dataset.test_path")
     if val is not None:
-        if folds is not None:
+        if folds is not None or fold:
             raise ConfigError(
-                "dataset.folds",
-                folds,
+                "dataset.folds" if folds is not None else "dataset.fold",
+                folds if folds is not None else fold,
                 f"{root}/val holds the validation images: cross-validation cuts its folds from train.",
                 "null, or a root without val/",
             )

@@ -106,7 +106,12 @@ def collect(
 def configuration_of(job: Job, swept: set) -> str:
     """What a trial tries, folds aside: its swept overrides but ``dataset.fold`` (the trials of one configuration
     under cross-validation share it)."""
-    return " ".join(o for o in job.overrides if o.split("=", 1)[0] in swept - {FOLD_KEY})
+    return " ".join(o for o in job.overrides if o.split("=", 1)[0] in swept and key_of(o) != FOLD_KEY)
+
+
+def key_of(override: str) -> str:
+    """An override's key without Hydra's ``+`` / ``++`` / ``~`` prefix."""
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def rank_configurations(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:

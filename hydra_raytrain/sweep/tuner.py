@@ -140,7 +140,7 @@ def run_sweep(
     task = get_object(plan.probes[0].cfg.task["_target_"])
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
     if settings.scheduler == "asha":
-        _check_grace_period(settings.grace_period, min(job.cfg.trainer.max_epochs for job in plan.probes))
+        _check_asha(settings.grace_period, plan.probes)
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
     if plan.budget > 0:
@@ -163,6 +163,13 @@ def plan_trials(
         done, todo = _finished(jobs, lambda job: previous.get(job.name, {}).get("status"))
         return Plan(jobs, done, todo, len(todo), len(jobs), probes=jobs)
     fixed, space = parameter_space(arguments)
+    if any(results.key_of(key) == results.FOLD_KEY for key in space):
+        raise ConfigError(
+            "hydra.sweeper.search_alg",
+            settings.search_alg,
+            "would draw dataset.fold with the other keys: each configuration would get one fold of its own.",
+            "search_alg=basic to cross-validate (every fold of every configuration)",
+        )
     if not space:
         raise ConfigError(
             "hydra.sweeper.search_alg",
@@ -289,8 +296,17 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
     )
 
 
-def _check_grace_period(grace_period: int, max_epochs: int) -> None:
-    """ASHA's first rung is at ``grace_period`` epochs: one past the trials' epochs would stop nothing."""
+def _check_asha(grace_period: int, probes: list[Job]) -> None:
+    """ASHA's first rung is at ``grace_period`` epochs: one past the trials' epochs would stop nothing. Nor does it
+    cross-validate: it would stop a configuration's folds at different epochs, and their mean would mix them."""
+    if any(job.cfg.dataset.get("folds") for job in probes):
+        raise ConfigError(
+            "hydra.sweeper.scheduler",
+            "asha",
+            "would stop a configuration's folds at different epochs: a fold mean needs every fold trained alike.",
+            "hydra.sweeper.scheduler=fifo with dataset.folds",
+        )
+    max_epochs = max(job.cfg.trainer.max_epochs for job in probes)
     if grace_period > max_epochs:
         raise ConfigError(
             "hydra.sweeper.grace_period",

@@ -444,6 +444,11 @@ BAD_INPUTS = [
         ["-m", "hydra/sweeper=ray_tune", "dataset.folds=3", "dataset.fold=range(0,4)", "hydra.sweep.dir=sweep"],
         ["dataset.fold=3", "0 to 2", "(trial 3: dataset.folds=3 dataset.fold=3)"],
     ),
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.search_alg=optuna", "dataset.folds=2"]
+        + ["dataset.fold=range(0,2)", "hydra.sweep.dir=sweep"],
+        ["hydra.sweeper.search_alg='optuna'", "would draw dataset.fold", "search_alg=basic to cross-validate"],
+    ),
 ]
 
 

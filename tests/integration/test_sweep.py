@@ -231,11 +231,14 @@ def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_
         (2, 1, "optimizer.lr=1e-06"),
     ]
     ranked = summary["configurations"]
-    assert [c["folds"] for c in ranked] == [2, 2] and ranked[0]["mean"] >= ranked[1]["mean"]
+    assert [c["folds"] for c in ranked] == [2, 2]
+    means = {}
     for configuration in ranked:
         values = [row["best"] for row in rows.values() if row["configuration"] == configuration["configuration"]]
+        means[configuration["configuration"]] = sum(values) / 2
         assert configuration["mean"] == pytest.approx(sum(values) / 2)
         assert configuration["std"] == pytest.approx(abs(values[0] - values[1]) / 2)
+    assert [c["configuration"] for c in ranked] == sorted(means, key=means.__getitem__, reverse=True)
     assert summary["best_configuration"] == ranked[0]
     best_config = (tmp_path / "cv" / "best_config.yaml").read_text()
     assert f"best configuration of this sweep ({ranked[0]['configuration']}: mean" in best_config

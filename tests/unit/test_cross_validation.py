@@ -32,6 +32,7 @@ def test_three_folds_of_the_digits_validate_every_sample_once_and_test_the_same_
         assert len(splits.train) + len(splits.val) + len(splits.test) == n  # type: ignore[arg-type]
     assert sorted(seen) == sorted(set(range(n)) - set(next(iter(tests))))  # every other sample validates once
     assert len(tests) == 1 and len(next(iter(tests))) == round(n * 0.1)  # one test split for every fold
+    assert list(next(iter(tests))) == split_indices(n, 0.2, 0, test_fraction=0.1)[2]  # the usual split's
     sizes = [len(split_indices(n, 0.2, 0, folds=4, fold=k)[1]) for k in range(4)]
     assert sum(sizes) == n and max(sizes) - min(sizes) <= 1  # near-equal folds
     assert len(diabetes(folds=5, fold=4).val) in (88, 89)  # type: ignore[arg-type]

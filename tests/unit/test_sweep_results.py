@@ -249,9 +249,16 @@ def test_optuna_is_named_when_it_is_missing(monkeypatch):
     with pytest.raises(ConfigError, match="hydra.sweeper.reduction_factor=1.0: asha keeps 1/reduction_factor"):
         SweepSettings(scheduler="asha", reduction_factor=1.0).check()
     SweepSettings(scheduler="fifo", reduction_factor=1.0).check()  # not used without ASHA
+    probes = [
+        Job(-1, [], {}, config(trainer=dataclasses.replace(default_config().trainer, max_epochs=e)), "x", "x")
+        for e in (2, 4)
+    ]
     with pytest.raises(ConfigError, match="hydra.sweeper.grace_period=5: .* the trials train 4"):
-        tuner._check_grace_period(5, 4)
-    tuner._check_grace_period(4, 4)
+        tuner._check_asha(5, probes)
+    tuner._check_asha(4, probes)  # the longest trials can be stopped
+    folds = config(dataset={**default_config().dataset, "folds": 3})
+    with pytest.raises(ConfigError, match="hydra.sweeper.scheduler='?asha'?: would stop a configuration's folds"):
+        tuner._check_asha(1, [Job(-1, [], {}, folds, "x", "x")])
 
 
 def test_the_plugin_node_is_sweep_settings_and_loads_light():
