@@ -88,9 +88,8 @@ def collect(
                 "error": _one_line(error) if error is not None else (summary or {}).get("error"),
             }
         )
-    scored = [row for row in rows if isinstance(row["best"], (int, float))]
-    pick = max if mode == "max" else min
-    best_row = pick(scored, key=lambda row: row["best"]) if scored else None
+    ordered = best_first(rows, mode)
+    best_row = ordered[0] if ordered else None
     ranked = rank_configurations(rows, mode) if any(job.cfg.dataset.get("folds") for job in jobs) else []
     return {
         "metric": metric,
@@ -101,6 +100,12 @@ def collect(
         **({"configurations": ranked, "best_configuration": ranked[0] if ranked else None} if ranked else {}),
         "trials": rows,
     }
+
+
+def best_first(rows: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """The rows with a best value of the metric, best first (ties in trial order)."""
+    scored = [row for row in rows if isinstance(row["best"], (int, float))]
+    return sorted(scored, key=lambda row: -row["best"] if mode == "max" else row["best"])
 
 
 def configuration_of(job: Job, swept: set) -> str:
@@ -203,9 +208,7 @@ def write_best_config(job: Job, path: str, cross_validated: dict[str, Any] | Non
 
 def drop_checkpoints(summary: dict[str, Any], keep: int) -> None:
     """``keep_checkpoints=K``: the Ray storage of every trial but the best K goes (their metrics stay)."""
-    scored = [row for row in summary["trials"] if isinstance(row["best"], (int, float))]
-    scored.sort(key=lambda row: row["best"], reverse=summary["mode"] == "max")
-    kept = {row["run_dir"] for row in scored[:keep]}
+    kept = {row["run_dir"] for row in best_first(summary["trials"], summary["mode"])[:keep]}
     for row in summary["trials"]:
         if row["run_dir"] not in kept:
             shutil.rmtree(os.path.join(row["run_dir"], "ray_storage"), ignore_errors=True)
@@ -311,14 +314,9 @@ def shown_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows = summary["trials"]
     if len(rows) <= TABLE_ROWS:
         return rows
-    sign = -1 if summary["mode"] == "max" else 1
-
-    def rank(row: dict[str, Any]) -> tuple[bool, float]:
-        scored = isinstance(row["best"], (int, float))
-        return (not scored, sign * row["best"] if scored else 0.0)
-
-    best = sorted(rows, key=rank)[:TABLE_ROWS]
-    return sorted(best, key=lambda row: row["index"])
+    best = best_first(rows, summary["mode"])
+    unscored = [row for row in rows if not isinstance(row["best"], (int, float))]
+    return sorted((best + unscored)[:TABLE_ROWS], key=lambda row: row["index"])
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:
