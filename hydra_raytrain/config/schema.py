@@ -465,16 +465,25 @@ class RunSettings:
     is reported as complete. ``init_from`` starts a new run from another run's weights (recipe/warm_start.py)::
 
         python -m hydra_raytrain run.init_from=outputs/runs/<name> optimizer.lr=1e-4   # fine-tune
+
+    ``init_full_state`` continues another run's checkpoint folder as if it were this run's own: weights, optimizers,
+    LR schedules, epoch, optimizer step and history, with this run's optimizer settings applied to the live
+    optimizer (a changed ``lr`` rescales the schedule). Population Based Training's exploits use it.
     """
 
     resume: str = "auto"  # auto: resume an unfinished run, report a finished one; never: discard its state, start fresh
     init_from: str | None = None  # a run dir or a checkpoint folder (local, or s3://...): its weights to start from
     init_from_strict: bool = True  # the same keys (shapes must always match)
     init_optimizer: bool = False  # the optimizers' state too (a checkpoint folder's train_state.pt)
+    init_full_state: bool = False  # continue a checkpoint folder: its epoch, step, schedules and history too
 
     def __post_init__(self) -> None:
         if self.resume not in ("auto", "never"):
             raise ConfigError("run.resume", self.resume, "unknown policy.", "auto, never")
+        if self.init_full_state and not self.init_from:
+            raise ConfigError(
+                "run.init_full_state", True, "continues run.init_from, which is not set.", "run.init_from=<checkpoint>"
+            )
 
 
 @dataclass

@@ -57,6 +57,18 @@ class EpochReportsOnly(UserCallback):
             self.callback.after_report(run_context, metrics, checkpoint)
 
 
+class QueueReports(UserCallback):
+    """Each epoch's metrics and checkpoint path onto a Ray queue, which a PBT trial's own thread hands to Tune with a
+    checkpoint of its own (sweep/pbt.py): Tune's ``TuneReportCallback`` passes a path only, nothing PBT can clone."""
+
+    def __init__(self, queue: Any):
+        self.queue = queue
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        if is_epoch_report(metrics[0]):
+            self.queue.put((dict(metrics[0]), checkpoint.path if checkpoint is not None else None))
+
+
 def is_epoch_report(metrics: dict[str, Any]) -> bool:
     """An epoch's metrics, not a mid-epoch checkpoint's report (recipe/loop.py ``_save_mid_epoch``)."""
     return "epoch_progress" not in metrics

@@ -130,7 +130,9 @@ def check_sections(cfg: DictConfig, cwd: str, problems: Problems) -> dict[str, A
     run = resolved.get("run") or {}
     if run.get("init_from"):
         with problems.collect():
-            run["init_from"] = locate_warm_start(run["init_from"], cwd, run["init_optimizer"])
+            run["init_from"] = locate_warm_start(
+                run["init_from"], cwd, run["init_optimizer"], run.get("init_full_state", False)
+            )
     return resolved
 
 

@@ -145,7 +145,7 @@ class Recipe:
         self.tracker_ids: dict[str, str] = {}
         self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
         if self.cfg.run.init_from and ray.train.get_checkpoint() is None:  # a resumed run has newer weights
-            self._warm_start()
+            self._continue_from() if self.cfg.run.init_full_state else self._warm_start()
         rng = self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name, "provenance": self.provenance}
@@ -190,13 +190,7 @@ class Recipe:
         )
         if state is None:
             raise RuntimeError(f"None of the run's {len(candidates)} checkpoints loads; see the warnings above.")
-        train = state["train"]
-        if state["model"] is not None:  # a full-state checkpoint (a sharded one loaded in read_newest_loadable)
-            models = checkpoint.unpack_models(state["model"], self.several_models)
-            checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
-        self.step.load_state_dict(train["step"])
-        self.start_epoch, self.global_step = train["epoch"], train["global_step"]
-        self.position = self._position_now(train.get("position"))
+        train = self._load_full_state(state)
         if self.rank == 0:
             where = (
                 f"epoch {self.start_epoch + 1}, after batch {self.position['batches']}/{self.train_batches}"
@@ -204,9 +198,46 @@ class Recipe:
                 else f"the start of epoch {self.start_epoch + 1}"
             )
             print(f"Resuming from checkpoint {state['name']}: {where}, optimizer step {self.global_step}", flush=True)
-        self.history = list(train["history"])
         self.tracker_ids = dict(train.get("tracker_ids") or {})
         return state["rng"]
+
+    def _load_full_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A full-state checkpoint's weights, optimizers, schedules, epoch, step and history; its train state."""
+        train = state["train"]
+        if state["model"] is not None:  # a full-state checkpoint (a sharded one loaded in read_newest_loadable)
+            models = checkpoint.unpack_models(state["model"], self.several_models)
+            checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
+        self.step.load_state_dict(train["step"])
+        self.start_epoch, self.global_step = train["epoch"], train["global_step"]
+        self.position = self._position_now(train.get("position"))
+        self.history = list(train["history"])
+        return train
+
+    def _continue_from(self) -> None:
+        """``run.init_full_state``: another run's checkpoint continued as this run's own (a PBT exploit), with this
+        run's optimizer settings in the live optimizers. Not its trackers' runs (this is another run), nor its RNG
+        streams (two runs continuing one checkpoint explore apart)."""
+        source = self.cfg.run.init_from
+        assert source is not None
+        configured = {name: warm_start.hyperparameters(o) for name, o in self.step.optimizers.items()}
+        state = checkpoint.read_newest_loadable(
+            [ray.train.Checkpoint(path=source)],
+            self.rank,
+            lambda message: logger.warning(message),
+            self.step.models,
+            self.step.optimizers,
+        )
+        if state is None:
+            raise RuntimeError(f"run.init_from={source} does not load; see the warning above.")
+        self._load_full_state(state)
+        for name, optimizer in self.step.optimizers.items():
+            schedules = list(self.step.lr_schedulers.get(name, [])) + [self.step.warmups.get(name)]
+            warm_start.carry_over(optimizer, [s for s in schedules if s is not None], configured[name])
+        if self.rank == 0:
+            print(
+                f"Continuing run.init_from={source}: epoch {self.start_epoch + 1}, optimizer step {self.global_step}",
+                flush=True,
+            )
 
     def _position_now(self, position: dict[str, Any] | None) -> dict[str, Any] | None:
         """A mid-epoch position in this run's batches: the same unless the world size changed with a per-worker

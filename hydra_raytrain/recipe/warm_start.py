@@ -25,9 +25,9 @@ from hydra_raytrain.rundir import SUMMARY_FILE
 KEY = "run.init_from"
 
 
-def locate(source: str, cwd: str, init_optimizer: bool) -> str:
+def locate(source: str, cwd: str, init_optimizer: bool, init_full_state: bool = False) -> str:
     """The source as workers read it (a local path made absolute against the driver's folder); a ConfigError
-    when it holds no model.pt, or no train_state.pt for ``run.init_optimizer``."""
+    when it holds no model.pt, or no train_state.pt for ``run.init_optimizer`` / ``run.init_full_state``."""
     source = source_path(source, cwd)
     names = _listing(source)
     if names is None or not has_weights(names):
@@ -37,13 +37,13 @@ def locate(source: str, cwd: str, init_optimizer: bool) -> str:
             "no model.pt (or sharded checkpoint) there." if names is not None else "not found.",
             "a run dir (outputs/runs/<name>) or a checkpoint folder (<storage>/<name>/epoch_NNNN)",
         )
-    if init_optimizer and STATE_FILE not in names:
+    if (init_optimizer or init_full_state) and STATE_FILE not in names:
         kind = "a run dir" if SUMMARY_FILE in names else "a folder"
         raise ConfigError(
-            "run.init_optimizer",
+            "run.init_full_state" if init_full_state else "run.init_optimizer",
             True,
             f"needs a checkpoint folder (it holds {STATE_FILE}); {source} is {kind} without one.",
-            "run.init_from=<storage>/<name>/epoch_NNNN, or run.init_optimizer=false",
+            "run.init_from=<storage>/<name>/epoch_NNNN",
         )
     return source
 
@@ -121,3 +121,36 @@ def check_fit(models: Mapping[str, Any], saved: Mapping[str, Any], source: str, 
                 "a run of the same model"
                 + ("" if not strict else "; or run.init_from_strict=false to skip missing and unexpected keys"),
             )
+
+
+LR_KEYS = ("lr", "initial_lr", "max_lr", "min_lr")  # a param group's learning rates a schedule keeps in step
+
+
+def carry_over(optimizer: Any, schedules: list[Any], configured: list[dict[str, Any]]) -> None:
+    """After another run's full state was loaded (``run.init_full_state``): this run's settings in the live
+    optimizer. Each setting takes its configured value, except the learning rates, which a schedule moves: a
+    group's lr, initial_lr, max_lr and min_lr and each schedule's ``base_lrs`` are scaled by configured / loaded
+    initial lr, so the schedule goes on where it was, at the new level."""
+    for index, (group, settings) in enumerate(zip(optimizer.param_groups, configured, strict=True)):
+        loaded = group.get("initial_lr", group["lr"])
+        wanted = settings.get("initial_lr", settings["lr"])
+        ratio = float(wanted) / float(loaded) if float(loaded) else 1.0
+        for key, value in settings.items():
+            if key not in LR_KEYS:
+                group[key] = value
+        for key in LR_KEYS:
+            if isinstance(group.get(key), (int, float)) and not isinstance(group.get(key), bool):
+                group[key] = group[key] * ratio
+        for schedule in _schedules(schedules):
+            base_lrs = getattr(schedule, "base_lrs", None)
+            if base_lrs is not None and index < len(base_lrs):
+                base_lrs[index] = base_lrs[index] * ratio
+
+
+def _schedules(schedules: list[Any]) -> list[Any]:
+    """Every schedule, those a SequentialLR or ChainedScheduler holds included."""
+    found = []
+    for schedule in schedules:
+        found.append(schedule)
+        found += _schedules(list(getattr(schedule, "_schedulers", [])))
+    return found

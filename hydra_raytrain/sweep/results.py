@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from hydra_raytrain import rundir
 from hydra_raytrain.outcome import RunStatus, TrialStatus
+from hydra_raytrain.sweep.lineage import bare, describe, final_values, read_lineage, typed
 from hydra_raytrain.sweep.trial import TRIAL_FILE
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ BEST_CONFIG_FILE = "best_config.yaml"
 PLOT_FILE = "sweep.png"
 FOLD_KEY = "dataset.fold"
 TABLE_ROWS = 20  # a larger sweep's terminal table shows its best 20 trials (the files hold every one)
-COLUMNS = ("index", "overrides", "status", "final", "best", "epochs", "wall_seconds", "run_dir", "error")
+COLUMNS = ("index", "overrides", "status", "final", "best", "epochs", "wall_seconds", "run_dir", "error", "exploits")
 
 
 def read_previous(sweep_dir: str) -> dict[str, dict[str, Any]]:
@@ -69,6 +70,7 @@ def collect(
         status = trial_status(summary, history, None if error is None else str(error))
         best = rundir.best_epoch(history, metric, mode) or {}
         started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
+        lineage = read_lineage(run_dir)  # PBT's exploits of this trial
         finished = os.path.getmtime(os.path.join(run_dir, rundir.METRICS_FILE)) if history else None
         rows.append(
             {
@@ -86,6 +88,7 @@ def collect(
                 "finished": finished,
                 "run_dir": run_dir,
                 "error": _one_line(error) if error is not None else (summary or {}).get("error"),
+                **({"exploits": [describe(r) for r in lineage], "values": final_values(lineage)} if lineage else {}),
             }
         )
     ordered = best_first(rows, mode)
@@ -163,14 +166,14 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
     with open(os.path.join(sweep_dir, CSV_FILE), "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(summary["trials"])
+        writer.writerows({**row, "exploits": "; ".join(row.get("exploits", []))} for row in summary["trials"])
     chosen = summary.get("best_configuration")
     if chosen is not None and chosen["mean"] is not None:  # cross-validated: the best mean over the folds
         best = next(job for job in jobs if job.index == chosen["trials"][0])
         write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE), chosen)
     elif summary["best"] is not None:
         best = next(job for job in jobs if job.index == summary["best"]["index"])
-        write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE))
+        write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE), schedule=summary["best"].get("exploits"))
     if keep_checkpoints:
         drop_checkpoints(summary, keep_checkpoints)
     plot(summary, os.path.join(sweep_dir, PLOT_FILE))
@@ -181,10 +184,13 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
         Console().print(configurations_table(summary))
 
 
-def write_best_config(job: Job, path: str, cross_validated: dict[str, Any] | None = None) -> None:
+def write_best_config(
+    job: Job, path: str, cross_validated: dict[str, Any] | None = None, schedule: list[str] | None = None
+) -> None:
     """A primary config that reproduces the best trial with the plain CLI:
     ``python -m hydra_raytrain --config-dir <sweep dir> --config-name best_config``. Cross-validated: the best
-    configuration, on the dataset's usual train/val split (``dataset.folds`` unset)."""
+    configuration, on the dataset's usual train/val split (``dataset.folds`` unset). Under PBT: the best trial's
+    final values, and in the header the schedule of exploits that produced them."""
     import yaml
 
     config = {
@@ -199,6 +205,20 @@ def write_best_config(job: Job, path: str, cross_validated: dict[str, Any] | Non
             f"# The best configuration of this sweep ({cross_validated['configuration'] or 'the only one'}: "
             f"mean {cross_validated['mean']:.4f}, std {cross_validated['std']:.4f} over "
             f"{cross_validated['folds']} folds), on the dataset's usual split. Train it:\n"
+        )
+    lineage = read_lineage(job.run_dir) if schedule else []
+    if lineage:
+        for key, value in final_values(lineage).items():
+            section, *rest = bare(key).split(".")
+            node = config[section] = dict(config[section])
+            for part in rest[:-1]:
+                node = node[part] = dict(node[part])
+            node[rest[-1]] = typed(key, value)
+        steps = "\n".join(f"#   {step}" for step in schedule or [])
+        heading = (
+            f"# The best trial of this PBT sweep ({' '.join(job.overrides)}) ended with these values, after this "
+            f"schedule of exploits (generation, epoch: donor trial, its step, changes):\n{steps}\n"
+            "# Trained by the plain CLI, they apply from the first epoch (no schedule). Train it:\n"
         )
     with open(path, "w") as file:
         file.write(heading)
@@ -226,15 +246,20 @@ def plot(summary: dict[str, Any], path: str) -> None:
     for row in rows:
         history = rundir.read_history(row["run_dir"])
         if history:
-            curves.plot(
+            (line,) = curves.plot(
                 [m["epoch"] for m in history],
                 [m.get(metric) for m in history],
                 "-o",
                 markersize=3,
                 label=f"{row['index']}: {row['overrides']}"[:60],
             )
+            # PBT: where the trial took another's checkpoint (its curve before that point is the donor's)
+            at = {m["epoch"]: m.get(metric) for m in history}
+            exploits = [r["epoch"] for r in read_lineage(row["run_dir"]) if r["epoch"] in at]
+            if exploits:
+                curves.plot(exploits, [at[e] for e in exploits], "D", color=line.get_color(), markersize=7)
     curves.set_xlabel("epoch")
-    curves.set_title(f"{metric} per trial")
+    curves.set_title(f"{metric} per trial" + (" (diamonds: PBT exploits)" if summary["scheduler"] == "pbt" else ""))
     curves.grid(alpha=0.3)
     if rows:
         curves.legend(fontsize=6)
@@ -272,9 +297,11 @@ def table(summary: dict[str, Any]):
     shown = shown_rows(summary)
     for row in shown:
         mark = " *" if row is summary["best"] else ""
+        exploits = row.get("exploits")
+        exploits = f" (PBT: {_count(len(exploits), 'exploit')}, now {_values(row['values'])})" if exploits else ""
         result.add_row(
             str(row["index"]) + mark,
-            row["overrides"],
+            row["overrides"] + exploits,
             row["status"],
             str(row["epochs"]),
             _fmt(row["final"]),
@@ -317,6 +344,14 @@ def shown_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     best = best_first(rows, summary["mode"])
     unscored = [row for row in rows if not isinstance(row["best"], (int, float))]
     return sorted((best + unscored)[:TABLE_ROWS], key=lambda row: row["index"])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _values(values: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in values.items())
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:

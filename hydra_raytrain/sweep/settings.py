@@ -5,7 +5,7 @@ start-up) and, like the plugin, has no ``from __future__ import annotations`` (O
 
 from dataclasses import dataclass
 
-SCHEDULERS = ("fifo", "asha")
+SCHEDULERS = ("fifo", "asha", "pbt")
 SEARCH_ALGS = ("basic", "optuna")
 
 
@@ -17,12 +17,15 @@ class SweepSettings:
     num_samples: int = 1  # basic: repeats of the grid, with new draws of interval() parameters; optuna: trials in all
     seed: int = 0  # of those draws (and of the ASHA start order): the same command gives the same trials
     max_concurrent_trials: int | None = None  # None: as many as the cluster holds
-    scheduler: str = (
-        "fifo"  # fifo, or asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order)
-    )
+    # fifo; asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order); pbt (Population
+    # Based Training: every perturbation_interval epochs, weak trials continue a strong one with perturbed settings)
+    scheduler: str = "fifo"
     grace_period: int = 1  # ASHA: epochs every trial gets before it can be stopped
     reduction_factor: float = 4.0  # ASHA: keep 1/reduction_factor of the trials at each rung (Tune's default)
     keep_checkpoints: int | None = None  # keep only the best K trials' checkpoints (None: all)
+    perturbation_interval: int = 2  # PBT: epochs between a trial's exploit / explore decisions
+    quantile_fraction: float = 0.25  # PBT: the bottom fraction of trials continue one of the top fraction
+    resample_probability: float = 0.25  # PBT: chance a perturbed setting is drawn anew instead of nudged
 
     def check(self) -> None:
         from hydra_raytrain.config import ConfigError
@@ -45,7 +48,8 @@ class SweepSettings:
                 ) from None
         if self.mode not in (None, "max", "min"):
             raise ConfigError("hydra.sweeper.mode", self.mode, "unknown mode.", "max, min")
-        for key in ("num_samples", "grace_period", "max_concurrent_trials", "keep_checkpoints"):
+        counts = ("num_samples", "grace_period", "max_concurrent_trials", "keep_checkpoints", "perturbation_interval")
+        for key in counts:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"hydra.sweeper.{key}", value, "must be >= 1.")
@@ -55,4 +59,27 @@ class SweepSettings:
                 self.reduction_factor,
                 f"{self.scheduler} keeps 1/reduction_factor of the trials at each rung: it must be > 1.",
                 "e.g. 2, 3 or 4",
+            )
+        if self.scheduler == "pbt":
+            self._check_pbt()
+
+    def _check_pbt(self) -> None:
+        from hydra_raytrain.config import ConfigError
+
+        if self.search_alg != "basic":
+            raise ConfigError(
+                "hydra.sweeper.search_alg",
+                self.search_alg,
+                "cannot suggest trials under PBT: PBT explores by perturbing the trials it has.",
+                "search_alg=basic with scheduler=pbt (a grid, or interval() draws with num_samples)",
+            )
+        if not 0 < self.quantile_fraction <= 0.5:
+            raise ConfigError(
+                "hydra.sweeper.quantile_fraction",
+                self.quantile_fraction,
+                "the bottom fraction of trials that continue one of the top fraction: it must be in (0, 0.5].",
+            )
+        if not 0 <= self.resample_probability <= 1:
+            raise ConfigError(
+                "hydra.sweeper.resample_probability", self.resample_probability, "is a probability: 0 to 1."
             )

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,7 +21,13 @@ TRIAL_FILE = "trial.json"
 
 
 def run_trial(
-    config: dict[str, Any], jobs: list[Job], sweep_dir: str, cwd: str, pythonpath: str, argv: list[str] | None = None
+    config: dict[str, Any],
+    jobs: list[Job],
+    sweep_dir: str,
+    cwd: str,
+    pythonpath: str,
+    argv: list[str] | None = None,
+    compose: Callable[..., Job] | None = None,
 ) -> None:
     from omegaconf import OmegaConf
     from ray import tune
@@ -44,6 +51,14 @@ def run_trial(
     with open(os.path.join(run_dir, TRIAL_FILE), "w") as file:
         json.dump({"index": config["index"], "overrides": job.overrides, "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
+    if compose is not None:  # PBT: the trial's current generation, each epoch reported with a checkpoint to clone
+        from hydra_raytrain.sweep.pbt import run_segment
+
+        def segment(cfg: Any, callback: Any) -> dict[str, Any]:
+            return train(cfg, run_dir=run_dir, extra_callbacks=[callback], show_summary=False, rehearse=False)
+
+        run_segment(config, job, segment, compose)
+        return
     train(
         OmegaConf.create(job.cfg.to_dict()),
         run_dir=run_dir,

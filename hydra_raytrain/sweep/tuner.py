@@ -13,6 +13,7 @@ import itertools
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,8 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
-from hydra_raytrain.sweep import results
+from hydra_raytrain.recipe.lightning_setup import is_lightning
+from hydra_raytrain.sweep import pbt, results
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
 from hydra_raytrain.sweep.settings import SweepSettings
@@ -124,6 +126,7 @@ class Plan:
     probes: list[Job]
     fixed: list[str] = field(default_factory=list)  # a search algorithm's fixed overrides and its space
     space: dict[str, Parameter] = field(default_factory=dict)
+    arguments: list[str] = field(default_factory=list)  # the sweep's command-line overrides
 
 
 def run_sweep(
@@ -141,6 +144,12 @@ def run_sweep(
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
     if settings.scheduler == "asha":
         _check_asha(settings.grace_period, plan.probes)
+    if settings.scheduler == "pbt":
+        pbt.check(parameter_space(arguments)[1], plan.probes, settings)
+        if any(is_lightning(job.cfg.task["_target_"]) for job in plan.probes):
+            raise ConfigError(
+                "hydra.sweeper.scheduler", "pbt", "cannot continue a Lightning module's checkpoint.", "fifo or asha"
+            )
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
     if plan.budget > 0:
@@ -161,7 +170,7 @@ def plan_trials(
     if settings.search_alg == "basic":
         jobs = compose_jobs(compose, arguments, settings)
         done, todo = _finished(jobs, lambda job: previous.get(job.name, {}).get("status"))
-        return Plan(jobs, done, todo, len(todo), len(jobs), probes=jobs)
+        return Plan(jobs, done, todo, len(todo), len(jobs), probes=jobs, arguments=list(arguments))
     fixed, space = parameter_space(arguments)
     if any(results.key_of(key) == results.FOLD_KEY for key in space):
         raise ConfigError(
@@ -204,8 +213,8 @@ def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(plan.probes[0].cfg.ray, largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
-    if settings.scheduler == "asha":
-        _check_asha_can_free_stopped_trials(plan.probes[0].cfg.ray)
+    if settings.scheduler in ("asha", "pbt"):
+        _check_asha_can_free_stopped_trials(plan.probes[0].cfg.ray, settings.scheduler)
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
@@ -230,6 +239,9 @@ def run_trials(
     scheduler = None
     if settings.scheduler == "asha":
         scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
+    space = parameter_space(plan.arguments)[1] if settings.scheduler == "pbt" else {}
+    if space:
+        scheduler = pbt.scheduler(settings, space, max(job.cfg.trainer.max_epochs for job in plan.todo))
     searcher = None
     if settings.search_alg == "optuna":
         # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
@@ -239,9 +251,15 @@ def run_trials(
         )
     # Under ASHA the grid starts in a seeded random order (space.start_order says why).
     order = start_order([job.index for job in plan.todo], shuffle=scheduler is not None, seed=settings.seed)
+    if searcher:
+        param_space: dict[str, Any] = {}
+    elif space:  # PBT mutates each trial's current values of the swept keys
+        param_space = pbt.param_space(order, pbt.current_values(plan.todo, space))
+    else:
+        param_space = {"index": tune.grid_search(order)}
     tuner = tune.Tuner(
-        _trainable(plan.jobs if searcher is None else [], sweep_dir),
-        param_space={} if searcher else {"index": tune.grid_search(order)},
+        _trainable(plan.jobs if searcher is None else [], sweep_dir, compose if space else None),
+        param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
         tune_config=tune.TuneConfig(
@@ -261,15 +279,18 @@ def run_trials(
             failure_config=tune.FailureConfig(max_failures=0),
         ),
     )
-    grid = tuner.fit()
+    with warnings.catch_warnings():  # PBT's hint to reuse actors: a trial it pauses must end its Ray Train run
+        warnings.filterwarnings("ignore", message="Consider boosting PBT performance")
+        grid = tuner.fit()
     errors = {result.config["index"]: result.error for result in grid if result.error is not None}
     jobs = plan.jobs if searcher is None else sorted(plan.done + searcher.jobs, key=lambda job: job.index)
     return jobs, errors
 
 
-def _trainable(jobs: list[Job], sweep_dir: str) -> Any:
+def _trainable(jobs: list[Job], sweep_dir: str, compose: Callable[..., Job] | None = None) -> Any:
     """The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
-    nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it)."""
+    nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it).
+    Under PBT it gets Hydra's composition (``compose``), to compose a trial again with its explored values."""
     import ray
     from ray import tune
 
@@ -277,7 +298,13 @@ def _trainable(jobs: list[Job], sweep_dir: str) -> Any:
 
     node = f"node:{ray.util.get_node_ip_address()}"
     trial = tune.with_parameters(
-        run_trial, jobs=jobs, sweep_dir=sweep_dir, cwd=os.getcwd(), pythonpath=import_path(), argv=list(sys.argv)
+        run_trial,
+        jobs=jobs,
+        sweep_dir=sweep_dir,
+        cwd=os.getcwd(),
+        pythonpath=import_path(),
+        argv=list(sys.argv),
+        compose=compose,
     )
     return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: 0.001})
 
@@ -316,10 +343,10 @@ def _check_asha(grace_period: int, probes: list[Job]) -> None:
         )
 
 
-def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig) -> None:
-    """ASHA stops a trial by ending its process; Ray Train then frees that run's placement group (its workers'
-    CPUs) through Ray's state API. Where the cluster's processes cannot reach it (no dashboard), every stopped
-    trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
+def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig, scheduler: str = "asha") -> None:
+    """ASHA stops a trial (PBT restarts one) by ending its process; Ray Train then frees that run's placement
+    group (its workers' CPUs) through Ray's state API. Where the cluster's processes cannot reach it (no dashboard),
+    every stopped trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
     from hydra_raytrain.driver import cluster
 
     problem: str | None
@@ -331,8 +358,9 @@ def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig) -> None:
         where = f"the cluster at ray.address={ray_cfg.address}" if ray_cfg.address else "the local cluster"
         raise ConfigError(
             "hydra.sweeper.scheduler",
-            "asha",
-            f"a trial ASHA stops frees its workers' CPUs through Ray's state API, which {where} does not serve "
+            scheduler,
+            f"a trial {scheduler.upper()} stops frees its workers' CPUs through Ray's state API, which {where} "
+            "does not serve "
             f"({problem}): "
             "stopped trials would keep their CPUs and the sweep would wait forever.",
             "ray.include_dashboard=null (Ray's default: the dashboard serves the state API), a cluster started with "

@@ -438,6 +438,13 @@ BAD_INPUTS = [
         + ["optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"],
         ["hydra.sweeper.reduction_factor=1", "must be > 1"],
     ),
+    # PBT can change only optimizer settings in a running trial; continuing a run needs the run to continue
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=pbt", "model=mlp,simple_cnn"]
+        + ["hydra.sweep.dir=sweep"],
+        ["hydra.sweeper.scheduler='pbt'", "would change model in a running trial", "optimizer.*"],
+    ),
+    (["run.init_full_state=true"], ["run.init_full_state=True", "run.init_from"]),
     # Cross-validation: a fold of no folds, and a fold past the folds (each trial's config checked up front)
     (["dataset.fold=2"], ["dataset.fold=2", "dataset.folds, which is not set", "dataset.folds=K"]),
     (

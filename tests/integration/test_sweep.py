@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -197,6 +198,66 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
     )
     lrs = [json.loads((tmp_path / "sweep" / name / "job.json").read_text())["params"]["optimizer.lr"] for name in rows]
     assert len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
+
+
+def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_address, tmp_path):
+    """PBT over two trials, a good and a hopeless lr, perturbing every epoch: once both have a score, each report of
+    the weaker trial continues the stronger one's checkpoint with an explored lr. The driver is killed once a trial
+    has exploited the other; the identical command resumes every trial at its generation, and each ends 4 epochs
+    whose optimizer steps continue the donor's."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=pbt",
+        "hydra.sweeper.perturbation_interval=1",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-7",
+        "trainer.max_epochs=4",
+        "trainer.limit_train_batches=10",
+        "task._target_=tests.helpers.tasks.Slow",
+        "+task.seconds_per_batch=0.1",
+        "hydra.sweep.dir=sweep",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    log = tmp_path / "killed_driver.log"
+    with open(log, "w") as output:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=output
+        )
+    deadline = time.time() + 240
+    while time.time() < deadline and driver.poll() is None and not list(tmp_path.glob("sweep/*/pbt.jsonl")):
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert list(tmp_path.glob("sweep/*/pbt.jsonl")), "no exploit before the kill:\n" + log.read_text()[-3000:]
+
+    done = run_cli(args, cwd=str(tmp_path), timeout=400)  # the identical command
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    rows = {row["index"]: row for row in summary["trials"]}
+    assert all(row["status"] == "completed" and row["epochs"] == 4 for row in rows.values()), rows
+    exploited = [row for row in rows.values() if row.get("exploits")]
+    assert exploited and "PBT: " in done.stdout, summary
+    for row in exploited:
+        run_dir = Path(row["run_dir"])
+        lineage = [json.loads(line) for line in (run_dir / "pbt.jsonl").read_text().splitlines()]
+        assert [r["generation"] for r in lineage] == list(range(1, len(lineage) + 1))
+        assert len(row["exploits"]) == len(lineage) and row["values"] == lineage[-1]["after"]
+        history = {m["epoch"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+        assert sorted(history) == [1, 2, 3, 4]
+        last = lineage[-1]  # the weights it ends with continue the donor's checkpoint: its step, then 10 per epoch
+        assert history[last["epoch"]]["step"] == last["step"] == 10 * last["epoch"], (last, history)
+        for epoch in range(last["epoch"] + 1, 5):
+            assert history[epoch]["step"] == history[epoch - 1]["step"] + 10
+            assert history[epoch]["lr"] == pytest.approx(float(last["after"]["optimizer.lr"]))
+        assert (run_dir / "ray_storage" / f"{run_dir.name}-g{last['generation']}").is_dir()
+        for record in lineage:
+            assert Path(record["checkpoint"]).is_dir() and record["donor"] != row["index"]
+    best_config = (tmp_path / "sweep" / "best_config.yaml").read_text()
+    if summary["best"].get("exploits"):
+        assert "# The best trial of this PBT sweep" in best_config and summary["best"]["exploits"][-1] in best_config
 
 
 def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_address, tmp_path):
