@@ -9,6 +9,7 @@ from typing import Any
 
 from ray.train import UserCallback
 
+from hydra_raytrain.driver.storage import checkpoint_uri
 from hydra_raytrain.logfiles import link_process_logs
 from hydra_raytrain.rundir import METRICS_FILE, format_epoch, read_history
 
@@ -66,7 +67,7 @@ class QueueReports(UserCallback):
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if is_epoch_report(metrics[0]):
-            self.queue.put((dict(metrics[0]), checkpoint.path if checkpoint is not None else None))
+            self.queue.put((dict(metrics[0]), checkpoint_uri(checkpoint) if checkpoint is not None else None))
 
 
 def is_epoch_report(metrics: dict[str, Any]) -> bool:

@@ -32,7 +32,7 @@ from hydra_raytrain.driver.epoch_log import EpochLog
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.scoring import has_test_split, score
-from hydra_raytrain.driver.storage import check_storage
+from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
@@ -296,7 +296,7 @@ def _test_best(resolved: Resolved, run_dir: str, result: Any) -> dict[str, Any]:
         else:
             with best[0].as_directory() as folder:
                 metrics = score(folder, cfg, "test")
-            where, epoch = _checkpoint_uri(best[0]), best[1].get("epoch")
+            where, epoch = checkpoint_uri(best[0]), best[1].get("epoch")
     except Exception as error:  # noqa: BLE001  (training completed: its model and summary are written regardless)
         print(f"WARNING: the test split was not scored: {one_line(error)}", file=sys.stderr, flush=True)
         return {"error": one_line(error)}
@@ -320,12 +320,6 @@ def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
         run_dir,
         [{**metrics, "epoch": epochs}],
     )
-
-
-def _checkpoint_uri(checkpoint: Any) -> str:
-    """A checkpoint's place as a user names it: a local path, or a URI (``s3://bucket/...``, ``gs://...``)."""
-    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(getattr(checkpoint.filesystem, "type_name", "local"))
-    return f"{scheme}://{checkpoint.path}" if scheme else checkpoint.path
 
 
 def streamed_dataset(node: dict[str, Any]) -> Streamed | None:

@@ -6,6 +6,8 @@ credentials and endpoint from the usual environment, e.g. ``AWS_ACCESS_KEY_ID`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.fs
 
 from hydra_raytrain.config.errors import ConfigError
@@ -50,3 +52,9 @@ def delete(path: str) -> bool:
         return False
     fs.delete_dir(location)
     return True
+
+
+def checkpoint_uri(checkpoint: Any) -> str:
+    """A checkpoint's place as a user names it: a local path, or a URI (``s3://bucket/...``, ``gs://...``)."""
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(getattr(checkpoint.filesystem, "type_name", "local"))
+    return f"{scheme}://{checkpoint.path}" if scheme else checkpoint.path

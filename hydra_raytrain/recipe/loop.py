@@ -216,7 +216,7 @@ class Recipe:
     def _continue_from(self) -> None:
         """``run.init_full_state``: another run's checkpoint continued as this run's own (a PBT exploit), with this
         run's optimizer settings in the live optimizers. Not its trackers' runs (this is another run), nor its RNG
-        streams (two runs continuing one checkpoint explore apart)."""
+        streams: this run's own seeded ones go on."""
         source = self.cfg.run.init_from
         assert source is not None
         configured = {name: warm_start.hyperparameters(o) for name, o in self.step.optimizers.items()}

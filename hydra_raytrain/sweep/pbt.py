@@ -54,11 +54,12 @@ def check(space: dict[str, Parameter], probes: list[Job], settings: SweepSetting
             "optimizer settings swept as a list or interval(), e.g. 'optimizer.lr=tag(log,interval(1e-4,1e-1))'",
         )
     for key in space:
-        if not bare(key).startswith(MUTABLE):
+        if not bare(key).startswith(MUTABLE) or bare(key).rsplit(".", 1)[-1].startswith("_"):
             raise ConfigError(
                 "hydra.sweeper.scheduler",
                 "pbt",
-                f"would change {bare(key)} in a running trial; only optimizer settings can change there.",
+                f"would change {bare(key)} in a running trial; only optimizer settings (not its _target_) can "
+                "change there.",
                 "sweep optimizer.* keys (lr, weight_decay, momentum...) under PBT, or scheduler=fifo / asha",
             )
     for job in probes:
@@ -66,6 +67,13 @@ def check(space: dict[str, Parameter], probes: list[Job], settings: SweepSetting
         if cfg.dataset.get("folds"):
             raise ConfigError(
                 "hydra.sweeper.scheduler", "pbt", "would mix a configuration's folds.", "scheduler=fifo with folds"
+            )
+        if cfg.run.resume == "never":
+            raise ConfigError(
+                "run.resume",
+                "never",
+                "would discard a trial's state each time PBT restarts it, and checkpoints others continue.",
+                "run.resume=auto under PBT",
             )
         if cfg.checkpoint.num_to_keep is not None:
             raise ConfigError(
@@ -122,15 +130,18 @@ def within_bounds(bounds: dict[str, tuple[float, float]], config: dict[str, Any]
 
 class SweepPBT(PopulationBasedTraining):
     """Tune's PBT, except that an exploit copies the strong trial's swept values, not its ``index`` (the index is
-    the trial itself: its run dir, its job), and that a trial's last epoch perturbs nothing (continuing it
-    would leave nothing to train)."""
+    the trial itself: its run dir, its job), that a trial's last epoch perturbs nothing (continuing it would
+    leave nothing to train), and that only epochs with a checkpoint perturb."""
 
-    def __init__(self, last_epoch: int, **settings: Any):
+    def __init__(self, last_epoch: int, checkpoint_every: int, **settings: Any):
         super().__init__(**settings)
-        self.last_epoch = last_epoch
+        self.last_epoch, self.checkpoint_every = last_epoch, checkpoint_every
 
     def on_trial_result(self, tune_controller, trial, result: dict[str, Any]) -> str:
-        if result.get(self._time_attr, 0) >= self.last_epoch:
+        epoch = result.get(self._time_attr, 0)
+        # Only where there is a checkpoint to continue: a trial resumed off the interval's rhythm (a re-run)
+        # would otherwise come to its perturbation epochs without one, and every exploit would be skipped.
+        if epoch >= self.last_epoch or epoch % self.checkpoint_every:
             return TrialScheduler.CONTINUE
         return super().on_trial_result(tune_controller, trial, result)
 
@@ -139,11 +150,12 @@ class SweepPBT(PopulationBasedTraining):
         return {**config, "index": trial.config["index"]}, operations
 
 
-def scheduler(settings: SweepSettings, space: dict[str, Parameter], max_epochs: int) -> SweepPBT:
-    """Tune's PBT on epochs (``epoch`` in each report), asynchronous."""
+def scheduler(settings: SweepSettings, space: dict[str, Parameter], max_epochs: int, every: int = 1) -> SweepPBT:
+    """Tune's PBT on epochs (``epoch`` in each report), asynchronous; ``every``: checkpoint.every_n_epochs."""
     bounds = {key: p.bounds for key, p in space.items() if p.choices is None}
     return SweepPBT(
         last_epoch=max_epochs,
+        checkpoint_every=every,
         time_attr="epoch",
         perturbation_interval=settings.perturbation_interval,
         hyperparam_mutations=mutations(space),
@@ -195,8 +207,10 @@ def run_segment(config: dict[str, Any], job: Job, train: Callable[..., Any], com
     swept = {key: value for key, value in config.items() if key != "index"}
     lineage = read_lineage(job.run_dir)
     pointer = _read_pointer(tune.get_checkpoint())
-    if pointer is not None and (pointer["index"], pointer["generation"]) != (job.index, _generation(lineage)):
-        lineage.append(_exploit(job, pointer, lineage, swept))
+    own = pointer is not None and (pointer["index"], pointer["generation"]) == (job.index, _generation(lineage))
+    again = pointer is not None and bool(lineage) and pointer["checkpoint"] == lineage[-1]["checkpoint"]
+    if pointer is not None and not own and not again:  # restarted before its first report: the same exploit
+        lineage.append(_exploit(job, pointer, lineage, swept, compose))
     cfg, run_name = _generation_config(job, lineage, compose)
     reports: Any = Queue(actor_options={"num_cpus": 0})
     outcome: dict[str, Any] = {}
@@ -231,9 +245,12 @@ def run_segment(config: dict[str, Any], job: Job, train: Callable[..., Any], com
         tune.report(dict(outcome["summary"]["final"]))
 
 
-def _exploit(job: Job, pointer: dict[str, Any], lineage: list[dict[str, Any]], swept: dict[str, Any]) -> dict:
+def _exploit(
+    job: Job, pointer: dict[str, Any], lineage: list[dict[str, Any]], swept: dict[str, Any], compose: Callable
+) -> dict:
     """Tune restarted this trial with another's pointer and perturbed values: the record of it, in ``pbt.jsonl``
-    before anything trains (a kill after it resumes this generation), and the donor's history as the trial's."""
+    before anything trains (a kill after it resumes this generation), and the donor's history as the trial's.
+    The new generation's config is composed and checked first: a config that cannot work records nothing."""
     record = {
         "generation": _generation(lineage) + 1,
         "donor": pointer["index"],
@@ -244,8 +261,10 @@ def _exploit(job: Job, pointer: dict[str, Any], lineage: list[dict[str, Any]], s
         "after": swept,
         "time": time.time(),
     }
+    _generation_config(job, lineage + [record], compose)
+    history = _donor_history(pointer["checkpoint"])
     append_lineage(job.run_dir, record)
-    _take_history(job.run_dir, pointer["checkpoint"])
+    _write_history(job.run_dir, history)
     print(f"PBT: trial {job.index} {describe(record)}", flush=True)
     return record
 
@@ -271,17 +290,22 @@ def _generation_config(job: Job, lineage: list[dict[str, Any]], compose: Callabl
     return cfg, name
 
 
-def _take_history(run_dir: str, checkpoint: str) -> None:
-    """The trial's ``metrics.jsonl`` after an exploit: the epochs that trained the weights it continues (the
-    donor checkpoint's history); its own epochs since are in the trial's Tune results."""
+def _donor_history(checkpoint: str) -> list[dict[str, Any]]:
+    """The epochs that trained the weights of a checkpoint folder (its train state's history)."""
     import ray.train
     import torch
 
     from hydra_raytrain.recipe.checkpoint import STATE_FILE
+
+    with ray.train.Checkpoint(path=checkpoint).as_directory() as folder:  # mmap: not the optimizer moments
+        return torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu", mmap=True)["history"]
+
+
+def _write_history(run_dir: str, history: list[dict[str, Any]]) -> None:
+    """The trial's ``metrics.jsonl`` after an exploit: the history of the weights it continues (the donor's
+    epochs); its own epochs since the last exploit are in its Tune results."""
     from hydra_raytrain.rundir import METRICS_FILE
 
-    with ray.train.Checkpoint(path=checkpoint).as_directory() as folder:
-        history = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu")["history"]
     path = os.path.join(run_dir, METRICS_FILE)
     with open(path + ".tmp", "w") as file:
         file.writelines(json.dumps(entry) + "\n" for entry in history)

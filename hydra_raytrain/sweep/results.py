@@ -174,7 +174,8 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
     elif summary["best"] is not None:
         best = next(job for job in jobs if job.index == summary["best"]["index"])
         write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE), schedule=summary["best"].get("exploits"))
-    if keep_checkpoints:
+    unfinished = any(row["status"] not in ("completed", "stopped") for row in summary["trials"])
+    if keep_checkpoints and not (summary["scheduler"] == "pbt" and unfinished):  # a re-run continues donors'
         drop_checkpoints(summary, keep_checkpoints)
     plot(summary, os.path.join(sweep_dir, PLOT_FILE))
     from rich.console import Console

@@ -241,7 +241,8 @@ def run_trials(
         scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
     space = parameter_space(plan.arguments)[1] if settings.scheduler == "pbt" else {}
     if space:
-        scheduler = pbt.scheduler(settings, space, max(job.cfg.trainer.max_epochs for job in plan.todo))
+        first = plan.todo[0].cfg
+        scheduler = pbt.scheduler(settings, space, first.trainer.max_epochs, first.checkpoint.every_n_epochs)
     searcher = None
     if settings.search_alg == "optuna":
         # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.

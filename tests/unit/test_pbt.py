@@ -101,6 +101,14 @@ def test_an_exploit_copies_the_donors_values_not_its_index():
     assert new["index"] == 1 and new["optimizer.lr"] in ("0.001", "0.01")
 
 
+def test_only_epochs_with_a_checkpoint_and_before_the_last_perturb():
+    _, space = parameter_space(["optimizer.lr=1e-3,1e-2"])
+    scheduler = pbt.scheduler(SweepSettings(scheduler="pbt"), space, max_epochs=6, every=2)
+    trial = SimpleNamespace(config={"index": 0, "optimizer.lr": "0.001"})
+    for epoch in (3, 6):  # no checkpoint at 3; 6 is the last: neither reaches Tune's PBT (no controller needed)
+        assert scheduler.on_trial_result(None, trial, {"epoch": epoch, "val_accuracy": 0.5}) == "CONTINUE"
+
+
 def job(tmp_path, index=0, overrides=("optimizer.lr=0.001",), cfg=None):
     run_dir = tmp_path / f"run{index}"
     run_dir.mkdir(exist_ok=True)
@@ -187,6 +195,20 @@ def test_what_pbt_cannot_do_is_refused_by_name(tmp_path):
     cases = [
         ({}, probes, settings, "hydra.sweeper.scheduler", "nothing to perturb"),
         (parameter_space(["model=mlp,simple_cnn"])[1], probes, settings, "hydra.sweeper.scheduler", "model"),
+        (
+            parameter_space(["optimizer._target_=torch.optim.SGD,torch.optim.Adam"])[1],
+            probes,
+            settings,
+            "hydra.sweeper.scheduler",
+            "not its _target_",
+        ),
+        (
+            lr_space,
+            [job(tmp_path, -1, cfg=config(run=dataclasses.replace(default_config().run, resume="never")))],
+            settings,
+            "run.resume",
+            "discard",
+        ),
         (
             lr_space,
             [job(tmp_path, -1, cfg=config(checkpoint=dataclasses.replace(default_config().checkpoint, num_to_keep=2)))],
