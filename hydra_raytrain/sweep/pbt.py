@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
+from ray.tune.schedulers.pb2 import PB2
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.sweep.lineage import append_lineage, bare, describe, read_lineage
@@ -45,28 +46,22 @@ MUTABLE = "optimizer."  # what a running trial can change: its optimizers' setti
 
 
 def check(space: dict[str, Parameter], probes: list[Job], settings: SweepSettings) -> None:
-    """Everything PBT needs from the trials, refused by name before any starts."""
+    """Everything PBT (and PB2) needs from the trials, refused by name before any starts."""
+    name = settings.scheduler
     if not space:
         raise ConfigError(
             "hydra.sweeper.scheduler",
-            "pbt",
+            name,
             "has nothing to perturb: no swept key.",
             "optimizer settings swept as a list or interval(), e.g. 'optimizer.lr=tag(log,interval(1e-4,1e-1))'",
         )
-    for key in space:
-        if not bare(key).startswith(MUTABLE) or bare(key).rsplit(".", 1)[-1].startswith("_"):
-            raise ConfigError(
-                "hydra.sweeper.scheduler",
-                "pbt",
-                f"would change {bare(key)} in a running trial; only optimizer settings (not its _target_) can "
-                "change there.",
-                "sweep optimizer.* keys (lr, weight_decay, momentum...) under PBT, or scheduler=fifo / asha",
-            )
+    for key, parameter in space.items():
+        _check_key(key, parameter, name)
     for job in probes:
         cfg = job.cfg
         if cfg.dataset.get("folds"):
             raise ConfigError(
-                "hydra.sweeper.scheduler", "pbt", "would mix a configuration's folds.", "scheduler=fifo with folds"
+                "hydra.sweeper.scheduler", name, "would mix a configuration's folds.", "scheduler=fifo with folds"
             )
         if cfg.run.resume == "never":
             raise ConfigError(
@@ -99,6 +94,25 @@ def check(space: dict[str, Parameter], probes: list[Job], settings: SweepSetting
             )
 
 
+def _check_key(key: str, parameter: Parameter, name: str) -> None:
+    """A swept key PBT can change in a running trial: an optimizer setting (a range, under PB2)."""
+    if not bare(key).startswith(MUTABLE) or bare(key).rsplit(".", 1)[-1].startswith("_"):
+        raise ConfigError(
+            "hydra.sweeper.scheduler",
+            name,
+            f"would change {bare(key)} in a running trial; only optimizer settings (not its _target_) can "
+            "change there.",
+            "sweep optimizer.* keys (lr, weight_decay, momentum...) under PBT, or scheduler=fifo / asha",
+        )
+    if name == "pb2" and parameter.choices is not None:
+        raise ConfigError(
+            "hydra.sweeper.scheduler",
+            "pb2",
+            f"explores ranges: {bare(key)} is swept as a list of values.",
+            f"{bare(key)}=interval(low,high) under pb2, or scheduler=pbt for lists",
+        )
+
+
 def mutations(space: dict[str, Parameter]) -> dict[str, Any]:
     """Tune's ``hyperparam_mutations``: a list of the choices' value strings, or a (log-)uniform range."""
     from ray import tune
@@ -128,10 +142,12 @@ def within_bounds(bounds: dict[str, tuple[float, float]], config: dict[str, Any]
     return config
 
 
-class SweepPBT(PopulationBasedTraining):
-    """Tune's PBT, except that an exploit copies the strong trial's swept values, not its ``index`` (the index is
-    the trial itself: its run dir, its job), that a trial's last epoch perturbs nothing (continuing it would
-    leave nothing to train), and that only epochs with a checkpoint perturb."""
+class SweepRules:
+    """Tune's PBT (or PB2), except that an exploit copies the strong trial's swept values, not its ``index`` (the
+    index is the trial itself: its run dir, its job), that a trial's last epoch perturbs nothing (continuing it
+    would leave nothing to train), and that only epochs with a checkpoint perturb."""
+
+    _time_attr: str
 
     def __init__(self, last_epoch: int, checkpoint_every: int, **settings: Any):
         super().__init__(**settings)
@@ -143,16 +159,33 @@ class SweepPBT(PopulationBasedTraining):
         # would otherwise come to its perturbation epochs without one, and every exploit would be skipped.
         if epoch >= self.last_epoch or epoch % self.checkpoint_every:
             return TrialScheduler.CONTINUE
-        return super().on_trial_result(tune_controller, trial, result)
+        return super().on_trial_result(tune_controller, trial, result)  # type: ignore[misc]
 
     def _get_new_config(self, trial, trial_to_clone):
-        config, operations = super()._get_new_config(trial, trial_to_clone)
+        config, operations = super()._get_new_config(trial, trial_to_clone)  # type: ignore[misc]
         return {**config, "index": trial.config["index"]}, operations
 
 
-def scheduler(settings: SweepSettings, space: dict[str, Parameter], max_epochs: int, every: int = 1) -> SweepPBT:
-    """Tune's PBT on epochs (``epoch`` in each report), asynchronous; ``every``: checkpoint.every_n_epochs."""
+class SweepPBT(SweepRules, PopulationBasedTraining):
+    pass
+
+
+class SweepPB2(SweepRules, PB2):
+    pass
+
+
+def scheduler(settings: SweepSettings, space: dict[str, Parameter], max_epochs: int, every: int = 1) -> SweepRules:
+    """Tune's PBT (PB2) on epochs (``epoch`` in each report), asynchronous; ``every``: checkpoint.every_n_epochs."""
     bounds = {key: p.bounds for key, p in space.items() if p.choices is None}
+    if settings.scheduler == "pb2":  # the bandit picks values inside each interval's bounds
+        return SweepPB2(
+            last_epoch=max_epochs,
+            checkpoint_every=every,
+            time_attr="epoch",
+            perturbation_interval=settings.perturbation_interval,
+            hyperparam_bounds={key: list(b) for key, b in bounds.items()},
+            quantile_fraction=settings.quantile_fraction,
+        )
     return SweepPBT(
         last_epoch=max_epochs,
         checkpoint_every=every,

@@ -175,7 +175,7 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
         best = next(job for job in jobs if job.index == summary["best"]["index"])
         write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE), schedule=summary["best"].get("exploits"))
     unfinished = any(row["status"] not in ("completed", "stopped") for row in summary["trials"])
-    if keep_checkpoints and not (summary["scheduler"] == "pbt" and unfinished):  # a re-run continues donors'
+    if keep_checkpoints and not (summary["scheduler"] in ("pbt", "pb2") and unfinished):  # a re-run continues donors'
         drop_checkpoints(summary, keep_checkpoints)
     plot(summary, os.path.join(sweep_dir, PLOT_FILE))
     from rich.console import Console
@@ -260,7 +260,9 @@ def plot(summary: dict[str, Any], path: str) -> None:
             if exploits:
                 curves.plot(exploits, [at[e] for e in exploits], "D", color=line.get_color(), markersize=7)
     curves.set_xlabel("epoch")
-    curves.set_title(f"{metric} per trial" + (" (diamonds: PBT exploits)" if summary["scheduler"] == "pbt" else ""))
+    curves.set_title(
+        f"{metric} per trial" + (" (diamonds: PBT exploits)" if summary["scheduler"] in ("pbt", "pb2") else "")
+    )
     curves.grid(alpha=0.3)
     if rows:
         curves.legend(fontsize=6)

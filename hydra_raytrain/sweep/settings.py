@@ -5,7 +5,8 @@ start-up) and, like the plugin, has no ``from __future__ import annotations`` (O
 
 from dataclasses import dataclass
 
-SCHEDULERS = ("fifo", "asha", "pbt")
+SCHEDULERS = ("fifo", "asha", "pbt", "pb2")
+EVOLVING = ("pbt", "pb2")  # Population Based Training, and its bandit variant
 SEARCH_ALGS = ("basic", "optuna")
 
 
@@ -18,7 +19,8 @@ class SweepSettings:
     seed: int = 0  # of those draws (and of the ASHA start order): the same command gives the same trials
     max_concurrent_trials: int | None = None  # None: as many as the cluster holds
     # fifo; asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order); pbt (Population
-    # Based Training: every perturbation_interval epochs, weak trials continue a strong one with perturbed settings)
+    # Based Training: every perturbation_interval epochs, weak trials continue a strong one with perturbed settings);
+    # pb2 (the same, new values from a bandit over the intervals' bounds)
     scheduler: str = "fifo"
     grace_period: int = 1  # ASHA: epochs every trial gets before it can be stopped
     reduction_factor: float = 4.0  # ASHA: keep 1/reduction_factor of the trials at each rung (Tune's default)
@@ -60,7 +62,7 @@ class SweepSettings:
                 f"{self.scheduler} keeps 1/reduction_factor of the trials at each rung: it must be > 1.",
                 "e.g. 2, 3 or 4",
             )
-        if self.scheduler == "pbt":
+        if self.scheduler in EVOLVING:
             self._check_pbt()
 
     def _check_pbt(self) -> None:
@@ -70,9 +72,19 @@ class SweepSettings:
             raise ConfigError(
                 "hydra.sweeper.search_alg",
                 self.search_alg,
-                "cannot suggest trials under PBT: PBT explores by perturbing the trials it has.",
-                "search_alg=basic with scheduler=pbt (a grid, or interval() draws with num_samples)",
+                f"cannot suggest trials under {self.scheduler}: it explores by perturbing the trials it has.",
+                f"search_alg=basic with scheduler={self.scheduler} (a grid, or interval() draws with num_samples)",
             )
+        if self.scheduler == "pb2":
+            try:
+                import sklearn  # noqa: F401
+            except ImportError:
+                raise ConfigError(
+                    "hydra.sweeper.scheduler",
+                    "pb2",
+                    "needs scikit-learn, which is not installed.",
+                    "pip install scikit-learn",
+                ) from None
         if not 0 < self.quantile_fraction <= 0.5:
             raise ConfigError(
                 "hydra.sweeper.quantile_fraction",

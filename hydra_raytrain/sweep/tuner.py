@@ -31,7 +31,7 @@ from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.sweep import pbt, results
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
-from hydra_raytrain.sweep.settings import SweepSettings
+from hydra_raytrain.sweep.settings import EVOLVING, SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial
 
@@ -144,11 +144,14 @@ def run_sweep(
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
     if settings.scheduler == "asha":
         _check_asha(settings.grace_period, plan.probes)
-    if settings.scheduler == "pbt":
+    if settings.scheduler in EVOLVING:
         pbt.check(parameter_space(arguments)[1], plan.probes, settings)
         if any(is_lightning(job.cfg.task["_target_"]) for job in plan.probes):
             raise ConfigError(
-                "hydra.sweeper.scheduler", "pbt", "cannot continue a Lightning module's checkpoint.", "fifo or asha"
+                "hydra.sweeper.scheduler",
+                settings.scheduler,
+                "cannot continue a Lightning module's checkpoint.",
+                "fifo or asha",
             )
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
@@ -213,7 +216,7 @@ def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(plan.probes[0].cfg.ray, largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
-    if settings.scheduler in ("asha", "pbt"):
+    if settings.scheduler in ("asha", *EVOLVING):
         _check_asha_can_free_stopped_trials(plan.probes[0].cfg.ray, settings.scheduler)
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
@@ -239,7 +242,7 @@ def run_trials(
     scheduler = None
     if settings.scheduler == "asha":
         scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
-    space = parameter_space(plan.arguments)[1] if settings.scheduler == "pbt" else {}
+    space = parameter_space(plan.arguments)[1] if settings.scheduler in EVOLVING else {}
     if space:
         first = plan.todo[0].cfg
         scheduler = pbt.scheduler(settings, space, first.trainer.max_epochs, first.checkpoint.every_n_epochs)

@@ -260,6 +260,40 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
         assert "# The best trial of this PBT sweep" in best_config and summary["best"]["exploits"][-1] in best_config
 
 
+def test_pb2_explores_inside_the_intervals_bounds(ray_address, tmp_path):
+    """PB2 (Tune's bandit PBT) over two drawn learning rates: the weaker trial continues the stronger one's
+    checkpoint with a value the bandit picks inside the interval, and its steps continue the donor's."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=pb2",
+        "hydra.sweeper.perturbation_interval=1",
+        "hydra.sweeper.num_samples=2",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=interval(1e-7,1e-2)",
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=10",
+        "task._target_=tests.helpers.tasks.Slow",
+        "+task.seconds_per_batch=0.1",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    assert summary["scheduler"] == "pb2" and all(row["status"] == "completed" for row in summary["trials"])
+    exploited = [row for row in summary["trials"] if row.get("exploits")]
+    assert exploited, summary["trials"]
+    for row in exploited:
+        run_dir = Path(row["run_dir"])
+        last = [json.loads(line) for line in (run_dir / "pbt.jsonl").read_text().splitlines()][-1]
+        assert 1e-7 <= last["after"]["optimizer.lr"] <= 1e-2
+        history = {m["epoch"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+        assert sorted(history) == [1, 2, 3] and history[last["epoch"]]["step"] == last["step"]
+        assert history[last["epoch"] + 1]["lr"] == pytest.approx(last["after"]["optimizer.lr"])
+
+
 def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_address, tmp_path):
     """2 learning rates x 2 folds: each trial validates on its own fold; the summary gives each configuration's
     mean and std over its folds, and best_config.yaml is the best mean's configuration on the usual split."""

@@ -101,6 +101,15 @@ def test_an_exploit_copies_the_donors_values_not_its_index():
     assert new["index"] == 1 and new["optimizer.lr"] in ("0.001", "0.01")
 
 
+def test_pb2_explores_the_intervals_and_refuses_lists(tmp_path):
+    _, space = parameter_space(["optimizer.lr=interval(1e-4,1e-1)"])
+    scheduler = pbt.scheduler(SweepSettings(scheduler="pb2"), space, max_epochs=4)
+    assert isinstance(scheduler, pbt.SweepPB2) and scheduler._hyperparam_bounds == {"optimizer.lr": [1e-4, 1e-1]}
+    with pytest.raises(ConfigError) as error:
+        pbt.check(parameter_space(["optimizer.lr=1e-3,1e-2"])[1], [job(tmp_path, -1)], SweepSettings(scheduler="pb2"))
+    assert error.value.value == "pb2" and "optimizer.lr=interval(low,high)" in str(error.value)
+
+
 def test_only_epochs_with_a_checkpoint_and_before_the_last_perturb():
     _, space = parameter_space(["optimizer.lr=1e-3,1e-2"])
     scheduler = pbt.scheduler(SweepSettings(scheduler="pbt"), space, max_epochs=6, every=2)
