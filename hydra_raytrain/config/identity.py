@@ -43,6 +43,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         node = identity[section] if section else identity
         if not node.get(key):
             node.pop(key, None)
+    if not (identity["trainer"].get("ema") or {}).get("decay"):  # weight averaging, when asked for
+        identity["trainer"].pop("ema", None)
     identity["dataset"] = _split_identity(identity["dataset"])
     if not any((identity.get("finetune") or {}).values()):
         identity.pop("finetune", None)
@@ -50,6 +52,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
         identity["trainer"]["data_on_device"] = True
     if (cfg.get("run") or {}).get("init_from"):  # a warm start: another starting point, another run
         identity["init_from"] = {k: v for k, v in cfg["run"].items() if k.startswith("init_")}
+        if not identity["init_from"].get("init_full_state"):  # added since: counts only when set
+            identity["init_from"].pop("init_full_state", None)
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
     model = (
         _label(cfg["model"]) if "_target_" in cfg["model"] else _label(cfg["task"])

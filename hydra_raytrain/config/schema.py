@@ -257,6 +257,23 @@ class AugmentConfig:
 
 
 @dataclass
+class EmaConfig:
+    """An exponential moving average of the weights, updated after every optimizer step (torch's
+    ``AveragedModel`` with ``get_ema_multi_avg_fn``, buffers averaged too)::
+
+        python -m hydra_raytrain trainer.ema.decay=0.999
+
+    When on, validation (and the monitored metric), the checkpoints' and the run's ``model.pt`` are the averaged
+    weights; training goes on with the raw ones, which the full-state checkpoint keeps too (exact resume)."""
+
+    decay: float | None = None  # None: off; else in (0, 1): the weight of the average so far at each step
+
+    def __post_init__(self) -> None:
+        if self.decay is not None and not 0 < self.decay < 1:
+            raise ConfigError("trainer.ema.decay", self.decay, "must be in (0, 1).", "e.g. 0.999, or null (off)")
+
+
+@dataclass
 class EarlyStoppingConfig:
     """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience`` epochs. Decided from
     the all-reduced epoch history, so every rank agrees, and a resumed run continues the same count."""
@@ -321,6 +338,7 @@ class TrainerConfig:
     # slices batches there; true also loads any other dataset once, up front; false always reads via the DataLoader
     data_on_device: bool | None = None
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)  # an average of the weights, validated and saved
     # Optimisation
     precision: str = (
         "32"  # 32, 64 (float64 weights and inputs), bf16-mixed (autocast), 16-mixed (autocast + GradScaler)
@@ -353,6 +371,13 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _at_least("trainer.max_epochs", self.max_epochs, 1)
+        if self.ema.decay is not None and self.parallel_strategy == "fsdp":
+            raise ConfigError(
+                "trainer.ema.decay",
+                self.ema.decay,
+                "averages whole weights on every rank: not available with trainer.parallel_strategy=fsdp.",
+                "trainer.parallel_strategy=ddp, or trainer.ema.decay=null",
+            )
         _at_least("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
         _at_least("trainer.profiler_steps", self.profiler_steps, 0)
         _at_least("trainer.num_threads", self.num_threads, 1)

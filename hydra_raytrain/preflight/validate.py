@@ -208,6 +208,7 @@ LIGHTNING_UNMAPPED: tuple[tuple[str, Any], ...] = (
     ("trainer.profile", False),
     ("trainer.profiler_steps", 0),
     ("trainer.sync_debug_mode", None),
+    ("trainer.ema.decay", None),
     ("checkpoint.every_n_steps", None),
     ("checkpoint.every_n_minutes", None),
     ("scheduler.warmup_steps", 0),

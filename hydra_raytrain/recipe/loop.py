@@ -33,7 +33,7 @@ from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.outcome import RunStatus, WorkerResult
-from hydra_raytrain.recipe import checkpoint, finetune, parallel, warm_start
+from hydra_raytrain.recipe import checkpoint, ema, finetune, parallel, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.device_data import (
@@ -135,6 +135,8 @@ class Recipe:
             torch.set_default_dtype(self.float_dtype)
         self.step = self._setup_step(models)
         self.sharded = bool(self.step.gradient_sync)  # some model is sharded by FSDP
+        decay = trainer.ema.decay  # the weights' moving averages: validated and saved (recipe/ema.py)
+        self.averages = ema.averaged(self.step.unwrapped, decay) if decay is not None else {}
         self.val_steps = self._lockstep_val_batches() if self.sharded else self.val_batches
         # ...then a stream per rank: dropout masks, noise and augmentations differ between ranks.
         seed_everything(rank_seed(trainer.seed, self.rank))
@@ -205,8 +207,12 @@ class Recipe:
         """A full-state checkpoint's weights, optimizers, schedules, epoch, step and history; its train state."""
         train = state["train"]
         if state["model"] is not None:  # a full-state checkpoint (a sharded one loaded in read_newest_loadable)
-            models = checkpoint.unpack_models(state["model"], self.several_models)
+            saved = checkpoint.unpack_models(state["model"], self.several_models)
+            averaged = train.get("ema")  # trainer.ema: model.pt holds the averages, the raw weights are here
+            models = checkpoint.unpack_models(averaged["raw"], self.several_models) if averaged else saved
             checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
+            if averaged and self.averages:
+                ema.load(self.averages, saved, averaged["n_averaged"])
         self.step.load_state_dict(train["step"])
         self.start_epoch, self.global_step = train["epoch"], train["global_step"]
         self.position = self._position_now(train.get("position"))
@@ -563,6 +569,7 @@ class Recipe:
             if not self.step.sync:
                 continue
             self.global_step += 1  # an accumulation window ended: every optimizer stepped
+            ema.update(self.averages, self.step.unwrapped)
             decision = self.cadence.after_step(self.global_step)
             last = index + 1 == self.train_batches
             if decision.checkpoint and not (last and self._epoch_checkpoint_due(epoch + 1) and not decision.stop):
@@ -622,7 +629,9 @@ class Recipe:
                 self.task.on_epoch_end(self._eval_models(), epochs_done, self.run_dir)
 
     def _eval_models(self) -> Any:
-        return dict(self.step.unwrapped) if self.several_models else self.step.unwrapped["model"]
+        """The unwrapped models, or their moving averages (``trainer.ema.decay``)."""
+        models = {name: a.module for name, a in self.averages.items()} if self.averages else self.step.unwrapped
+        return dict(models) if self.several_models else models["model"]
 
     def _to_device(self, batch: Any) -> Any:
         return move_to(batch, self.device, self.memory_format, self.float_dtype)
@@ -678,8 +687,15 @@ class Recipe:
             model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
             if self.rank == 0:
                 model_state = checkpoint.pack_models(model_states, self.several_models)
-                weights = _to_bytes(model_state)
+        averaged = None  # with trainer.ema: model.pt holds the averages, the train state the raw weights
+        if self.averages and self.rank == 0:
+            averaged = {"raw": model_state, "n_averaged": ema.counts(self.averages)}
+            model_state = checkpoint.pack_models(ema.states(self.averages), self.several_models)
+        if model_state is not None:
+            weights = _to_bytes(model_state)
         train_state = self._train_state(epoch, optimizer_states, position) if self.rank == 0 else None
+        if train_state is not None and averaged is not None:
+            train_state["ema"] = averaged
         config = self.cfg.to_dict() if self.rank == 0 else None
 
         def write(folder: str) -> None:

@@ -445,6 +445,7 @@ BAD_INPUTS = [
         ["hydra.sweeper.scheduler='pbt'", "would change model in a running trial", "optimizer.*"],
     ),
     (["run.init_full_state=true"], ["run.init_full_state=True", "run.init_from"]),
+    (["trainer.ema.decay=1.5"], ["trainer.ema.decay=1.5", "must be in (0, 1)"]),
     # Cross-validation: a fold of no folds, and a fold past the folds (each trial's config checked up front)
     (["dataset.fold=2"], ["dataset.fold=2", "dataset.folds, which is not set", "dataset.folds=K"]),
     (

@@ -22,8 +22,9 @@ from tests.helpers.loggers import read_scalars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# The GAN under fp16: two models, two optimizers, the GradScaler, every rank's own noise (RNG) and the random
-# crops and flips of its real images must all come back for the resumed run to match. 8 micro-batches per epoch,
+# The GAN under fp16: two models, two optimizers, the GradScaler, every rank's own noise (RNG), the random crops
+# and flips of its real images and the weights' moving averages (trainer.ema) must all come back for the resumed
+# run to match. 8 micro-batches per epoch,
 # a checkpoint every 3 optimizer steps: the worker killed at micro-batch 20 (epoch 3) resumes from the mid-epoch
 # checkpoint of step 18, 2 batches into epoch 3, with the epoch's partial sums.
 EXACT = [
@@ -38,6 +39,7 @@ EXACT = [
     "+task.linger=2",
     "trainer.augment.random_crop_padding=1",
     "trainer.augment.horizontal_flip=true",
+    "trainer.ema.decay=0.5",
 ]
 RESUMED_AFTER = 18
 
@@ -104,6 +106,10 @@ def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupte
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
     assert set(a) == {"generator", "discriminator"} and max_difference(a, b) <= 1e-6
+    # model.pt is the moving average of the weights; the last checkpoint keeps the raw ones, which trained on
+    (last,) = sorted((tmp_path / "b").glob("ray_storage/*/epoch_0004"))
+    kept = torch.load(last / "train_state.pt", weights_only=True)["ema"]
+    assert kept["n_averaged"] == {"generator": 32, "discriminator": 32} and max_difference(a, kept["raw"]) > 1e-6
     for name in ("train_loss_d", "train_loss_g", "val_loss_d", "val_loss_g", "val_d_real"):
         assert abs(uninterrupted["final"][name] - crashed["final"][name]) <= 1e-6
     # The GAN trained: its discriminator tells real from generated, and each epoch left a sample grid.

@@ -60,6 +60,7 @@ def test_our_settings_become_lightning_trainer_arguments(tmp_path):
     [
         ("checkpoint.every_n_steps=10", "checkpoint.every_n_steps"),
         ("trainer.compile=true", "trainer.compile"),
+        ("trainer.ema.decay=0.9", "trainer.ema.decay"),
         ("trainer.parallel_strategy=fsdp", "trainer.parallel_strategy"),
         ("scaling.num_workers=0", "scaling.num_workers"),
         ("+trainer.lightning_kwargs.max_epoch=3", "trainer.lightning_kwargs.max_epoch"),
