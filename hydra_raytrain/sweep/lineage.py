@@ -27,11 +27,15 @@ def append_lineage(run_dir: str, record: dict[str, Any]) -> None:
 
 
 def describe(record: dict[str, Any]) -> str:
-    """One exploit in a line: ``g1 epoch 2: #3 step 40, optimizer.lr 1e-06 -> 0.0036``."""
+    """One exploit in a line: the generation, the donor's epoch, trial and step, and each swept key from the
+    trial's value before, through the donor's (which the explore step perturbed), to the new one:
+    ``g1 epoch 2: #3 step 20, optimizer.lr 1e-06 (#3: 0.003) -> 0.0036``."""
+    donor = record.get("donor_values") or {}
     changes = ", ".join(
-        f"{key} {record['before'].get(key)} -> {value}"
+        f"{key} {record['before'].get(key)}"
+        + (f" (#{record['donor']}: {donor[key]})" if key in donor and donor[key] != record["before"].get(key) else "")
+        + f" -> {value}"
         for key, value in record["after"].items()
-        if record["before"].get(key) != value
     )
     return f"g{record['generation']} epoch {record['epoch']}: #{record['donor']} step {record['step']}" + (
         f", {changes}" if changes else ""

@@ -291,6 +291,7 @@ def _exploit(
         "epoch": pointer["epoch"],
         "step": pointer["step"],
         "before": lineage[-1]["after"] if lineage else _own_values(job, swept),
+        "donor_values": pointer["values"],  # what the explore step perturbed
         "after": swept,
         "time": time.time(),
     }

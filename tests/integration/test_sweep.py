@@ -30,6 +30,17 @@ def world_sizes(row):
     return {json.loads(line)["world_size"] for line in open(f"{row['run_dir']}/metrics.jsonl")}
 
 
+def start_driver(args, tmp_path):
+    """``python -m hydra_raytrain ARGS`` in the background (a test kills it), its output in a log file."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    log = tmp_path / "killed_driver.log"
+    with open(log, "w") as output:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=output
+        )
+    return driver, log
+
+
 VARIANTS = {  # three trials as one sweep of a config group: two that train, one that fails in its workers
     "one_worker": "scaling:\n  num_workers: 1\n",
     "two_workers": "scaling:\n  num_workers: 2\n",
@@ -157,16 +168,7 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
         "+task.seconds_per_batch=0.4",
         "hydra.sweep.dir=sweep",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
-    log = tmp_path / "killed_driver.log"
-    with open(log, "w") as output:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "hydra_raytrain", *args],
-            cwd=tmp_path,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
+    driver, log = start_driver(args, tmp_path)
     deadline, second = time.time() + 180, None
     while time.time() < deadline and driver.poll() is None:
         jobs = sorted(tmp_path.glob("sweep/*/job.json"), key=lambda p: json.loads(p.read_text())["index"])
@@ -220,12 +222,7 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
         "+task.seconds_per_batch=0.1",
         "hydra.sweep.dir=sweep",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
-    log = tmp_path / "killed_driver.log"
-    with open(log, "w") as output:
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=output
-        )
+    driver, log = start_driver(args, tmp_path)
     deadline = time.time() + 240
     while time.time() < deadline and driver.poll() is None and not list(tmp_path.glob("sweep/*/pbt.jsonl")):
         time.sleep(0.2)

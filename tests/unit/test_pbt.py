@@ -158,6 +158,8 @@ def test_a_trial_continues_its_latest_generation_composed_with_its_values(tmp_pa
     assert cfg.scheduler.lr_scheduler.max_lr == 0.1  # ${optimizer.lr}: composed again, not patched
     assert cfg.run.init_from == "/storage/donor/epoch_0004" and cfg.run.init_full_state is True
     assert describe(lineage[1]) == "g2 epoch 4: #3 step 40, optimizer.lr 0.01 -> 0.1"
+    explored = {**lineage[1], "donor_values": {"optimizer.lr": "0.1"}, "after": {"optimizer.lr": "0.01"}}
+    assert describe(explored) == "g2 epoch 4: #3 step 40, optimizer.lr 0.01 (#3: 0.1) -> 0.01"  # shifted back
     assert typed("optimizer.betas", "[0.9,0.99]") == [0.9, 0.99] and typed("optimizer.lr", 0.5) == 0.5
 
 
