@@ -170,7 +170,10 @@ def read_weights(folder: str, optimizers: bool = False) -> dict[str, Any]:
         model = torch.load(os.path.join(folder, MODEL_FILE), weights_only=True, map_location="cpu")
         state = None
         if optimizers and os.path.exists(os.path.join(folder, STATE_FILE)):
-            state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu")["optimizers"]
+            train = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, map_location="cpu")
+            state = train["optimizers"]
+            if train.get("ema"):  # model.pt holds trainer.ema's averages: the optimizers' moments go with the raw
+                model = train["ema"]["raw"]
         return {"model": model, "optimizers": state}
     import warnings
 

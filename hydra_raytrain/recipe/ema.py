@@ -7,6 +7,7 @@ communication; FSDP's sharded weights are refused (config/schema.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -15,11 +16,28 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 
 def averaged(models: dict[str, nn.Module], decay: float) -> dict[str, AveragedModel]:
-    """An average per model (unwrapped), empty until the first update copies the weights in."""
-    return {
-        name: AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
-        for name, model in models.items()
-    }
+    """An average per model (unwrapped), empty until the first update copies the weights in. Floating-point
+    weights and buffers are averaged; whole-number buffers (a BatchNorm's batch count, position ids) are copied:
+    averaging would truncate them."""
+    averages = {}
+    for name, model in models.items():
+        average = AveragedModel(model, multi_avg_fn=_floats_averaged(decay), use_buffers=True)
+        average.requires_grad_(False)
+        averages[name] = average
+    return averages
+
+
+def _floats_averaged(decay: float) -> Callable[..., None]:
+    ema = get_ema_multi_avg_fn(decay)
+
+    def update(averages: list[torch.Tensor], current: list[torch.Tensor], steps: Any) -> None:
+        # torch groups the tensors by device and dtype: one call holds one dtype
+        if averages and (averages[0].is_floating_point() or averages[0].is_complex()):
+            ema(averages, current, steps)
+        else:
+            torch._foreach_copy_(averages, current)
+
+    return update
 
 
 @torch.no_grad()

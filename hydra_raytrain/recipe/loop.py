@@ -644,7 +644,11 @@ class Recipe:
         return self.rank + self.world_size * torch.arange(first, first + count, device=self.device)
 
     def _weights(self) -> bytes | None:
-        """The full model weights as ``torch.save`` bytes on rank 0 (None elsewhere); a collective under FSDP."""
+        """The full model weights (their averages with ``trainer.ema``) as ``torch.save`` bytes on rank 0 (None
+        elsewhere); a collective under FSDP."""
+        if self.averages:  # never sharded (FSDP refuses trainer.ema)
+            averages = checkpoint.pack_models(ema.states(self.averages), self.several_models)
+            return _to_bytes(averages) if self.rank == 0 else None
         model_states, _ = checkpoint.gather(self.step.models, {})
         return _to_bytes(checkpoint.pack_models(model_states, self.several_models)) if self.rank == 0 else None
 

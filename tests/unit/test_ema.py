@@ -48,3 +48,15 @@ def test_settings_added_since_runs_were_named_count_only_when_set():
     on = {**plain, "trainer": {**plain["trainer"], "ema": {"decay": 0.9}}}
     full = {**plain, "run": {**plain["run"], "init_full_state": True}}
     assert len({run_name(plain), run_name(on), run_name(full)}) == 3
+
+
+def test_whole_number_buffers_are_copied_not_averaged():
+    model = torch.nn.BatchNorm1d(2)
+    averages = ema.averaged({"model": model}, 0.9)
+    for _ in range(5):
+        model(torch.randn(8, 2))  # counts a batch, moves the running stats
+        ema.update(averages, {"model": model})
+    average = averages["model"].module
+    assert average.num_batches_tracked.item() == model.num_batches_tracked.item() == 5
+    assert not torch.equal(average.running_mean, model.running_mean)  # the floats are averaged
+    assert not any(p.requires_grad for p in average.parameters())
