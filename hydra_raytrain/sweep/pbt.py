@@ -145,7 +145,8 @@ def within_bounds(bounds: dict[str, tuple[float, float]], config: dict[str, Any]
 class SweepRules:
     """Tune's PBT (or PB2), except that an exploit copies the strong trial's swept values, not its ``index`` (the
     index is the trial itself: its run dir, its job), that a trial's last epoch perturbs nothing (continuing it
-    would leave nothing to train), and that only epochs with a checkpoint perturb."""
+    would leave nothing to train), that only epochs with a checkpoint perturb, and that a strong trial can be
+    cloned from its latest checkpoint."""
 
     _time_attr: str
 
@@ -160,6 +161,18 @@ class SweepRules:
         if epoch >= self.last_epoch or epoch % self.checkpoint_every:
             return TrialScheduler.CONTINUE
         return super().on_trial_result(tune_controller, trial, result)  # type: ignore[misc]
+
+    def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile) -> None:
+        # Tune's PBT clones a strong trial only from the checkpoint it kept when that trial last perturbed among
+        # others; a strong trial that has always reported first (alone, no quantiles yet) has none, and every
+        # exploit of it would be skipped. Its latest reported checkpoint (a pointer of an epoch) serves instead.
+        # (Not one of its last epoch: continuing it would leave nothing to train.)
+        for other in upper_quantile:
+            state = self._trial_state[other]  # type: ignore[attr-defined]
+            latest = (other.last_result or {}).get(self._time_attr, 0)
+            if other is not trial and state.last_checkpoint is None and other.checkpoint is not None:
+                state.last_checkpoint = other.checkpoint if latest < self.last_epoch else None
+        super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)  # type: ignore[misc]
 
     def _get_new_config(self, trial, trial_to_clone):
         config, operations = super()._get_new_config(trial, trial_to_clone)  # type: ignore[misc]
