@@ -239,13 +239,8 @@ def run_trials(
     from ray import tune
 
     metric, mode = objective
-    scheduler = None
-    if settings.scheduler == "asha":
-        scheduler = asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
-    space = parameter_space(plan.arguments)[1] if settings.scheduler in EVOLVING else {}
-    if space:
-        first = plan.todo[0].cfg
-        scheduler = pbt.scheduler(settings, space, first.trainer.max_epochs, first.checkpoint.every_n_epochs)
+    space = parameter_space(plan.arguments)[1] if settings.scheduler in EVOLVING else {}  # PBT's mutations
+    scheduler = _scheduler(plan, settings, space)
     searcher = None
     if settings.search_alg == "optuna":
         # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
@@ -289,6 +284,16 @@ def run_trials(
     errors = {result.config["index"]: result.error for result in grid if result.error is not None}
     jobs = plan.jobs if searcher is None else sorted(plan.done + searcher.jobs, key=lambda job: job.index)
     return jobs, errors
+
+
+def _scheduler(plan: Plan, settings: SweepSettings, space: dict[str, Parameter]) -> Any:
+    """Tune's scheduler of ``hydra.sweeper.scheduler`` (None: fifo)."""
+    if settings.scheduler == "asha":
+        return asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
+    if space:
+        first = plan.todo[0].cfg
+        return pbt.scheduler(settings, space, first.trainer.max_epochs, first.checkpoint.every_n_epochs)
+    return None
 
 
 def _trainable(jobs: list[Job], sweep_dir: str, compose: Callable[..., Job] | None = None) -> Any:
