@@ -38,20 +38,29 @@ def split_indices(
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, round(n * val_fraction))
     n_test = max(1, round(n * test_fraction)) if test_fraction else 0
-    if folds is not None:
-        check_folds(folds, fold, n - n_test)
+    cut = fold_range(n - n_test, folds, fold)
+    if cut is not None:
         pool, test = order[:n_val] + order[n_val + n_test :], order[n_val : n_val + n_test]
-        bounds = [len(pool) * k // folds for k in range(folds + 1)]
-        val = pool[bounds[fold] : bounds[fold + 1]]
-        return pool[: bounds[fold]] + pool[bounds[fold + 1] :], val, test
-    if fold:
-        raise ConfigError("dataset.fold", fold, "picks a fold of dataset.folds, which is not set.", "dataset.folds=K")
+        return pool[: cut[0]] + pool[cut[1] :], pool[cut[0] : cut[1]], test
     if n_val + n_test >= n:
         key, value = (
             ("dataset.test_fraction", test_fraction) if test_fraction else ("dataset.val_fraction", val_fraction)
         )
         raise ConfigError(key, value, f"leaves no training sample of {n} (val {n_val}, test {n_test}).")
     return order[n_val + n_test :], order[:n_val], order[n_val : n_val + n_test]
+
+
+def fold_range(samples: int, folds: int | None, fold: int) -> tuple[int, int] | None:
+    """Where fold ``fold`` of ``folds`` near-equal contiguous folds of ``samples`` starts and ends; None without
+    cross-validation (``folds`` unset)."""
+    if folds is None:
+        if fold:
+            raise ConfigError(
+                "dataset.fold", fold, "picks a fold of dataset.folds, which is not set.", "dataset.folds=K"
+            )
+        return None
+    check_folds(folds, fold, samples)
+    return samples * fold // folds, samples * (fold + 1) // folds
 
 
 def check_folds(folds: int, fold: int, samples: int) -> None:

@@ -259,10 +259,13 @@ def parquet(
     concurrency: int | None = None,
     test_path: OptionalPath = None,
     test_fraction: float = 0.0,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Streamed:
     """Parquet files under ``path`` (a file, a folder, an ``s3://`` URI), split into train and val by whole files
     (``val_fraction`` of them, chosen with ``split_seed``) unless ``val_path`` holds the validation files. The test
-    split, scored once on the best checkpoint: ``test_path``'s files, or ``test_fraction`` of the training files."""
+    split, scored once on the best checkpoint: ``test_path``'s files, or ``test_fraction`` of the training files.
+    ``folds``/``fold``: cross-validation over whole files (``fold_files``)."""
     check_stream_options(shuffle, local_shuffle_buffer_size, prefetch_batches)
     names = (features,) if isinstance(features, str) else tuple(features)
     files = parquet_files(path, "dataset.path")
@@ -275,6 +278,7 @@ def parquet(
     train_files, test_files = test_split(train_files, test_path, test_fraction, split_seed, parquet_files)
     if test_path is not None:
         check_columns(test_files[0], (*names, label), "dataset.test_path", test_path)
+    train_files, val_files = fold_files(train_files, val_files, folds, fold, split_seed, val_path)
     rows = split_rows({"train": train_files, "val": val_files, "test": test_files})
     shape = tuple(input_shape)
     check_sample_values(path, files[0], features, shape)
@@ -315,11 +319,14 @@ def images(
     concurrency: int | None = None,
     test_path: OptionalPath = None,
     test_fraction: float = 0.0,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Streamed:
     """Image files in class folders, ``path/<class>/<image>`` (a folder or an ``s3://`` prefix), read by Ray Data's
     ``read_images`` and resized to ``input_shape``; ``val_fraction`` of the images (chosen with ``split_seed``)
     validate unless ``val_path`` holds the validation images in the same class folders. The test split:
-    ``test_path``'s images (the same class folders), or ``test_fraction`` of the training images."""
+    ``test_path``'s images (the same class folders), or ``test_fraction`` of the training images.
+    ``folds``/``fold``: cross-validation over the images (``fold_files``)."""
     from hydra_raytrain.data.splits import check_image_shape
     from hydra_raytrain.data.vision import check_class_count
 
@@ -336,6 +343,7 @@ def images(
     train_files, test_files = test_split(train_files, test_path, test_fraction, split_seed, image_files)
     if test_path is not None:
         check_classes(test_files, classes, "dataset.test_path", test_path, path)
+    train_files, val_files = fold_files(train_files, val_files, folds, fold, split_seed, val_path)
     rows = {"train": len(train_files), "val": len(val_files), **({"test": len(test_files)} if test_files else {})}
     return Streamed(
         train_files,
@@ -574,6 +582,31 @@ def split_files(files: list[str], val_fraction: float, seed: int, what: str = ""
     random.Random(seed).shuffle(order)
     n_val = min(len(files) - 1, max(1, round(len(files) * val_fraction)))
     return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def fold_files(
+    train_files: list[str], val_files: list[str], folds: int | None, fold: int, seed: int, val_path: str | None
+) -> tuple[list[str], list[str]]:
+    """Cross-validation over whole files (``folds=K``): the files outside the test split, in a seeded order, cut
+    into K near-equal folds, fold ``fold`` validating; so the K runs of ``fold=0..K-1`` validate on disjoint folds
+    that together hold every such file once, and the test split is the usual one. Without ``folds``: the files as
+    split."""
+    from hydra_raytrain.data.splits import fold_range
+
+    if folds is not None and val_path is not None:
+        raise ConfigError(
+            "dataset.folds",
+            folds,
+            f"dataset.val_path ({val_path}) holds the validation files: cross-validation cuts its folds from "
+            "dataset.path's files.",
+            "dataset.val_path=null (the folds from dataset.path), or dataset.folds=null",
+        )
+    pool = sorted(train_files + val_files)
+    cut = fold_range(len(pool), folds, fold)
+    if cut is None:
+        return train_files, val_files
+    random.Random(seed).shuffle(pool)
+    return sorted(pool[: cut[0]] + pool[cut[1] :]), sorted(pool[cut[0] : cut[1]])
 
 
 def sample_shape(file: str, features: str | Sequence[str]) -> list[int]:

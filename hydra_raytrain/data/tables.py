@@ -51,14 +51,18 @@ def table(
     local_shuffle_buffer_size: int | None = None,
     columns: Sequence[str] | None = None,
     test_fraction: float = 0.0,
+    folds: int | None = None,
+    fold: int = 0,
 ) -> Any:
     """The table's rows as ``(features float32 [F], label)`` pairs, ``val_fraction`` of them validating and
-    ``test_fraction`` held out to test (``split_masks``): ``Splits`` of tensors read here, or a ``Streamed`` for
-    Ray Data (``streams_table``). ``columns``: the feature columns the config resolved (``table_columns``),
-    checked against the file's."""
-    fractions = (val_fraction, test_fraction)
+    ``test_fraction`` held out to test (``row_split``; with ``folds``, fold ``fold`` of the other rows
+    validates): ``Splits`` of tensors read here, or a ``Streamed`` for Ray Data (``streams_table``).
+    ``columns``: the feature columns the config resolved (``table_columns``), checked against the file's."""
+    split = functools.partial(
+        row_split, val_fraction=val_fraction, test_fraction=test_fraction, seed=split_seed, folds=folds, fold=fold
+    )
     if streams_table(path, read, memory_limit_mb):
-        stream = streamed_table(path, input_shape, num_outputs, features, label, classes, fractions, split_seed)
+        stream = streamed_table(path, input_shape, num_outputs, features, label, classes, split, split_seed)
         check_columns(columns, stream.table.columns[:-1])
         streamed.check_stream_options("files", local_shuffle_buffer_size, 1)
         return dataclasses.replace(stream, local_shuffle_buffer_size=local_shuffle_buffer_size)
@@ -73,8 +77,7 @@ def table(
     check_input_shape(input_shape, chosen)
     x = torch.tensor(_matrix(data, chosen), dtype=torch.float32)
     y = label_tensor(data, label, classes, num_outputs)
-    thresholds = split_thresholds(len(y), val_fraction, test_fraction, split_seed)
-    val, test = (torch.from_numpy(mask) for mask in split_masks(np.arange(len(y)), thresholds, split_seed))
+    val, test = (torch.from_numpy(mask) for mask in split(len(y)).masks(np.arange(len(y)), split_seed))
     train = ~(val | test)
     held = TensorDataset(x[test], y[test]) if test_fraction else None
     return Splits(TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val]), held)
@@ -125,9 +128,13 @@ def validation_rows(rows: int, val_fraction: float) -> int:
 
 
 def val_threshold(rows: int, val_fraction: float, seed: int) -> int:
-    """The largest validating key: the ``validation_rows``-th smallest of the rows' keys (in chunks of 16M rows:
-    a histogram of the keys' top 16 bits finds the bucket it is in, then that bucket is sorted)."""
-    wanted = validation_rows(rows, val_fraction)
+    """The largest validating key: the ``validation_rows``-th smallest of the rows' keys."""
+    return nth_key(rows, validation_rows(rows, val_fraction), seed)
+
+
+def nth_key(rows: int, wanted: int, seed: int) -> int:
+    """The ``wanted``-th smallest of the rows' keys (in chunks of 16M rows: a histogram of the keys' top 16 bits
+    finds the bucket it is in, then that bucket is sorted)."""
     if rows <= _SPLIT_CHUNK:
         return int(np.partition(split_keys(np.arange(rows), seed), wanted - 1)[wanted - 1])
 
@@ -149,34 +156,58 @@ def val_mask(positions: np.ndarray, threshold: int, seed: int) -> np.ndarray:
     return split_keys(positions, seed) <= np.uint64(threshold)
 
 
-def split_thresholds(rows: int, val_fraction: float, test_fraction: float, seed: int) -> tuple[int, int]:
-    """The largest validating key, and the largest test key: the test rows are the ``test_fraction`` of rows
-    whose keys come next after validation's (so asking for a test split leaves validation as it was)."""
-    from hydra_raytrain.data.splits import check_fractions
+@dataclass(frozen=True)
+class RowSplit:
+    """Which rows validate and which test, as two bands of keys: a row whose key is in ``test`` tests, one whose
+    key is in ``val`` (and not in ``test``) validates, the rest train. A band is (exclusive low, inclusive high),
+    a low of -1 meaning none. ``counts``: each split's rows."""
+
+    val: tuple[int, int]
+    test: tuple[int, int]
+    counts: Mapping[str, int]
+
+    def masks(self, positions: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which of the rows at ``positions`` validate, and which test (the rest train)."""
+        keys = split_keys(positions, seed)
+        test = _in_band(keys, self.test)
+        return _in_band(keys, self.val) & ~test, test
+
+
+def _in_band(keys: np.ndarray, band: tuple[int, int]) -> np.ndarray:
+    inside = keys <= np.uint64(band[1])
+    return inside & (keys > np.uint64(band[0])) if band[0] >= 0 else inside
+
+
+def row_split(
+    rows: int, val_fraction: float, test_fraction: float, seed: int, folds: int | None = None, fold: int = 0
+) -> RowSplit:
+    """The split of a table of ``rows`` rows, from the row count alone (so the driver knows each split's rows, and
+    each worker its steps, before anything is read). Validation: the ``val_fraction`` smallest keys; the test rows:
+    the ``test_fraction`` whose keys come next (so asking for a test split leaves validation as it was).
+
+    With ``folds=K`` (cross-validation, as ``splits.split_indices``): the test rows as above; the other rows, in
+    key order, cut into K near-equal folds, fold ``fold`` validating. The K runs of ``fold=0..K-1`` validate on
+    disjoint folds that together hold every row outside the test split once."""
+    from hydra_raytrain.data.splits import check_fractions, fold_range
 
     check_fractions(val_fraction, test_fraction)
-    val = val_threshold(rows, val_fraction, seed)
-    if not test_fraction:
-        return val, val
-    if not split_counts(rows, val_fraction, test_fraction)["test"]:
-        raise ConfigError("dataset.test_fraction", test_fraction, f"holds no row of {rows} (a larger fraction).")
-    return val, val_threshold(rows, val_fraction + test_fraction, seed)
-
-
-def split_masks(positions: np.ndarray, thresholds: tuple[int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Which of the rows at ``positions`` validate, and which test (the rest train)."""
-    keys = split_keys(positions, seed)
-    val = keys <= np.uint64(thresholds[0])
-    return val, ~val & (keys <= np.uint64(thresholds[1]))
-
-
-def split_counts(rows: int, val_fraction: float, test_fraction: float) -> dict[str, int]:
-    """Each split's rows, from the row count alone (as ``split_thresholds`` chooses them)."""
     n_val = validation_rows(rows, val_fraction)
-    if not test_fraction:
-        return {"train": rows - n_val, "val": n_val}
-    n_test = validation_rows(rows, val_fraction + test_fraction) - n_val
-    return {"train": rows - n_val - n_test, "val": n_val, "test": n_test}
+    n_test = validation_rows(rows, val_fraction + test_fraction) - n_val if test_fraction else 0
+    if test_fraction and not n_test:
+        raise ConfigError("dataset.test_fraction", test_fraction, f"holds no row of {rows} (a larger fraction).")
+    usual = val_threshold(rows, val_fraction, seed)
+    test = (usual, nth_key(rows, n_val + n_test, seed)) if n_test else (usual, usual)
+    tested = {"test": n_test} if test_fraction else {}
+    cut = fold_range(rows - n_test, folds, fold)  # the fold's ranks among the rows outside the test split
+    if cut is None:
+        return RowSplit((-1, usual), test, {"train": rows - n_val - n_test, "val": n_val, **tested})
+    first, end = cut
+
+    def key_at(rank: int) -> int:  # the key of the row at this rank among the other rows (skipping the test band)
+        return nth_key(rows, rank + 1 + (n_test if rank >= n_val else 0), seed)
+
+    val = (key_at(first - 1) if first else -1, key_at(end - 1))
+    return RowSplit(val, test, {"train": rows - n_test - (end - first), "val": end - first, **tested})
 
 
 # Which road: the table's size in memory against dataset.memory_limit_mb.
@@ -532,9 +563,11 @@ def streamed_table(
     features: Sequence[str],
     label: str,
     classes: Sequence[str] | None,
-    fractions: tuple[float, float],
+    split: Callable[[int], RowSplit],
     split_seed: int,
 ) -> Streamed:
+    """The table as Ray Data reads it: its read units, and ``split`` (of its row count) saying which rows each
+    split keeps."""
     kind, location, fs, inside, _, _ = _locate(path)
     columns = feature_columns(_schema(location, kind), features, label)
     check_input_shape(input_shape, columns)
@@ -557,7 +590,7 @@ def streamed_table(
             raise ConfigError(
                 "dataset.classes", list(classes), f"the label column has values it lacks: {', '.join(unknown[:5])}."
             )
-    thresholds = split_thresholds(rows, *fractions, split_seed)
+    rows_split = split(rows)
     decode = Decode(
         tuple(columns),
         label,
@@ -565,9 +598,8 @@ def streamed_table(
         classes is not None or num_outputs > 1,
         class_names=tuple(classes) if classes is not None else None,
     )
-    source = TableRows(location, kind, (*columns, label), thresholds, split_seed, tuple(units))
-    counts = split_counts(rows, *fractions)
-    return Streamed([location], [location], counts, decode, seed=split_seed, table=source)
+    source = TableRows(location, kind, (*columns, label), rows_split, split_seed, tuple(units))
+    return Streamed([location], [location], dict(rows_split.counts), decode, seed=split_seed, table=source)
 
 
 @dataclass(frozen=True)
@@ -577,7 +609,7 @@ class TableRows:
     location: str
     kind: str
     columns: tuple[str, ...]
-    thresholds: tuple[int, int]  # split_thresholds: the largest validating key, the largest test key
+    split: RowSplit  # which rows validate and which test
     seed: int
     units: tuple[tuple[int, tuple[int, ...]], ...]  # (the first row's position, the Parquet row groups)
 
@@ -586,7 +618,7 @@ class TableRows:
         position, groups = unit
         with _parsing(self.location, self.kind):
             for batch in _batches(self.location, self.kind, self.columns, groups if self.kind == "parquet" else None):
-                val, test = split_masks(np.arange(position, position + batch.num_rows), self.thresholds, self.seed)
+                val, test = self.split.masks(np.arange(position, position + batch.num_rows), self.seed)
                 position += batch.num_rows
                 kept = batch.filter({"val": val, "test": test}.get(split, ~(val | test)))
                 if kept.num_rows:

@@ -60,7 +60,7 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     assert evaluated["val_samples"] == 30 and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
     # The test split: 30 more rows held out of training (validation kept its own), scored once on the best
     # checkpoint after training; the same figures from evaluate --split test, and in the run's logger
-    _, test = tables.split_masks(np.arange(150), tables.split_thresholds(150, 0.2, 0.2, 0), 0)
+    _, test = tables.row_split(150, 0.2, 0.2, 0).masks(np.arange(150), 0)
     test_label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in np.flatnonzero(test))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     tested = summary["test"]

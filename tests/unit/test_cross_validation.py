@@ -3,9 +3,11 @@ sweep ranks configurations by their mean over the folds."""
 
 from __future__ import annotations
 
+import re
 import statistics
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from hydra_raytrain.config.errors import ConfigError
@@ -108,3 +110,67 @@ def test_an_image_folder_cross_validates_its_images_unless_it_has_a_val_folder(t
     write_images(tmp_path / "a" / "val", ["cat", "dog"], 1)
     with pytest.raises(ConfigError, match="dataset.folds=3: .*/val holds the validation images"):
         imagefolder(str(tmp_path / "a"), input_shape=(1, 8, 8), num_outputs=2, folds=3)
+
+
+def test_three_folds_of_a_table_partition_its_rows_alike_on_both_roads(tmp_path):
+    """``dataset=table``: the rows outside the usual test split, in key order, cut into 3 folds; read whole or
+    streamed by Ray Data's units (4 row groups), each fold validates the same rows, every row in one fold."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hydra_raytrain.data import tables
+
+    rows = 203
+    ids = np.arange(rows, dtype=np.float32)  # a feature that names the row
+    pq.write_table(pa.table({"id": ids, "x": ids % 7, "label": np.arange(rows) % 3}), tmp_path / "t.parquet", 60)
+    path, args = str(tmp_path / "t.parquet"), ([2], 3, ["id", "x"], "label")
+    usual = tables.table(path, *args, read="memory", test_fraction=0.1)
+    seen: list[float] = []
+    for fold in range(3):
+        whole = tables.table(path, *args, read="memory", test_fraction=0.1, folds=3, fold=fold)
+        stream = tables.table(path, *args, read="stream", test_fraction=0.1, folds=3, fold=fold)
+        assert torch.equal(whole.test.tensors[0], usual.test.tensors[0])  # the usual split's test rows
+        assert stream.rows == {split: len(getattr(whole, split)) for split in ("train", "val", "test")}
+        for split in ("train", "val", "test"):
+            x, _ = (torch.cat(parts) for parts in zip(*stream.read(split, batch_size=16), strict=True))
+            assert torch.equal(x, getattr(whole, split).tensors[0])
+        every = torch.cat([whole.train.tensors[0], whole.val.tensors[0], whole.test.tensors[0]])[:, 0]
+        assert sorted(every.tolist()) == ids.tolist()  # train, val and test: the table's rows, once each
+        seen += whole.val.tensors[0][:, 0].tolist()
+    tested = set(usual.test.tensors[0][:, 0].tolist())
+    assert sorted(seen) == sorted(set(ids.tolist()) - tested) and len(tested) == 20  # each other row validates once
+    sizes = [tables.row_split(rows, 0.2, 0.1, 0, folds=3, fold=k).counts["val"] for k in range(3)]
+    assert sizes == [61, 61, 61]  # 183 rows outside the test split
+    with pytest.raises(ConfigError, match=re.escape("dataset.folds=204: cross-validation needs 2 to 203 folds")):
+        tables.row_split(rows, 0.2, 0.0, 0, folds=204)
+    with pytest.raises(ConfigError, match="dataset.fold=1: picks a fold of dataset.folds, which is not set"):
+        tables.table(path, *args, read="memory", fold=1)
+
+
+def test_streamed_files_cross_validate_as_whole_files(tmp_path):
+    """``dataset=parquet`` and ``dataset=images``: the files outside the usual test split cut into folds."""
+    from hydra_raytrain.data import streamed
+    from tests.helpers.data import write_digits_parquet, write_images
+
+    write_digits_parquet(tmp_path / "p", files=7)
+    usual = streamed.parquet(str(tmp_path / "p"), input_shape=[1, 8, 8], num_outputs=10, test_fraction=0.2)
+    seen: list[str] = []
+    for fold in range(3):
+        stream = streamed.parquet(
+            str(tmp_path / "p"), input_shape=[1, 8, 8], num_outputs=10, test_fraction=0.2, folds=3, fold=fold
+        )
+        assert stream.test_files == usual.test_files and not set(stream.val_files) & set(stream.train_files)
+        assert sorted(stream.train_files + stream.val_files + stream.test_files) == sorted(
+            usual.train_files + usual.val_files + usual.test_files
+        )
+        assert stream.rows["val"] == sum(streamed.row_counts(stream.val_files))
+        seen += stream.val_files
+    assert sorted(seen) == sorted(usual.train_files + usual.val_files)  # each other file validates once
+    write_images(tmp_path / "i", ["cat", "dog"], 4)
+    images = [streamed.images(str(tmp_path / "i"), [1, 8, 8], 2, folds=4, fold=k).val_files for k in range(4)]
+    assert sorted(sum(images, [])) == sorted(map(str, (tmp_path / "i").glob("*/*.png"))) and {
+        len(v) for v in images
+    } == {2}
+    with pytest.raises(ConfigError, match="dataset.folds=3: dataset.val_path .* holds the validation files"):
+        streamed.images(str(tmp_path / "i"), [1, 8, 8], 2, val_path=str(tmp_path / "i"), folds=3)
