@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from hydra_raytrain import rundir
 from hydra_raytrain.outcome import RunStatus, TrialStatus
 from hydra_raytrain.sweep.lineage import bare, describe, final_values, read_lineage, typed
+from hydra_raytrain.sweep.settings import PAUSING
 from hydra_raytrain.sweep.trial import TRIAL_FILE
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def write_all(summary: dict[str, Any], jobs: list[Job], sweep_dir: str, keep_che
         best = next(job for job in jobs if job.index == summary["best"]["index"])
         write_best_config(best, os.path.join(sweep_dir, BEST_CONFIG_FILE), schedule=summary["best"].get("exploits"))
     unfinished = any(row["status"] not in ("completed", "stopped") for row in summary["trials"])
-    if keep_checkpoints and not (summary["scheduler"] in ("pbt", "pb2") and unfinished):  # a re-run continues donors'
+    if keep_checkpoints and not (summary["scheduler"] in PAUSING and unfinished):  # a re-run continues paused trials
         drop_checkpoints(summary, keep_checkpoints)
     plot(summary, os.path.join(sweep_dir, PLOT_FILE))
     from rich.console import Console

@@ -5,8 +5,9 @@ start-up) and, like the plugin, has no ``from __future__ import annotations`` (O
 
 from dataclasses import dataclass
 
-SCHEDULERS = ("fifo", "asha", "pbt", "pb2")
+SCHEDULERS = ("fifo", "asha", "hyperband", "pbt", "pb2")
 EVOLVING = ("pbt", "pb2")  # Population Based Training, and its bandit variant
+PAUSING = ("hyperband", *EVOLVING)  # their trials report checkpoints to Tune, which stops and restarts them
 SEARCH_ALGS = ("basic", "optuna")
 
 
@@ -18,12 +19,13 @@ class SweepSettings:
     num_samples: int = 1  # basic: repeats of the grid, with new draws of interval() parameters; optuna: trials in all
     seed: int = 0  # of those draws (and of the ASHA start order): the same command gives the same trials
     max_concurrent_trials: int | None = None  # None: as many as the cluster holds
-    # fifo; asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order); pbt (Population
-    # Based Training: every perturbation_interval epochs, weak trials continue a strong one with perturbed settings);
-    # pb2 (the same, new values from a bandit over the intervals' bounds)
+    # fifo; asha (stops weak trials at epoch boundaries; the grid starts in a seeded random order); hyperband
+    # (synchronous successive halving in brackets: trials pause at each milestone, the best continue); pbt
+    # (Population Based Training: every perturbation_interval epochs, weak trials continue a strong one with
+    # perturbed settings); pb2 (the same, new values from a bandit over the intervals' bounds)
     scheduler: str = "fifo"
     grace_period: int = 1  # ASHA: epochs every trial gets before it can be stopped
-    reduction_factor: float = 4.0  # ASHA: keep 1/reduction_factor of the trials at each rung (Tune's default)
+    reduction_factor: float = 4.0  # ASHA, HyperBand: keep 1/reduction_factor of the trials at each rung
     keep_checkpoints: int | None = None  # keep only the best K trials' checkpoints (None: all)
     perturbation_interval: int = 2  # PBT: epochs between a trial's exploit / explore decisions
     quantile_fraction: float = 0.25  # PBT: the bottom fraction of trials continue one of the top fraction
@@ -55,19 +57,27 @@ class SweepSettings:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"hydra.sweeper.{key}", value, "must be >= 1.")
-        if self.scheduler == "asha" and not self.reduction_factor > 1:
+        if self.scheduler in ("asha", "hyperband") and not self.reduction_factor > 1:
             raise ConfigError(
                 "hydra.sweeper.reduction_factor",
                 self.reduction_factor,
                 f"{self.scheduler} keeps 1/reduction_factor of the trials at each rung: it must be > 1.",
                 "e.g. 2, 3 or 4",
             )
-        if self.scheduler in EVOLVING:
-            self._check_pbt()
+        if self.scheduler in PAUSING:
+            self._check_pausing()
 
-    def _check_pbt(self) -> None:
+    def _check_pausing(self) -> None:
         from hydra_raytrain.config import ConfigError
 
+        if self.search_alg != "basic" and self.scheduler == "hyperband":
+            raise ConfigError(
+                "hydra.sweeper.search_alg",
+                self.search_alg,
+                "cannot suggest trials under hyperband: its brackets are filled from a fixed set of trials (a "
+                "model-based search with HyperBand is BOHB, which this sweeper does not offer).",
+                "search_alg=basic with scheduler=hyperband, or scheduler=asha with search_alg=optuna",
+            )
         if self.search_alg != "basic":
             raise ConfigError(
                 "hydra.sweeper.search_alg",
@@ -75,6 +85,12 @@ class SweepSettings:
                 f"cannot suggest trials under {self.scheduler}: it explores by perturbing the trials it has.",
                 f"search_alg=basic with scheduler={self.scheduler} (a grid, or interval() draws with num_samples)",
             )
+        if self.scheduler in EVOLVING:
+            self._check_pbt()
+
+    def _check_pbt(self) -> None:
+        from hydra_raytrain.config import ConfigError
+
         if self.scheduler == "pb2":
             try:
                 import sklearn  # noqa: F401

@@ -31,7 +31,7 @@ from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.sweep import pbt, results
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
-from hydra_raytrain.sweep.settings import EVOLVING, SweepSettings
+from hydra_raytrain.sweep.settings import EVOLVING, PAUSING, SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial
 
@@ -144,15 +144,17 @@ def run_sweep(
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
     if settings.scheduler == "asha":
         _check_asha(settings.grace_period, plan.probes)
+    if settings.scheduler == "hyperband":
+        _check_hyperband(plan.probes)
     if settings.scheduler in EVOLVING:
         pbt.check(parameter_space(arguments)[1], plan.probes, settings)
-        if any(is_lightning(job.cfg.task["_target_"]) for job in plan.probes):
-            raise ConfigError(
-                "hydra.sweeper.scheduler",
-                settings.scheduler,
-                "cannot continue a Lightning module's checkpoint.",
-                "fifo or asha",
-            )
+    if settings.scheduler in PAUSING and any(is_lightning(job.cfg.task["_target_"]) for job in plan.probes):
+        raise ConfigError(
+            "hydra.sweeper.scheduler",
+            settings.scheduler,
+            "cannot continue a Lightning module's checkpoint in a trial it restarts.",
+            "fifo or asha",
+        )
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
     if plan.budget > 0:
@@ -216,7 +218,7 @@ def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(plan.probes[0].cfg.ray, largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
-    if settings.scheduler in ("asha", *EVOLVING):
+    if settings.scheduler in ("asha", *PAUSING):
         _check_asha_can_free_stopped_trials(plan.probes[0].cfg.ray, settings.scheduler)
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
@@ -256,8 +258,12 @@ def run_trials(
         param_space = pbt.param_space(order, pbt.current_values(plan.todo, space))
     else:
         param_space = {"index": tune.grid_search(order)}
+    # HyperBand must see every trial of a bracket, and Tune creates no more trials than max_concurrent_trials:
+    # under it all are created, and each takes 1/concurrent of the driver's node to run.
+    bracketed = settings.scheduler == "hyperband"
+    share = math.floor(10_000 / concurrent) / 10_000 if bracketed else 0.001
     tuner = tune.Tuner(
-        _trainable(plan.jobs if searcher is None else [], sweep_dir, compose if space else None),
+        _trainable(plan.jobs if searcher is None else [], sweep_dir, compose, settings.scheduler in PAUSING, share),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
@@ -267,7 +273,7 @@ def run_trials(
             scheduler=scheduler,
             search_alg=searcher,
             num_samples=plan.budget if searcher else 1,
-            max_concurrent_trials=concurrent,
+            max_concurrent_trials=None if bracketed else concurrent,
             reuse_actors=scheduler is None,
             trial_dirname_creator=_trial_dirname,
         ),
@@ -290,16 +296,21 @@ def _scheduler(plan: Plan, settings: SweepSettings, space: dict[str, Parameter])
     """Tune's scheduler of ``hydra.sweeper.scheduler`` (None: fifo)."""
     if settings.scheduler == "asha":
         return asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
+    if settings.scheduler == "hyperband":
+        return hyperband_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
     if space:
         first = plan.todo[0].cfg
         return pbt.scheduler(settings, space, first.trainer.max_epochs, first.checkpoint.every_n_epochs)
     return None
 
 
-def _trainable(jobs: list[Job], sweep_dir: str, compose: Callable[..., Job] | None = None) -> Any:
+def _trainable(
+    jobs: list[Job], sweep_dir: str, compose: Callable[..., Job], pausing: bool = False, share: float = 0.001
+) -> Any:
     """The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
-    nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it).
-    Under PBT it gets Hydra's composition (``compose``), to compose a trial again with its explored values."""
+    nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it): a
+    ``share`` of the node's own resource. Trials Tune pauses (``pausing``) report checkpoints to restart from,
+    and get Hydra's composition (``compose``), to compose a trial again with PBT's explored values."""
     import ray
     from ray import tune
 
@@ -313,9 +324,9 @@ def _trainable(jobs: list[Job], sweep_dir: str, compose: Callable[..., Job] | No
         cwd=os.getcwd(),
         pythonpath=import_path(),
         argv=list(sys.argv),
-        compose=compose,
+        compose=compose if pausing else None,
     )
-    return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: 0.001})
+    return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: share})
 
 
 def asha_scheduler(settings: SweepSettings, max_epochs: int):
@@ -330,6 +341,46 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
         grace_period=settings.grace_period,
         reduction_factor=settings.reduction_factor,
     )
+
+
+def hyperband_scheduler(settings: SweepSettings, max_epochs: int):
+    """Tune's HyperBand on epochs: brackets of trials that pause at each milestone until the bracket's other
+    trials reach it, then the best 1/reduction_factor continue (restarted from their checkpoint of that epoch).
+    The last rung's trials are not stopped at max_t: they end by themselves (and write their summaries)."""
+    from ray.tune.schedulers import HyperBandScheduler
+
+    return HyperBandScheduler(
+        time_attr="epoch", max_t=max_epochs, reduction_factor=settings.reduction_factor, stop_last_trials=False
+    )
+
+
+def _check_hyperband(probes: list[Job]) -> None:
+    """HyperBand pauses a trial at each milestone and later continues it from its checkpoint of that epoch: it
+    needs one every epoch, kept and resumed. Nor does it cross-validate (a configuration's folds would stop at
+    different epochs)."""
+    for job in probes:
+        cfg = job.cfg
+        if cfg.dataset.get("folds"):
+            raise ConfigError(
+                "hydra.sweeper.scheduler",
+                "hyperband",
+                "would stop a configuration's folds at different epochs: a fold mean needs every fold trained alike.",
+                "hydra.sweeper.scheduler=fifo with dataset.folds",
+            )
+        if cfg.checkpoint.every_n_epochs != 1:
+            raise ConfigError(
+                "checkpoint.every_n_epochs",
+                cfg.checkpoint.every_n_epochs,
+                "HyperBand pauses trials at its milestones and continues them from a checkpoint of that epoch.",
+                "checkpoint.every_n_epochs=1 under hyperband",
+            )
+        if cfg.run.resume == "never":
+            raise ConfigError(
+                "run.resume",
+                "never",
+                "would train a trial HyperBand paused from its first epoch again when it continues.",
+                "run.resume=auto under hyperband",
+            )
 
 
 def _check_asha(grace_period: int, probes: list[Job]) -> None:

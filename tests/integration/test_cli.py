@@ -444,6 +444,17 @@ BAD_INPUTS = [
         + ["hydra.sweep.dir=sweep"],
         ["hydra.sweeper.scheduler='pbt'", "would change model in a running trial", "optimizer.*"],
     ),
+    # HyperBand continues paused trials from a checkpoint of the milestone's epoch; it fills brackets itself
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "checkpoint.every_n_epochs=2"]
+        + ["optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"],
+        ["checkpoint.every_n_epochs=2", "HyperBand pauses trials", "checkpoint.every_n_epochs=1 under hyperband"],
+    ),
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "hydra.sweeper.search_alg=optuna"]
+        + ["optimizer.lr=interval(1e-4,1e-1)", "hydra.sweep.dir=sweep"],
+        ["hydra.sweeper.search_alg='optuna'", "cannot suggest trials under hyperband", "search_alg=basic"],
+    ),
     (["run.init_full_state=true"], ["run.init_full_state=True", "run.init_from"]),
     (["trainer.ema.decay=1.5"], ["trainer.ema.decay=1.5", "must be in (0, 1)"]),
     # Cross-validation: a fold of no folds, and a fold past the folds (each trial's config checked up front)

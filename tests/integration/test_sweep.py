@@ -257,6 +257,42 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
         assert "# The best trial of this PBT sweep" in best_config and summary["best"]["exploits"][-1] in best_config
 
 
+def test_hyperband_stops_the_weaker_trial_of_a_bracket_and_continues_the_others(ray_address, tmp_path):
+    """HyperBand over 2 epochs, reduction_factor 2: two brackets of two trials, added in the seeded start order
+    (trials 2, 0, 1, 3). The first bracket trains its trials to the end; in the second, both train one epoch
+    (the first there pauses until the other gets there), then the better one continues (restarted from its
+    checkpoint of epoch 1 when it was the one paused) and the hopeless one stops."""
+    assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=hyperband",
+        "hydra.sweeper.reduction_factor=2",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-3,2e-3,1e-7",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=10",
+        "task._target_=tests.helpers.tasks.Slow",  # an epoch lasts longer than stopping a trial takes
+        "+task.seconds_per_batch=0.3",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary, rows = rows_by_overrides(tmp_path / "sweep")
+    assert summary["scheduler"] == "hyperband"
+    status = {name.split("lr=")[1]: (row["status"], row["epochs"]) for name, row in rows.items()}
+    assert status == {
+        "0.003": ("completed", 2),
+        "0.001": ("completed", 2),
+        "0.002": ("completed", 2),
+        "1e-07": ("stopped", 1),
+    }, status
+    for row in rows.values():  # each epoch once, a paused and continued trial's too
+        assert epochs(Path(row["run_dir"])) == list(range(1, row["epochs"] + 1)), row
+
+
 def test_pb2_explores_inside_the_intervals_bounds(ray_address, tmp_path):
     """PB2 (Tune's bandit PBT) over two drawn learning rates: the weaker trial continues the stronger one's
     checkpoint with a value the bandit picks inside the interval, and its steps continue the donor's."""
