@@ -1,7 +1,7 @@
-"""A search algorithm's suggestions as Hydra jobs (``hydra.sweeper.search_alg=optuna``).
+"""A search algorithm's suggestions as Hydra jobs (``hydra.sweeper.search_alg=optuna`` or ``bohb``).
 
 Tune asks ``HydraSearch.suggest`` for each new trial on the driver; it asks the wrapped searcher (Optuna's
-TPE) for values, turns them into overrides, composes and checks that trial's config with Hydra as the basic
+TPE, BOHB) for values, turns them into overrides, composes and checks that trial's config with Hydra as the basic
 launcher would, and writes it to ``<run dir>/job.json``, which the trial reads. So every trial is still a
 composed, validated config with a run identity, and an earlier run of the sweep is found again on disk:
 
@@ -13,6 +13,7 @@ composed, validated config with a run identity, and an earlier run of the sweep 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -139,7 +140,17 @@ class HydraSearch(Searcher):
         if trial_id in self.asked:
             self.searcher.on_trial_complete(self.asked.pop(trial_id), result, error)
         elif job is not None and result and isinstance(result.get(self.metric), (int, float)):  # a replayed trial
-            self.searcher.add_evaluated_point(job.params, result[self.metric])
+            with contextlib.suppress(NotImplementedError):  # BOHB takes no point it did not suggest
+                self.searcher.add_evaluated_point(job.params, result[self.metric])
+
+    def on_pause(self, trial_id: str) -> None:
+        """HyperBand for BOHB pauses a trial: BOHB counts it out of its running trials."""
+        if trial_id in self.asked:
+            self.searcher.on_pause(self.asked[trial_id])
+
+    def on_unpause(self, trial_id: str) -> None:
+        if trial_id in self.asked:
+            self.searcher.on_unpause(self.asked[trial_id])
 
     def get_state(self) -> dict[str, Any]:
         """Nothing of ours for Tune's experiment state: a re-run finds the sweep's trials in their run dirs."""

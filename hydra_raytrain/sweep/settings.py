@@ -8,14 +8,17 @@ from dataclasses import dataclass
 SCHEDULERS = ("fifo", "asha", "hyperband", "pbt", "pb2")
 EVOLVING = ("pbt", "pb2")  # Population Based Training, and its bandit variant
 PAUSING = ("hyperband", *EVOLVING)  # their trials report checkpoints to Tune, which stops and restarts them
-SEARCH_ALGS = ("basic", "optuna")
+SEARCH_ALGS = ("basic", "optuna", "bohb")
+EXTRAS = {"optuna": ("optuna",), "bohb": ("hpbandster", "ConfigSpace")}  # what each search needs installed
 
 
 @dataclass
 class SweepSettings:
     metric: str | None = None  # None: the task's monitor (val_accuracy for classification, val_loss for regression)
     mode: str | None = None  # "max" / "min"; None: the task's
-    search_alg: str = "basic"  # basic: the grid x num_samples seeded draws (Tune's BasicVariantGenerator); optuna: TPE
+    # basic: the grid x num_samples seeded draws (Tune's BasicVariantGenerator); optuna: TPE; bohb: BOHB's
+    # model-based search inside HyperBand's brackets (scheduler=hyperband)
+    search_alg: str = "basic"
     num_samples: int = 1  # basic: repeats of the grid, with new draws of interval() parameters; optuna: trials in all
     seed: int = 0  # of those draws (and of the ASHA start order): the same command gives the same trials
     max_concurrent_trials: int | None = None  # None: as many as the cluster holds
@@ -40,16 +43,7 @@ class SweepSettings:
             raise ConfigError(
                 "hydra.sweeper.search_alg", self.search_alg, "unknown search algorithm.", ", ".join(SEARCH_ALGS)
             )
-        if self.search_alg == "optuna":
-            try:
-                import optuna  # noqa: F401
-            except ImportError:
-                raise ConfigError(
-                    "hydra.sweeper.search_alg",
-                    "optuna",
-                    "needs Optuna, which is not installed.",
-                    "pip install 'hydra_raytrain[optuna]', or search_alg=basic",
-                ) from None
+        self._check_installed()
         if self.mode not in (None, "max", "min"):
             raise ConfigError("hydra.sweeper.mode", self.mode, "unknown mode.", "max, min")
         counts = ("num_samples", "grace_period", "max_concurrent_trials", "keep_checkpoints", "perturbation_interval")
@@ -67,18 +61,39 @@ class SweepSettings:
         if self.scheduler in PAUSING:
             self._check_pausing()
 
-    def _check_pausing(self) -> None:
+    def _check_installed(self) -> None:
+        """A search algorithm's own packages (an extra of this package)."""
+        import importlib.util
+
         from hydra_raytrain.config import ConfigError
 
-        if self.search_alg != "basic" and self.scheduler == "hyperband":
+        missing = [name for name in EXTRAS.get(self.search_alg, ()) if importlib.util.find_spec(name) is None]
+        if missing:
             raise ConfigError(
                 "hydra.sweeper.search_alg",
                 self.search_alg,
-                "cannot suggest trials under hyperband: its brackets are filled from a fixed set of trials (a "
-                "model-based search with HyperBand is BOHB, which this sweeper does not offer).",
-                "search_alg=basic with scheduler=hyperband, or scheduler=asha with search_alg=optuna",
+                f"needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed.",
+                f"pip install 'hydra_raytrain[{self.search_alg}]', or search_alg=basic",
             )
-        if self.search_alg != "basic":
+        if self.search_alg == "bohb" and self.scheduler != "hyperband":
+            raise ConfigError(
+                "hydra.sweeper.search_alg",
+                "bohb",
+                f"is BOHB's model-based search inside HyperBand's brackets, not under scheduler={self.scheduler}.",
+                "hydra.sweeper.scheduler=hyperband hydra.sweeper.search_alg=bohb",
+            )
+
+    def _check_pausing(self) -> None:
+        from hydra_raytrain.config import ConfigError
+
+        if self.search_alg == "optuna" and self.scheduler == "hyperband":
+            raise ConfigError(
+                "hydra.sweeper.search_alg",
+                self.search_alg,
+                "cannot suggest trials under hyperband: a model-based search inside HyperBand's brackets is BOHB.",
+                "search_alg=bohb (or basic) with scheduler=hyperband, or scheduler=asha with search_alg=optuna",
+            )
+        if self.search_alg != "basic" and self.scheduler in EVOLVING:
             raise ConfigError(
                 "hydra.sweeper.search_alg",
                 self.search_alg,

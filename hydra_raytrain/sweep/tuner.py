@@ -243,13 +243,7 @@ def run_trials(
     metric, mode = objective
     space = parameter_space(plan.arguments)[1] if settings.scheduler in EVOLVING else {}  # PBT's mutations
     scheduler = _scheduler(plan, settings, space)
-    searcher = None
-    if settings.search_alg == "optuna":
-        # Seeded past the trials earlier runs drew, so that a re-run does not draw them again.
-        optuna = _optuna_search(plan.space, metric, mode, settings.seed + len(plan.jobs), plan.done)
-        searcher = HydraSearch(
-            optuna, plan.space, plan.fixed, compose, known=plan.jobs, replay=plan.todo, budget=plan.budget
-        )
+    searcher = _search(plan, settings, compose, objective, concurrent)
     # Under ASHA the grid starts in a seeded random order (space.start_order says why).
     order = start_order([job.index for job in plan.todo], shuffle=scheduler is not None, seed=settings.seed)
     if searcher:
@@ -346,12 +340,12 @@ def asha_scheduler(settings: SweepSettings, max_epochs: int):
 def hyperband_scheduler(settings: SweepSettings, max_epochs: int):
     """Tune's HyperBand on epochs: brackets of trials that pause at each milestone until the bracket's other
     trials reach it, then the best 1/reduction_factor continue (restarted from their checkpoint of that epoch).
-    The last rung's trials are not stopped at max_t: they end by themselves (and write their summaries)."""
-    from ray.tune.schedulers import HyperBandScheduler
+    The last rung's trials are not stopped at max_t: they end by themselves (and write their summaries). Under
+    BOHB, Tune's variant of it that tells BOHB's search which trials pause."""
+    from ray.tune.schedulers import HyperBandForBOHB, HyperBandScheduler
 
-    return HyperBandScheduler(
-        time_attr="epoch", max_t=max_epochs, reduction_factor=settings.reduction_factor, stop_last_trials=False
-    )
+    kind = HyperBandForBOHB if settings.search_alg == "bohb" else HyperBandScheduler
+    return kind(time_attr="epoch", max_t=max_epochs, reduction_factor=settings.reduction_factor, stop_last_trials=False)
 
 
 def _check_hyperband(probes: list[Job]) -> None:
@@ -445,6 +439,20 @@ def _status(job: Job, previous: dict[str, dict[str, Any]]) -> str:
     return summary["status"] if summary else "interrupted"
 
 
+def _search(
+    plan: Plan, settings: SweepSettings, compose: Callable[..., Job], objective: tuple[str, str], concurrent: int
+) -> HydraSearch | None:
+    """The search algorithm's suggestions as Hydra jobs (None: the basic search's grid)."""
+    if settings.search_alg == "basic":
+        return None
+    seed = settings.seed + len(plan.jobs)  # past the trials earlier runs drew: a re-run does not draw them again
+    if settings.search_alg == "bohb":
+        inner = _bohb_search(plan.space, *objective, seed, concurrent)
+    else:
+        inner = _optuna_search(plan.space, *objective, seed, plan.done)
+    return HydraSearch(inner, plan.space, plan.fixed, compose, known=plan.jobs, replay=plan.todo, budget=plan.budget)
+
+
 def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[Job]):
     """Optuna's TPE over the space; the sweep's finished trials (earlier runs) told to it as evaluated points."""
     from ray.tune.search.optuna import OptunaSearch
@@ -459,6 +467,22 @@ def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: in
         points_to_evaluate=[params for params, _ in told] or None,
         evaluated_rewards=[value for _, value in told] or None,
     )
+
+
+def _bohb_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, concurrent: int):
+    """BOHB's search (HpBandSter's kernel density model, fed each bracket's results) over the space as a
+    ConfigSpace; it starts at most ``concurrent`` trials that are not paused. Earlier runs' trials are not told
+    to it: it has no way to take a point it did not suggest."""
+    import ConfigSpace as cs
+    from ray.tune.search.bohb import TuneBOHB
+
+    config_space = cs.ConfigurationSpace(seed=seed)
+    for key, p in space.items():
+        if p.choices is not None:
+            config_space.add(cs.CategoricalHyperparameter(key, list(p.choices)))
+        else:
+            config_space.add(cs.UniformFloatHyperparameter(key, lower=p.bounds[0], upper=p.bounds[1], log=p.log))
+    return TuneBOHB(config_space, metric=metric, mode=mode, seed=seed, max_concurrent=concurrent)
 
 
 def _trial_dirname(trial) -> str:

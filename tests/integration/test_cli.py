@@ -453,7 +453,7 @@ BAD_INPUTS = [
     (
         ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "hydra.sweeper.search_alg=optuna"]
         + ["optimizer.lr=interval(1e-4,1e-1)", "hydra.sweep.dir=sweep"],
-        ["hydra.sweeper.search_alg='optuna'", "cannot suggest trials under hyperband", "search_alg=basic"],
+        ["hydra.sweeper.search_alg='optuna'", "cannot suggest trials under hyperband", "search_alg=bohb"],
     ),
     (["run.init_full_state=true"], ["run.init_full_state=True", "run.init_from"]),
     (["trainer.ema.decay=1.5"], ["trainer.ema.decay=1.5", "must be in (0, 1)"]),

@@ -293,6 +293,41 @@ def test_hyperband_stops_the_weaker_trial_of_a_bracket_and_continues_the_others(
         assert epochs(Path(row["run_dir"])) == list(range(1, row["epochs"] + 1)), row
 
 
+def test_bohb_searches_inside_hyperbands_brackets(ray_address, tmp_path):
+    """BOHB (Tune's TuneBOHB in HyperBandForBOHB) over a drawn learning rate: 4 trials, BOHB's brackets largest
+    first, so trials 0 and 1 race to epoch 1 and the weaker there stops; trials 2 and 3 train both epochs."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=hyperband",
+        "hydra.sweeper.search_alg=bohb",
+        "hydra.sweeper.reduction_factor=2",
+        "hydra.sweeper.num_samples=4",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=tag(log,interval(1e-7,1e-2))",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=10",
+        "task._target_=tests.helpers.tasks.Slow",
+        "+task.seconds_per_batch=0.3",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    rows = {row["index"]: row for row in summary["trials"]}
+    assert sorted(rows) == [0, 1, 2, 3] and summary["scheduler"] == "hyperband"
+    lrs = {i: float(row["overrides"].split("optimizer.lr=")[1].split()[0]) for i, row in rows.items()}
+    assert all(1e-7 <= lr <= 1e-2 for lr in lrs.values()) and len(set(lrs.values())) == 4, lrs
+    first = {i: json.loads((Path(rows[i]["run_dir"]) / "metrics.jsonl").read_text().splitlines()[0]) for i in (0, 1)}
+    weaker = min((0, 1), key=lambda i: first[i]["val_accuracy"])
+    assert (rows[weaker]["status"], rows[weaker]["epochs"]) == ("stopped", 1), rows
+    assert all((rows[i]["status"], rows[i]["epochs"]) == ("completed", 2) for i in rows if i != weaker), rows
+    for row in rows.values():
+        assert epochs(Path(row["run_dir"])) == list(range(1, row["epochs"] + 1)), row
+
+
 def test_pb2_explores_inside_the_intervals_bounds(ray_address, tmp_path):
     """PB2 (Tune's bandit PBT) over two drawn learning rates: the weaker trial continues the stronger one's
     checkpoint with a value the bandit picks inside the interval, and its steps continue the donor's."""
