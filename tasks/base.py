@@ -44,6 +44,7 @@ class Step(Protocol):
 class StepOutput:
     loss: torch.Tensor  # what backward() runs on: a mean over the batch
     sums: Sums  # detached per-batch sums the metrics are made of; must include "count"
+    outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (the model's outputs, the targets): task.metrics'
 
 
 class Task:

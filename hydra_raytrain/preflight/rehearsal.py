@@ -74,6 +74,8 @@ def rehearse(
     model = models if "_target_" not in cfg["model"] else models["model"]
     try:
         train_sums, val_sums = step_sums(task, model, batch)
+    except ConfigError:  # a setting the step itself refuses (task.metrics' top-k beyond the classes)
+        raise
     except Exception as error:
         if on_gpu:
             warn(
@@ -251,7 +253,7 @@ def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> dict[str, Any] | None
         raise
 
 
-def step_sums(task: Any, model: Any, batch: Any) -> tuple[dict[str, float], dict[str, float]]:
+def step_sums(task: Any, model: Any, batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The sums of one training step (train mode, gradients on: a loss may differentiate) and one validation
     step (eval mode, no gradients) on ``batch``; nothing is optimised."""
     import torch
@@ -454,8 +456,9 @@ def _first(batch: Any) -> Any:
     return batch[0] if isinstance(batch, (list, tuple)) else batch
 
 
-def _floats(sums: Mapping[str, Any]) -> dict[str, float]:
-    return {name: float(value) for name, value in sums.items()}
+def _floats(sums: Mapping[str, Any]) -> dict[str, Any]:
+    """Sums as the runner's totals hold them: a float per scalar, a CPU tensor per larger one (task.metrics')."""
+    return {name: float(value) if not value.dim() else value.detach().double().cpu() for name, value in sums.items()}
 
 
 def _does_not_fit(cfg: Mapping[str, Any], batch: Any, error: BaseException) -> ConfigError:

@@ -21,34 +21,42 @@ class SumMeter:
             self._sums[name] = self._sums[name] + value if name in self._sums else value
 
     @classmethod
-    def resumed(cls, totals: Mapping[str, float], rank: int, device: torch.device) -> SumMeter:
+    def resumed(cls, totals: Mapping[str, Any], rank: int, device: torch.device) -> SumMeter:
         """A meter that continues an epoch from a mid-epoch checkpoint's all-reduced ``totals``: rank 0 holds
         them, the other ranks zeros under the same names (so every rank's all-reduce has the same shape)."""
         meter = cls()
-        meter._sums = {
-            name: torch.tensor(value if rank == 0 else 0.0, dtype=torch.float64, device=device)
-            for name, value in totals.items()
-        }
+        for name, value in totals.items():
+            total = torch.as_tensor(value, dtype=torch.float64, device=device)
+            meter._sums[name] = total if rank == 0 else torch.zeros_like(total)
         return meter
 
-    def totals(self, uneven: bool = False, device: torch.device | None = None) -> dict[str, float]:
-        """The sums over every batch of every worker. A collective: every rank must call it. ``uneven``: some rank
-        may have added nothing (a streamed validation shard): the ranks first agree on the names (zeros on
+    def totals(self, uneven: bool = False, device: torch.device | None = None) -> dict[str, Any]:
+        """The sums over every batch of every worker: a float per scalar sum, a CPU tensor per larger one (a
+        metric's per-class counts). A collective: every rank must call it. ``uneven``: some rank may have added
+        nothing (a streamed validation shard): the ranks first agree on the names and shapes (zeros on
         ``device``)."""
         distributed = dist.is_available() and dist.is_initialized()
         if uneven and distributed:
             everyone: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, sorted(self._sums))
-            for name in set().union(*everyone) - set(self._sums):
-                self._sums[name] = torch.zeros((), dtype=torch.float64, device=device)
+            dist.all_gather_object(everyone, {name: tuple(value.shape) for name, value in self._sums.items()})
+            for shapes in everyone:
+                for name, shape in shapes.items():
+                    if name not in self._sums:
+                        self._sums[name] = torch.zeros(shape, dtype=torch.float64, device=device)
         names = sorted(self._sums)  # the same order on every rank
         if not names:
             return {}
-        stacked = torch.stack([self._sums[name].reshape(()) for name in names])
+        flat = torch.cat([self._sums[name].reshape(-1) for name in names])
         if distributed:
             # Sums, not means: workers may hold different sample counts (validation is not padded).
-            dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
-        return dict(zip(names, stacked.tolist(), strict=True))
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat, totals, start = flat.cpu(), {}, 0
+        for name in names:
+            shape = self._sums[name].shape
+            part = flat[start : start + self._sums[name].numel()]
+            start += part.numel()
+            totals[name] = float(part[0]) if not shape else part.reshape(shape)
+        return totals
 
 
 @torch.no_grad()
@@ -60,7 +68,7 @@ def validation_totals(
     extra: int = 0,
     uneven: bool = False,
     device: torch.device | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The task's validation sums over ``batches``, added over workers (a collective when distributed). ``extra``
     more steps on the last batch, uncounted, keep this rank in step with ranks that hold more batches (FSDP's
     forward is a collective); ``uneven``: a rank may hold no batch (see ``SumMeter.totals``)."""

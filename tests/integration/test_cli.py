@@ -455,6 +455,8 @@ BAD_INPUTS = [
         + ["optimizer.lr=interval(1e-4,1e-1)", "hydra.sweep.dir=sweep"],
         ["hydra.sweeper.search_alg='optuna'", "cannot suggest trials under hyperband", "search_alg=bohb"],
     ),
+    (["+task.metrics=[f1,f2]"], ["task.metrics=['f1', 'f2']", "'f2' is no classification metric", "auroc"]),
+    (["+task.metrics=[top20_accuracy]"], ["task.metrics='top20_accuracy'", "scores 10 classes", "top10_accuracy"]),
     (["run.init_full_state=true"], ["run.init_full_state=True", "run.init_from"]),
     (["trainer.ema.decay=1.5"], ["trainer.ema.decay=1.5", "must be in (0, 1)"]),
     # Cross-validation: a fold of no folds, and a fold past the folds (each trial's config checked up front)

@@ -146,9 +146,13 @@ def test_own_data_page(ray_address, tmp_path):
 
 def test_own_task_page(ray_address, tmp_path):
     done = run_page("own-task.md", tmp_path, ray_address)
-    (result,) = done.values()
-    assert "label_smoothing=0.0 were dropped" in result.stderr
-    (path,) = glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))
-    summary = json.loads(Path(path).read_text())
-    assert summary["monitor"] == "val_top2" and summary["best"]["epoch"] == 1
+    own, metrics, regression = done.values()  # the page's commands, in its order
+    assert "label_smoothing=0.0 were dropped" in own.stderr
+    assert metrics.returncode == regression.returncode == 0, (metrics.stderr[-2000:], regression.stderr[-2000:])
+    paths = glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))
+    by_monitor = {s["monitor"]: s for s in (json.loads(Path(p).read_text()) for p in paths)}
+    assert 0 <= by_monitor["val_f1"]["final"]["val_f1"] <= 1 and "val_top3_accuracy" in by_monitor["val_f1"]["final"]
+    assert {"val_rmse", "val_mape", "val_auroc"} & set(by_monitor["val_loss"]["final"]) == {"val_rmse", "val_mape"}
+    summary = by_monitor["val_top2"]
+    assert summary["best"]["epoch"] == 1
     assert 0 <= summary["final"]["val_top2"] <= 1 and 0 <= summary["final"]["train_top2"] <= 1

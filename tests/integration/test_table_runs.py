@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from torchmetrics.functional.classification import multiclass_auroc, multiclass_f1_score
 
 from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
@@ -41,6 +42,8 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
         "trainer.max_epochs=12",
         "optimizer.lr=0.01",
         "dataset.test_fraction=0.2",
+        "+task.metrics=[f1,auroc]",  # torchmetrics' macro F1 and AUROC, exact over both workers
+        "trainer.monitor=val_f1",
         "logger=tensorboard",
         "hydra.run.dir=run",
     ]
@@ -58,18 +61,26 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     assert history[-1]["val_accuracy"] >= 0.9, history[-1]
     evaluated = evaluate(str(tmp_path / "run"))  # the file read again, mapped with the run's classes
     assert evaluated["val_samples"] == 30 and abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
+    # task.metrics: the figures torchmetrics gives on the whole validation split in one process
+    model = load_model(str(tmp_path / "run"))
+    x = torch.tensor([rows[i][1:] for i in val], dtype=torch.float32)
+    y = torch.tensor([sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in val])
+    with torch.no_grad():
+        probabilities = model(x).softmax(dim=1)
+    f1 = float(multiclass_f1_score(probabilities, y, 3, average="macro"))
+    auroc = float(multiclass_auroc(probabilities, y, 3, average="macro", thresholds=200))
+    assert abs(history[-1]["val_f1"] - f1) < 1e-5 and abs(history[-1]["val_auroc"] - auroc) < 1e-5, history[-1]
+    assert abs(evaluated["val_f1"] - f1) < 1e-5 and abs(evaluated["val_auroc"] - auroc) < 1e-5
     # The test split: 30 more rows held out of training (validation kept its own), scored once on the best
     # checkpoint after training; the same figures from evaluate --split test, and in the run's logger
     _, test = tables.row_split(150, 0.2, 0.2, 0).masks(np.arange(150), 0)
     test_label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in np.flatnonzero(test))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     tested = summary["test"]
-    assert (tested["test_samples"], tested["test_label_sum"], tested["monitor"]) == (30, test_label_sum, "val_accuracy")
-    best = max(history, key=lambda m: m["val_accuracy"])  # the first of equals, as Ray's checkpoint manager
-    assert (
-        tested["epoch"] == summary["best"]["epoch"]
-        and history[tested["epoch"] - 1]["val_accuracy"] == best["val_accuracy"]
-    )
+    assert (tested["test_samples"], tested["test_label_sum"], tested["monitor"]) == (30, test_label_sum, "val_f1")
+    best = max(history, key=lambda m: m["val_f1"])  # the first of equals, as Ray's checkpoint manager
+    assert tested["epoch"] == summary["best"]["epoch"] and history[tested["epoch"] - 1]["val_f1"] == best["val_f1"]
+    assert "test_f1" in tested and "test_auroc" in tested
     assert (
         tested["checkpoint"].endswith(f"epoch_{tested['epoch']:04d}") and "Test (the checkpoint of epoch" in done.stdout
     )
