@@ -8,8 +8,9 @@ from typing import Any, Literal
 # summary.json's "status": trained to the end (or stopped early), failed, or stopped by a preemption notice
 # (checkpointed: the same command resumes it).
 RunStatus = Literal["completed", "failed", "preempted"]
-# A sweep trial's row: its run's status, "stopped" (ended early by the scheduler, ASHA), or "not run".
-TrialStatus = Literal["completed", "failed", "preempted", "stopped", "not run"]
+# A sweep trial's row: its run's status, "stopped" (ended early by the scheduler: ASHA, HyperBand), "interrupted"
+# (the sweep ended while it ran or was paused: a re-run continues it), or "not run".
+TrialStatus = Literal["completed", "failed", "preempted", "stopped", "interrupted", "not run"]
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ class MetricStates:
             metric = _metric(name, _classes(name, states))
             for state, value in states.items():
                 default = getattr(metric, state)
-                setattr(metric, state, torch.as_tensor(value).to(default.dtype).reshape(default.shape))
+                total = torch.as_tensor(value, dtype=torch.float64)
+                setattr(metric, state, total.to(default.dtype).reshape(default.shape))
             metric._update_count = 1  # its states were set, not updated here
             values[name] = float(metric.compute())
         return values
@@ -80,24 +81,28 @@ def plain(totals: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _metric(name: str, classes: int) -> Any:
+    """One torchmetrics metric. Its own sync stays off: the runner all-reduces its states with the other sums
+    (torchmetrics' would gather them again, and CPU states through NCCL fail); so does its argument checking,
+    a host sync on every batch (the task's own loss has checked the labels)."""
     from torchmetrics import classification, regression
 
+    own: dict[str, Any] = {"sync_on_compute": False, "validate_args": False}
     if name in REGRESSION:
         if name == "rmse":
-            return regression.MeanSquaredError(squared=False)
+            return regression.MeanSquaredError(squared=False, sync_on_compute=False)
         kind = {"mae": "MeanAbsoluteError", "r2": "R2Score", "mape": "MeanAbsolutePercentageError"}[name]
-        return getattr(regression, kind)()
+        return getattr(regression, kind)(sync_on_compute=False)
     if name == "auroc":
-        return classification.MulticlassAUROC(classes, average="macro", thresholds=AUROC_THRESHOLDS)
+        return classification.MulticlassAUROC(classes, average="macro", thresholds=AUROC_THRESHOLDS, **own)
     if name in ("f1", "precision", "recall"):
         kind = {"f1": "MulticlassF1Score", "precision": "MulticlassPrecision", "recall": "MulticlassRecall"}[name]
-        return getattr(classification, kind)(classes, average="macro")
+        return getattr(classification, kind)(classes, average="macro", **own)
     k = int(_TOP_K.fullmatch(name).group(1))  # type: ignore[union-attr]
     if not 1 <= k <= classes:
         raise ConfigError(
             "task.metrics", name, f"the model scores {classes} classes.", f"top1_accuracy to top{classes}_accuracy"
         )
-    return classification.MulticlassAccuracy(classes, top_k=k, average="micro")
+    return classification.MulticlassAccuracy(classes, top_k=k, average="micro", **own)
 
 
 def _classes(name: str, states: Mapping[str, Any]) -> int:
@@ -106,5 +111,6 @@ def _classes(name: str, states: Mapping[str, Any]) -> int:
         return 0
     if name == "auroc":
         return int(torch.as_tensor(states["confmat"]).shape[1])
+    # Per-class counts: their length. Top-1's micro counts are one total ([1]), whatever the classes: any will do.
     shaped = [torch.as_tensor(value) for value in states.values() if torch.as_tensor(value).dim()]
-    return int(shaped[0].shape[0]) if shaped else int(_TOP_K.fullmatch(name).group(1)) + 1  # type: ignore[union-attr]
+    return max(int(shaped[0].shape[0]) if shaped else 0, 2)

@@ -6,8 +6,9 @@ split by rows. Features are number columns picked by name or fnmatch pattern; th
 Two roads, chosen by size (``dataset.read``): a table that fits (``dataset.memory_limit_mb``, its columns as
 held in memory) is read whole into every worker's memory as tensors, the fast path; a larger one streams through
 Ray Data, read in parallel by row groups (Parquet) and decoded on the cluster's CPUs. Both split alike: a row
-validates when a hash of its position and ``split_seed`` is among the ``val_fraction`` smallest (``val_mask``),
-so the same rows validate on either road, on every worker, wherever the file is stored.
+validates when a hash of its position and ``split_seed`` is among the ``val_fraction`` smallest (``row_split``;
+with ``folds``, in its fold's band of those hashes), so the same rows validate on either road, on every worker,
+wherever the file is stored.
 
 The resolvers below read the file on the driver for the config's ``input_shape``, ``num_outputs`` and
 ``classes`` (a streamed table's schema and label column only); the builder reads it in each worker, or describes
@@ -551,7 +552,7 @@ def table_outputs(path: str, label: str = "label") -> int:
 
 
 # The streamed road: Ray Data reads the file in parallel read units (runs of a Parquet file's row groups; a
-# text file whole), each knowing its first row's position, so each unit keeps its split's rows by ``val_mask``.
+# text file whole), each knowing its first row's position, so each unit keeps its split's rows by ``RowSplit.masks``.
 
 ROWS_PER_UNIT = 1 << 20  # about this many rows per read unit (whole row groups)
 

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import shutil
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hydra_raytrain import rundir
@@ -37,16 +38,21 @@ def read_previous(sweep_dir: str) -> dict[str, dict[str, Any]]:
         return {os.path.basename(row["run_dir"]): row for row in json.load(file)["trials"]}
 
 
-def trial_status(summary: dict[str, Any] | None, history: list[dict[str, Any]], error: str | None) -> TrialStatus:
-    """completed / stopped (by the scheduler, between epochs) / failed / not run."""
+def trial_status(
+    summary: dict[str, Any] | None, history: list[dict[str, Any]], error: str | None, ended: bool = True
+) -> TrialStatus:
+    """completed / stopped (by the scheduler, between epochs) / interrupted / failed / not run. ``ended``: Tune
+    ended the trial (not the sweep's end while it ran or was paused)."""
     if error is not None:
         return "failed"
     if summary is not None:
         status: RunStatus = summary["status"]
         return status
+    if not history:
+        return "not run"
     # Tune ended it after an epoch (the scheduler's decision; at a rung on the last epoch too, before the run
-    # could write its summary).
-    return "stopped" if history else "not run"
+    # could write its summary), or the sweep ended first (Ctrl-C): a re-run continues it.
+    return "stopped" if ended else "interrupted"
 
 
 def collect(
@@ -57,7 +63,9 @@ def collect(
     mode: str,
     sweep_dir: str,
     scheduler: str,
+    interrupted: Collection[int] = (),
 ) -> dict[str, Any]:
+    """The sweep's rows and best trial. ``interrupted``: the trials this run started that Tune did not end."""
     rows, swept = [], _swept_keys(jobs)
     for job in jobs:
         run_dir = job.run_dir
@@ -68,7 +76,7 @@ def collect(
         history = rundir.read_history(run_dir)
         summary = _read_json(os.path.join(run_dir, rundir.SUMMARY_FILE))
         error = errors.get(job.index)
-        status = trial_status(summary, history, None if error is None else str(error))
+        status = trial_status(summary, history, None if error is None else str(error), job.index not in interrupted)
         best = rundir.best_epoch(history, metric, mode) or {}
         started = (_read_json(os.path.join(run_dir, TRIAL_FILE)) or {}).get("started")
         lineage = read_lineage(run_dir)  # PBT's exploits of this trial

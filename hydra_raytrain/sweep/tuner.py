@@ -20,6 +20,8 @@ from typing import Any
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, open_dict
+from ray.tune import Callback
+from ray.tune.schedulers import HyperBandForBOHB
 
 from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
@@ -134,6 +136,7 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Plan the trials (composed and checked up front), size the cluster, run Tune's Tuner, write the results."""
     errors: dict[int, Any]
+    interrupted: set[int]
     settings.check()
     sweep_dir = os.path.abspath(str(sweep_config.hydra.sweep.dir))
     compose = functools.partial(compose_job, sweep_config, config_loader, sweep_dir, metric=settings.metric)
@@ -156,10 +159,10 @@ def run_sweep(
             "fifo or asha",
         )
     concurrent = size_cluster(plan, settings, sweep_dir)
-    jobs, errors = plan.jobs, {}  # nothing left to run: the earlier runs' trials
+    jobs, errors, interrupted = plan.jobs, {}, set()  # nothing left to run: the earlier runs' trials
     if plan.budget > 0:
-        jobs, errors = run_trials(plan, settings, compose, sweep_dir, (metric, mode), concurrent)
-    summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, scheduler=settings.scheduler)
+        jobs, errors, interrupted = run_trials(plan, settings, compose, sweep_dir, (metric, mode), concurrent)
+    summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, settings.scheduler, interrupted)
     results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
     return summary
 
@@ -236,8 +239,9 @@ def run_trials(
     sweep_dir: str,
     objective: tuple[str, str],
     concurrent: int,
-) -> tuple[list[Job], dict[int, Any]]:
-    """Tune's Tuner over the trials still to run; every trial of the sweep, and the errors of those that failed."""
+) -> tuple[list[Job], dict[int, Any], set[int]]:
+    """Tune's Tuner over the trials still to run; every trial of the sweep, the errors of those that failed, and
+    the trials it started that Tune did not end (the sweep was interrupted)."""
     from ray import tune
 
     metric, mode = objective
@@ -276,6 +280,7 @@ def run_trials(
             storage_path=os.path.join(sweep_dir, "tune"),
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[ended := EndedTrials()],
         ),
     )
     with warnings.catch_warnings():  # PBT's hint to reuse actors: a trial it pauses must end its Ray Train run
@@ -283,7 +288,22 @@ def run_trials(
         grid = tuner.fit()
     errors = {result.config["index"]: result.error for result in grid if result.error is not None}
     jobs = plan.jobs if searcher is None else sorted(plan.done + searcher.jobs, key=lambda job: job.index)
-    return jobs, errors
+    started = plan.todo if searcher is None else searcher.jobs
+    return jobs, errors, {job.index for job in started if job.index not in ended.indices}
+
+
+class EndedTrials(Callback):
+    """The trials Tune ended: completed, stopped by the scheduler, or failed. Not those the sweep's end (Ctrl-C)
+    left running or paused: Tune stops them without this call, and a re-run continues them."""
+
+    def __init__(self) -> None:
+        self.indices: set[int] = set()
+
+    def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        self.indices.add(trial.config["index"])
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
+        self.indices.add(trial.config["index"])
 
 
 def _scheduler(plan: Plan, settings: SweepSettings, space: dict[str, Parameter]) -> Any:
@@ -342,10 +362,22 @@ def hyperband_scheduler(settings: SweepSettings, max_epochs: int):
     trials reach it, then the best 1/reduction_factor continue (restarted from their checkpoint of that epoch).
     The last rung's trials are not stopped at max_t: they end by themselves (and write their summaries). Under
     BOHB, Tune's variant of it that tells BOHB's search which trials pause."""
-    from ray.tune.schedulers import HyperBandForBOHB, HyperBandScheduler
+    from ray.tune.schedulers import HyperBandScheduler
 
-    kind = HyperBandForBOHB if settings.search_alg == "bohb" else HyperBandScheduler
+    kind = FullBudgetBOHB if settings.search_alg == "bohb" else HyperBandScheduler
     return kind(time_attr="epoch", max_t=max_epochs, reduction_factor=settings.reduction_factor, stop_last_trials=False)
+
+
+class FullBudgetBOHB(HyperBandForBOHB):
+    """Tune's HyperBand for BOHB, whose last rung's trials run to their end by themselves (``stop_last_trials``
+    off): Tune's then hands BOHB no result at the full budget. A result at ``max_t`` carries that budget, so
+    BOHB's model learns from the longest runs too."""
+
+    def on_trial_result(self, tune_controller, trial, result: dict[str, Any]) -> str:
+        action = super().on_trial_result(tune_controller, trial, result)
+        if result.get(self._time_attr, 0) >= self._max_t_attr:
+            result["hyperband_info"]["budget"] = self._max_t_attr
+        return action
 
 
 def _check_hyperband(probes: list[Job]) -> None:

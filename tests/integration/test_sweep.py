@@ -218,8 +218,8 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
         "optimizer.lr=3e-3,1e-7",
         "trainer.max_epochs=4",
         "trainer.limit_train_batches=10",
-        "task._target_=tests.helpers.tasks.Slow",
-        "+task.seconds_per_batch=0.1",
+        "task._target_=tests.helpers.tasks.Slow",  # 4 s an epoch: the trials' start-ups differ by less than the run
+        "+task.seconds_per_batch=0.4",
         "hydra.sweep.dir=sweep",
     ]
     driver, log = start_driver(args, tmp_path)
@@ -343,8 +343,8 @@ def test_pb2_explores_inside_the_intervals_bounds(ray_address, tmp_path):
         "optimizer.lr=interval(1e-7,1e-2)",
         "trainer.max_epochs=3",
         "trainer.limit_train_batches=10",
-        "task._target_=tests.helpers.tasks.Slow",
-        "+task.seconds_per_batch=0.1",
+        "task._target_=tests.helpers.tasks.Slow",  # 3 s an epoch: the trials' start-ups differ by less than the run
+        "+task.seconds_per_batch=0.3",
         "hydra.sweep.dir=sweep",
     ]
     done = run_cli(args, cwd=str(tmp_path), timeout=300)

@@ -37,8 +37,27 @@ def test_hyperband_runs_on_epochs_and_lets_the_last_rung_finish_by_itself():
     plain = tuner.hyperband_scheduler(SweepSettings(scheduler="hyperband", reduction_factor=2), max_epochs=8)
     assert type(plain) is HyperBandScheduler and plain._time_attr == "epoch" and plain._max_t_attr == 8
     assert not plain._stop_last_trials  # a trial at max_t ends by itself and writes its summary
-    bohb = tuner.hyperband_scheduler(SweepSettings(scheduler="hyperband", search_alg="bohb"), max_epochs=8)
+    bohb = tuner.hyperband_scheduler(SweepSettings(scheduler="hyperband", search_alg="bohb"), max_epochs=2)
     assert isinstance(bohb, HyperBandForBOHB)
+
+
+class Trial:  # what the scheduler reads of a Tune trial: its status (and its identity)
+    status = "RUNNING"
+
+
+def test_bohb_learns_from_the_results_at_the_full_budget_too():
+    """A trial on the last rung runs to its end by itself; its result at max_t still reaches BOHB's model."""
+    settings = SweepSettings(scheduler="hyperband", search_alg="bohb", reduction_factor=2)
+    bohb = tuner.hyperband_scheduler(settings, max_epochs=2)
+    bohb.set_search_properties("val_accuracy", "max")
+    trials = [Trial() for _ in range(4)]
+    for trial in trials:  # largest bracket first: 2 trials from 1 epoch, then 2 trials on 2 epochs
+        bohb.on_trial_add(None, trial)
+    last = {"epoch": 1, "val_accuracy": 0.5}
+    bohb.on_trial_result(None, trials[2], last)
+    assert "budget" not in last["hyperband_info"]  # epoch 1 of a 2-epoch bracket: no budget reached yet
+    full = {"epoch": 2, "val_accuracy": 0.6}
+    assert bohb.on_trial_result(None, trials[2], full) == "CONTINUE" and full["hyperband_info"]["budget"] == 2
 
 
 def test_bohbs_space_is_the_sweep_grammar_as_a_configspace():

@@ -68,6 +68,18 @@ def test_trial_status(summary, history, error, status):
     assert results.trial_status(summary, history, error) == status
 
 
+def test_a_trial_the_sweeps_end_left_running_or_paused_is_interrupted_not_stopped():
+    """Ctrl-C ends a sweep while HyperBand has trials paused (or any scheduler has trials running): those have a
+    history and no summary as a trial the scheduler stopped has, but Tune did not end them: a re-run continues."""
+    assert results.trial_status(None, [{}] * 2, None, ended=False) == "interrupted"
+    assert results.trial_status(None, [], None, ended=False) == "not run"
+    assert results.trial_status({"status": "completed"}, [{}] * 2, None, ended=False) == "completed"
+    from hydra_raytrain.sweep.tuner import _finished
+
+    done, todo = _finished(["a", "b", "c"], {"a": "stopped", "b": "interrupted", "c": "completed"}.get)
+    assert (done, todo) == (["a", "c"], ["b"])
+
+
 def test_summary_csv_best_config_and_plot(tmp_path):
     jobs, errors = [], {}
     for index, lr in enumerate((0.1, 0.01, 0.5)):

@@ -23,7 +23,7 @@ def totals(task, model, inputs, targets, sizes):
 def test_classification_metrics_equal_torchmetrics_on_the_whole_split():
     torch.manual_seed(0)
     model, x, y = torch.nn.Linear(6, 5), torch.randn(101, 6), torch.randint(0, 5, (101,))
-    task = Classification(metrics=["f1", "precision", "recall", "auroc", "top2_accuracy"])
+    task = Classification(metrics=["f1", "precision", "recall", "auroc", "top2_accuracy", "top1_accuracy"])
     values = task.compute(totals(task, model, x, y, [40, 7, 33, 21]))
     probabilities = model(x).detach().softmax(dim=1)
     expected = {
@@ -32,6 +32,7 @@ def test_classification_metrics_equal_torchmetrics_on_the_whole_split():
         "recall": tmc.multiclass_recall(probabilities, y, 5, average="macro"),
         "auroc": tmc.multiclass_auroc(probabilities, y, 5, average="macro", thresholds=200),
         "top2_accuracy": tmc.multiclass_accuracy(probabilities, y, 5, top_k=2, average="micro"),
+        "top1_accuracy": tmc.multiclass_accuracy(probabilities, y, 5, top_k=1, average="micro"),
     }
     assert {name: round(values[name], 6) for name in expected} == {k: round(float(v), 6) for k, v in expected.items()}
     assert values["accuracy"] == pytest.approx(float((probabilities.argmax(1) == y).float().mean()))
@@ -72,3 +73,26 @@ def test_top_k_beyond_the_classes_is_refused_at_the_first_step():
     task = Classification(metrics=["top4_accuracy"])
     with pytest.raises(ConfigError, match="the model scores 3 classes. Valid: top1_accuracy to top3_accuracy"):
         task.validation_step(torch.nn.Linear(2, 3), (torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
+
+
+def test_metrics_compute_from_the_runners_totals_without_a_collective_of_their_own(tmp_path, monkeypatch):
+    """In a worker the process group is up: torchmetrics would gather the (already all-reduced) states again,
+    and NCCL refuses CPU tensors. The metrics compute from the totals alone."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a collective in compute")
+
+        task = Classification(metrics=["f1", "auroc"])
+        model, x, y = torch.nn.Linear(3, 4), torch.randn(20, 3), torch.randint(0, 4, (20,))
+        sums = totals(task, model, x, y, [20])  # the runner's one all-reduce
+        for name in ("all_gather", "barrier", "all_reduce"):
+            monkeypatch.setattr(dist, name, refused)
+        values = task.compute(sums)
+        assert 0 <= values["f1"] <= 1 and 0 <= values["auroc"] <= 1
+    finally:
+        monkeypatch.undo()
+        dist.destroy_process_group()
