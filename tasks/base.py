@@ -56,7 +56,13 @@ class Task:
         raise NotImplementedError
 
     def validation_step(self, model: Any, batch: Any) -> Sums:
-        return self.training_step(model, batch).sums
+        """``training_step``'s sums (under no_grad), and the states of the task's ``metrics`` (tasks/metrics.py's
+        ``MetricStates``, when it has them) of the outputs it returned."""
+        output = self.training_step(model, batch)
+        metrics = getattr(self, "metrics", None)
+        if metrics is None or output.outputs is None:
+            return output.sums
+        return {**output.sums, **metrics.sums(*output.outputs)}
 
     def compute(self, sums: dict[str, float]) -> dict[str, float]:
         """Metrics from sums added over every batch and worker. Default: each sum divided by ``count``."""

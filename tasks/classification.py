@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch.nn.functional as F
 
-from .base import StepOutput, Sums, Task
+from .base import StepOutput, Task
 from .metrics import MetricStates, plain
 
 
@@ -27,13 +27,6 @@ class Classification(Task):
         correct = (logits.argmax(dim=1) == labels).sum()
         sums = {"loss": losses.detach().sum(), "accuracy": correct, "count": labels.new_full((), len(labels))}
         return StepOutput(losses.mean(), sums, (logits.detach(), labels))
-
-    def validation_step(self, model, batch) -> Sums:
-        output = self.training_step(model, batch)
-        if self.metrics is None or output.outputs is None:
-            return output.sums
-        logits, labels = output.outputs
-        return {**output.sums, **self.metrics.sums(logits.float().softmax(dim=1), labels)}
 
     def compute(self, sums):
         values = super().compute(plain(sums))

@@ -44,8 +44,11 @@ class MetricStates:
         self._metrics: dict[str, Any] = {}  # a metric object per name, on the batches' device
 
     def sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Each metric's states after ``outputs`` (class probabilities, or predicted values) and ``targets``."""
-        if self.kind == "regression":  # every output a value, as the task's own loss and r2 count them
+        """Each metric's states after ``outputs`` (class scores, or predicted values) and ``targets``."""
+        outputs = outputs.detach().float()
+        if self.kind == "classification":
+            outputs = outputs.softmax(dim=1)  # AUROC reads probabilities; the others, their argmax
+        else:  # every output a value, as the task's own loss and r2 count them
             outputs, targets = outputs.reshape(-1), targets.reshape(-1)
         sums = {}
         for name in self.names:
@@ -53,7 +56,7 @@ class MetricStates:
             if metric is None or metric.device != outputs.device:
                 classes = outputs.shape[1] if self.kind == "classification" else 0
                 metric = self._metrics[name] = _metric(name, classes).to(outputs.device)
-            metric.update(outputs.detach(), targets)
+            metric.update(outputs, targets)
             sums.update({f"{name}:{state}": getattr(metric, state).clone() for state in metric._defaults})
             metric.reset()
         return sums

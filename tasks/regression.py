@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import StepOutput, Sums, Task
+from .base import StepOutput, Task
 from .metrics import MetricStates
 
 
@@ -30,13 +30,6 @@ class Regression(Task):
             "count": targets.new_full((), targets.numel()),
         }
         return StepOutput(squared.mean(), sums, (predictions.detach(), targets))
-
-    def validation_step(self, model, batch) -> Sums:
-        output = self.training_step(model, batch)
-        if self.metrics is None or output.outputs is None:
-            return output.sums
-        predictions, targets = output.outputs
-        return {**output.sums, **self.metrics.sums(predictions.float(), targets)}
 
     def compute(self, sums: dict[str, float]) -> dict[str, float]:
         n = sums["count"]
