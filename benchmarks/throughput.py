@@ -381,11 +381,16 @@ def main(rounds: int = 3) -> None:
     )
 
 
-def main_gpu(rounds: int, extra: list) -> None:
+GPU_PARTS = ("default", "resnet18", "resident")  # --only: the default experiment, resnet18, resnet18 on the device
+
+
+def main_gpu(rounds: int, extra: list, parts: tuple = GPU_PARTS) -> None:
     """One GPU worker against the raw loop on the same GPU, per workload; then resnet18 with its data on the
     device against the raw DataLoader loop, and two workers on the one GPU."""
     speed = "samples_per_second"
-    for workload, overrides in GPU_WORKLOADS.items():
+    for part, (workload, overrides) in zip(GPU_PARTS, GPU_WORKLOADS.items(), strict=False):
+        if part not in parts:
+            continue
         overrides = (*GPU, *overrides, *extra)
         labels = {name: f"{workload}: {name}" for name in ("raw_gpu", "handwritten", "ours")}
         results = best(alternate({labels[name]: (name, overrides) for name in labels}, rounds))
@@ -396,6 +401,8 @@ def main_gpu(rounds: int, extra: list) -> None:
             f"{ours_ / raw_:.3f}x raw (target >= 0.98), {ours_ / hand:.3f}x hand-written Ray Train",
             flush=True,
         )
+    if "resident" not in parts:
+        return
     resnet = (*GPU, *GPU_WORKLOADS["resnet18"], *extra)
     on_device = (*resnet, "trainer.data_on_device=true", *AUGMENT)
     shared = (*on_device, "scaling.num_workers=2", "scaling.resources_per_worker={GPU: 0.5}")
@@ -435,10 +442,11 @@ if __name__ == "__main__":
             default=[],
             help="a config override added to every GPU run, e.g. ray.include_dashboard=false",
         )
+        parser.add_argument("--only", action="append", choices=GPU_PARTS, help="a part of the --gpu runs (repeatable)")
         args = parser.parse_args()
-        if args.override and not args.gpu:
-            parser.error("--override applies to --gpu runs")
+        if (args.override or args.only) and not args.gpu:
+            parser.error("--override and --only apply to --gpu runs")
         if args.gpu:
-            main_gpu(args.rounds, args.override)
+            main_gpu(args.rounds, args.override, tuple(args.only or GPU_PARTS))
         else:
             main(args.rounds)

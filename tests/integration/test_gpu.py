@@ -91,3 +91,20 @@ def test_a_lightning_module_trains_on_a_gpu_worker_in_bf16(ray_address, tmp_path
         sync_debug_mode=None,  # a setting Lightning runs do not take
     )
     assert summary["epochs_completed"] == 2 and summary["final"]["val_accuracy"] > 0.3  # it trains (chance: 0.1)
+
+
+def test_task_metrics_and_ema_weights_on_a_gpu_worker(ray_address, tmp_path):
+    """task.metrics' states summed on the GPU over NCCL (no torchmetrics sync of its own) and the EMA copy updated
+    after each optimizer step without making the step wait for the GPU."""
+    done, summary = gpu_run(
+        ray_address,
+        tmp_path,
+        "scaling.num_workers=1",
+        "trainer.max_epochs=2",
+        "+task.metrics=[f1,auroc,top3_accuracy]",
+        "trainer.ema.decay=0.9",
+        "trainer.monitor=val_f1",
+    )
+    final = summary["final"]
+    assert summary["epochs_completed"] == 2 and 0.3 < final["val_f1"] <= 1 and 0.5 < final["val_auroc"] <= 1
+    assert final["val_top3_accuracy"] >= final["val_accuracy"]
