@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
-from hydra_raytrain.driver.scoring import SPLITS, load_weights, score
+from hydra_raytrain.driver.scoring import SPLITS, load_weights, score, shown
 from hydra_raytrain.preflight.resolvers import register_resolvers
 from hydra_raytrain.preflight.targets import check_targets
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
@@ -103,7 +103,7 @@ def load_model(path: str) -> torch.nn.Module | dict[str, torch.nn.Module]:
     return load_weights(path, cfg["model"])
 
 
-def evaluate(path: str, split: str = "val") -> dict[str, float]:
+def evaluate(path: str, split: str = "val") -> dict[str, Any]:
     """The run's (or checkpoint's) model scored on its whole ``split`` (val, or test where the run has one);
     written to ``evaluation.json`` (``evaluation_test.json`` for the test split)."""
     cfg = load_config(path)
@@ -130,7 +130,7 @@ def main() -> None:
     except ConfigError as error:
         print(str(error).replace("Invalid config", "Cannot evaluate this run here", 1), file=sys.stderr)
         sys.exit(2)
-    print("  ".join(f"{name} {value:.4f}" for name, value in metrics.items()))
+    print(shown(metrics))
     print(f"Written: {os.path.join(path, evaluation_file(options.split))}")
 
 

@@ -21,7 +21,9 @@ import torch
 
 from hydra_raytrain.config.errors import ConfigError
 
-CLASSIFICATION = ("f1", "precision", "recall", "auroc", "top<k>_accuracy")  # macro averages over the classes
+# macro averages over the classes; the confusion matrix is no scalar: given where a whole split is scored
+CLASSIFICATION = ("f1", "precision", "recall", "auroc", "top<k>_accuracy", "confusion_matrix")
+MATRICES = ("confusion_matrix",)  # rows: the true class, columns: the predicted one (torchmetrics' layout)
 REGRESSION = ("mae", "rmse", "r2", "mape")
 AUROC_THRESHOLDS = 200  # AUROC from a confusion matrix at this many thresholds: a sum, exact across workers
 _TOP_K = re.compile(r"top(\d+)_accuracy")
@@ -62,11 +64,18 @@ class MetricStates:
         return sums
 
     def compute(self, totals: Mapping[str, Any]) -> dict[str, float]:
-        """The metrics whose states ``totals`` holds (validation's; training's have none)."""
+        """The scalar metrics whose states ``totals`` holds (validation's; training's have none)."""
+        return {name: float(value) for name, value in self._computed(totals, scalar=True).items()}
+
+    def matrices(self, totals: Mapping[str, Any]) -> dict[str, list[list[int]]]:
+        """The matrices (``confusion_matrix``) whose states ``totals`` holds, as lists of rows of counts."""
+        return {name: value.long().tolist() for name, value in self._computed(totals, scalar=False).items()}
+
+    def _computed(self, totals: Mapping[str, Any], scalar: bool) -> dict[str, torch.Tensor]:
         values = {}
         for name in self.names:
             states = {key.split(":", 1)[1]: value for key, value in totals.items() if key.startswith(f"{name}:")}
-            if not states:
+            if not states or (name in MATRICES) == scalar:
                 continue
             metric = _metric(name, _classes(name, states))
             for state, value in states.items():
@@ -74,7 +83,7 @@ class MetricStates:
                 total = torch.as_tensor(value, dtype=torch.float64)
                 setattr(metric, state, total.to(default.dtype).reshape(default.shape))
             metric._update_count = 1  # its states were set, not updated here
-            values[name] = float(metric.compute())
+            values[name] = metric.compute()
         return values
 
 
@@ -95,6 +104,8 @@ def _metric(name: str, classes: int) -> Any:
             return regression.MeanSquaredError(squared=False, sync_on_compute=False)
         kind = {"mae": "MeanAbsoluteError", "r2": "R2Score", "mape": "MeanAbsolutePercentageError"}[name]
         return getattr(regression, kind)(sync_on_compute=False)
+    if name == "confusion_matrix":
+        return classification.MulticlassConfusionMatrix(classes, **own)
     if name == "auroc":
         return classification.MulticlassAUROC(classes, average="macro", thresholds=AUROC_THRESHOLDS, **own)
     if name in ("f1", "precision", "recall"):
@@ -112,8 +123,8 @@ def _classes(name: str, states: Mapping[str, Any]) -> int:
     """The number of classes a metric's states are for (its per-class counts' length); 0 for a regression."""
     if name in REGRESSION:
         return 0
-    if name == "auroc":
-        return int(torch.as_tensor(states["confmat"]).shape[1])
+    if name in ("auroc", "confusion_matrix"):  # a [classes, classes] matrix; binned AUROC's [thresholds, classes, 2, 2]
+        return int(torch.as_tensor(states["confmat"]).shape[-3 if name == "auroc" else 0])
     # Per-class counts: their length. Top-1's micro counts are one total ([1]), whatever the classes: any will do.
     shaped = [torch.as_tensor(value) for value in states.values() if torch.as_tensor(value).dim()]
     return max(int(shaped[0].shape[0]) if shaped else 0, 2)

@@ -31,7 +31,7 @@ from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.epoch_log import EpochLog
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.provenance import provenance
-from hydra_raytrain.driver.scoring import has_test_split, score
+from hydra_raytrain.driver.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
@@ -300,9 +300,8 @@ def _test_best(resolved: Resolved, run_dir: str, result: Any) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001  (training completed: its model and summary are written regardless)
         print(f"WARNING: the test split was not scored: {one_line(error)}", file=sys.stderr, flush=True)
         return {"error": one_line(error)}
-    shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
     chosen = f"the checkpoint of epoch {epoch}, best {monitor}" if best is not None else "the final model"
-    print(f"Test ({chosen}): {shown}", flush=True)
+    print(f"Test ({chosen}): {shown(metrics)}", flush=True)
     return {**metrics, "checkpoint": where, "epoch": epoch, "monitor": monitor}
 
 
@@ -312,7 +311,7 @@ def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
         return
     from hydra_raytrain.loggers.base import replay
 
-    metrics = {key: value for key, value in test.items() if key.startswith("test_")}
+    metrics = {key: value for key, value in scalars(test).items() if key.startswith("test_")}
     epochs = len(rundir.read_history(run_dir))
     replay(
         resolved.logger,
@@ -348,7 +347,7 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
         return summary
     _tracker_env(missing)
     history = rundir.read_history(run_dir)
-    tested = {k: v for k, v in (summary.get("test") or {}).items() if k.startswith("test_")}
+    tested = {k: v for k, v in scalars(summary.get("test") or {}).items() if k.startswith("test_")}
     logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
     logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs)
     if logged:

@@ -49,8 +49,9 @@ def _build(spec: dict[str, Any], state: dict[str, Any]) -> torch.nn.Module:
     return model.eval()
 
 
-def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, float]:
-    """The weights at ``path`` scored on the whole ``split`` of the run's dataset (``cfg``: its resolved config)."""
+def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, Any]:
+    """The weights at ``path`` scored on the whole ``split`` of the run's dataset (``cfg``: its resolved config):
+    the task's metrics, and the matrices its ``metrics`` name (``val_confusion_matrix``: lists of counts)."""
     if split not in SPLITS:
         raise ConfigError("--split", split, "is no split to score.", " | ".join(SPLITS))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -60,7 +61,24 @@ def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, float
         return _validate_lightning(cfg, model, device, split)
     task = instantiate(cfg["task"])
     totals = validation_totals(task, model, split_loader(cfg, split), lambda b: move_to(b, device))
-    return {f"{split}_{name}": value for name, value in task.compute(totals).items()}
+    matrices = task.metrics.matrices(totals) if getattr(task, "metrics", None) is not None else {}
+    return {f"{split}_{name}": value for name, value in {**task.compute(totals), **matrices}.items()}
+
+
+def scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers among scored ``metrics`` (what loggers and one-line reports take)."""
+    return {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
+
+
+def shown(metrics: dict[str, Any]) -> str:
+    """Scored ``metrics`` for the terminal: the numbers on one line, each matrix below it, a row per true class."""
+    lines = ["  ".join(f"{name} {value:.4f}" for name, value in scalars(metrics).items())]
+    for name, matrix in metrics.items():
+        if isinstance(matrix, list):
+            width = max(len(str(count)) for row in matrix for count in row)
+            lines += [f"{name} (rows: true class, columns: predicted class):"]
+            lines += ["  " + " ".join(f"{count:>{width}}" for count in row) for row in matrix]
+    return "\n".join(lines)
 
 
 def split_loader(cfg: dict[str, Any], split: str) -> Any:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torchmetrics.functional.classification import multiclass_auroc, multiclass_f1_score
+from torchmetrics.functional.classification import multiclass_auroc, multiclass_confusion_matrix, multiclass_f1_score
 
 from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
@@ -42,7 +42,7 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
         "trainer.max_epochs=12",
         "optimizer.lr=0.01",
         "dataset.test_fraction=0.2",
-        "+task.metrics=[f1,auroc]",  # torchmetrics' macro F1 and AUROC, exact over both workers
+        "+task.metrics=[f1,auroc,confusion_matrix]",  # torchmetrics: F1, AUROC, counts; exact over both workers
         "trainer.monitor=val_f1",
         "logger=tensorboard",
         "hydra.run.dir=run",
@@ -71,6 +71,7 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     auroc = float(multiclass_auroc(probabilities, y, 3, average="macro", thresholds=200))
     assert abs(history[-1]["val_f1"] - f1) < 1e-5 and abs(history[-1]["val_auroc"] - auroc) < 1e-5, history[-1]
     assert abs(evaluated["val_f1"] - f1) < 1e-5 and abs(evaluated["val_auroc"] - auroc) < 1e-5
+    assert evaluated["val_confusion_matrix"] == multiclass_confusion_matrix(probabilities.argmax(1), y, 3).tolist()
     # The test split: 30 more rows held out of training (validation kept its own), scored once on the best
     # checkpoint after training; the same figures from evaluate --split test, and in the run's logger
     _, test = tables.row_split(150, 0.2, 0.2, 0).masks(np.arange(150), 0)
@@ -81,10 +82,13 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     best = max(history, key=lambda m: m["val_f1"])  # the first of equals, as Ray's checkpoint manager
     assert tested["epoch"] == summary["best"]["epoch"] and history[tested["epoch"] - 1]["val_f1"] == best["val_f1"]
     assert "test_f1" in tested and "test_auroc" in tested
+    test_counts = np.bincount([sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in np.flatnonzero(test)], minlength=3)
+    assert [sum(row) for row in tested["test_confusion_matrix"]] == test_counts.tolist()  # a row per true class
     assert (
         tested["checkpoint"].endswith(f"epoch_{tested['epoch']:04d}") and "Test (the checkpoint of epoch" in done.stdout
     )
     again = evaluate(tested["checkpoint"], split="test")
+    assert again.pop("test_confusion_matrix") == tested["test_confusion_matrix"]
     assert all(abs(again[name] - tested[name]) < 1e-6 for name in again), (again, tested)
     scalars = read_scalars(tmp_path / "run" / "tensorboard")
     assert [round(v, 5) for _, v in scalars["test_accuracy"]] == [round(tested["test_accuracy"], 5)]

@@ -40,6 +40,16 @@ def test_classification_metrics_equal_torchmetrics_on_the_whole_split():
     assert set(plain.compute(totals(plain, model, x, y, [101]))) == {"loss", "accuracy"}
 
 
+def test_the_confusion_matrix_is_torchmetrics_on_the_whole_split_and_no_scalar():
+    torch.manual_seed(2)
+    model, x, y = torch.nn.Linear(6, 4), torch.randn(90, 6), torch.randint(0, 4, (90,))
+    task = Classification(metrics=["confusion_matrix", "f1"])
+    sums = totals(task, model, x, y, [50, 3, 37])
+    expected = tmc.multiclass_confusion_matrix(model(x).detach().argmax(1), y, 4)
+    assert task.metrics.matrices(sums) == {"confusion_matrix": expected.tolist()}
+    assert set(task.compute(sums)) == {"loss", "accuracy", "f1"}  # the epochs' reports hold numbers only
+
+
 def test_regression_metrics_equal_torchmetrics_and_training_sums_carry_none():
     torch.manual_seed(1)
     model, x, y = torch.nn.Linear(4, 1), torch.randn(64, 4), torch.randn(64, 1) + 3
