@@ -13,10 +13,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-# Keys that cannot change what is learned: how Ray is reached, where results go, what is logged, when and
+# Keys that cannot change what is learned: how Ray is reached, where results go, what is logged or watched
+# (callbacks: adding a guard to a run's command continues the same run), when and
 # which checkpoints are kept, whether to resume, which failures are retried (a retry resumes exactly), how FSDP
 # groups and places the shards (each element's reduction is the same).
-NON_RESULT_KEYS = ("hydra", "logger", "ray", "storage", "run", "checkpoint", "failure", "fsdp")
+NON_RESULT_KEYS = ("hydra", "logger", "callbacks", "ray", "storage", "run", "checkpoint", "failure", "fsdp")
 # Trainer settings that only change what is shown or measured, the memory it takes (activation checkpointing
 # recomputes the same activations), or how fast (threads; the device-resident path slices the same batches): a run
 # that ran out of memory or time resumes with them changed. But ``data_on_device=true`` holds a dataset's

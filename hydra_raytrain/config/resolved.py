@@ -48,6 +48,7 @@ class Resolved:
     # task=lightning: a LightningDataModule's node; {}: the dataset's splits (absent from older config.json files)
     datamodule: dict[str, Any] = dataclasses.field(default_factory=dict)
     finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)  # absent from older config.json files
+    callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> _target_ node; absent from older
 
     @classmethod
     def from_dict(cls, plain: Mapping[str, Any]) -> Resolved:

@@ -556,6 +556,7 @@ class TrainConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     logger: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
+    callbacks: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node (hydra_raytrain.callbacks)
     # task=lightning: a LightningDataModule's _target_ node; {}: the dataset group's splits feed the module
     datamodule: dict[str, Any] = field(default_factory=dict)
     ray: RayConfig = field(default_factory=RayConfig)

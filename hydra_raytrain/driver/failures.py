@@ -25,6 +25,7 @@ from hydra_raytrain.internals import RAY_TRAIN_CONTROLLER_LOGGER
 from hydra_raytrain.rundir import read_jsonl
 
 FAILURES_FILE = "failures.jsonl"
+STOP_TRAINING = "StopTraining:"  # hydra_raytrain.callbacks' stop: never retried, whatever failure.retry_on says
 
 
 class NotRetried(RuntimeError):
@@ -57,6 +58,9 @@ def classify(
 ) -> Verdict:
     """The verdict on the run's ``failures``-th failure: ``errors`` are the failed workers' descriptions."""
     if not died:
+        stopped = next((rank for rank, text in sorted(errors.items()) if text.startswith(STOP_TRAINING)), None)
+        if stopped is not None:
+            return Verdict(False, f"a callback of worker {stopped} stopped the run")
         for rank, text in sorted(errors.items()):
             pattern = next((p for p in not_retried if re.search(p, text)), None)
             if pattern is not None and not any(re.search(p, text) for p in retry_on):

@@ -22,6 +22,7 @@ from ray.train.torch import TorchTrainer
 from rich.console import Console
 
 from hydra_raytrain import rundir
+from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
@@ -160,7 +161,8 @@ def _fit(
     summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin)
     epoch_log = EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
-    callbacks = [epoch_log, failures.FailureLog(run_dir, resolved.failure), *extra_callbacks]
+    callbacks = [epoch_log, failures.FailureLog(run_dir, resolved.failure), *driver_callbacks(resolved.callbacks)]
+    callbacks += extra_callbacks
     trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin)
     try:
         if local_mode:  # nothing persists a checkpoint: no notice to act on

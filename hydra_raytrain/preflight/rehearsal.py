@@ -175,9 +175,10 @@ def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> tuple[Any, dict[str, A
             models = _build_models(cfg, on_gpu)
     with problems.collect():
         task = _build("task", cfg["task"])
-    for name, node in (cfg["logger"] or {}).items():  # built only: a tracker starts its run in the worker
-        with problems.collect():
-            _build(f"logger.{name}", node)
+    for section in ("logger", "callbacks"):  # built only: a tracker starts its run in the worker
+        for name, node in (cfg.get(section) or {}).items():
+            with problems.collect():
+                _build(f"{section}.{name}", node)
     problems.raise_any()
     return splits, models, task
 

@@ -49,7 +49,7 @@ from hydra_raytrain.recipe.warm_start import locate as locate_warm_start
 from hydra_raytrain.tasks.base import Task
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).
-COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger", "datamodule")
+COMPONENT_SECTIONS = ("model", "dataset", "optimizer", "task", "scheduler", "logger", "callbacks", "datamodule")
 CROSS_SECTION = ("model", "dataset", "optimizer", "task", "trainer", "fsdp", "scaling", "checkpoint")
 
 
@@ -173,7 +173,7 @@ CHECKS = (
         applies=lambda cfg: cfg.rehearse and cfg.lightning,
     ),
     Check(
-        ("model", "dataset", "task", "trainer", "checkpoint", "logger", "finetune"),
+        ("model", "dataset", "task", "trainer", "checkpoint", "logger", "callbacks", "finetune"),
         _rehearse_step,
         applies=lambda cfg: cfg.rehearse and not cfg.lightning,
     ),
@@ -230,6 +230,15 @@ def check_lightning(cfg: dict[str, Any]) -> None:
             value = value.get(name) if isinstance(value, dict) else None
         if value != unset and not (unset is None and value is False):
             problems.add(ConfigError(key, value, "is not available with task=lightning.", f"{key}={_plain(unset)}"))
+    if cfg.get("callbacks"):
+        problems.add(
+            ConfigError(
+                "callbacks",
+                ",".join(cfg["callbacks"]),
+                "run in the framework's loop, not in lightning.Trainer's.",
+                "callbacks=none; a LightningModule's own callbacks come from its configure_callbacks()",
+            )
+        )
     with problems.collect():
         check_lightning_data(cfg)
     if cfg["scaling"]["num_workers"] == 0:

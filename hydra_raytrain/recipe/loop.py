@@ -25,6 +25,7 @@ import ray.train.torch
 import torch
 from hydra.utils import instantiate
 
+from hydra_raytrain.callbacks.base import Callbacks, RunState
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
@@ -146,6 +147,8 @@ class Recipe:
         self.history: list[dict[str, Any]] = []
         self.tracker_ids: dict[str, str] = {}
         self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
+        self.callbacks = Callbacks.build(self.cfg.callbacks)  # every rank's; their state resumes with the run
+        self.run_state = RunState(self.rank, self.world_size, self.run_dir, self.step.unwrapped, self.step.optimizers)
         if self.cfg.run.init_from and ray.train.get_checkpoint() is None:  # a resumed run has newer weights
             self._continue_from() if self.cfg.run.init_full_state else self._warm_start()
         rng = self._resume()
@@ -170,9 +173,22 @@ class Recipe:
         )
         if rng is not None:  # last: nothing above draws from the streams the checkpoint left
             checkpoint.set_rng_state(rng)
+        self.run_state.epoch = self.start_epoch + 1
+        self._hook("on_run_start")
+
+    def _hook(self, hook: str, *args: Any) -> None:
+        """Every callback's ``hook`` (hydra_raytrain/callbacks/base.py), with the run as it stands."""
+        if self.callbacks:
+            self.run_state.global_step = self.global_step
+            self.callbacks.call(hook, self.run_state, *args)
 
     def cleanup(self, status: RunStatus) -> None:
         torch.set_default_dtype(self.default_dtype)
+        if getattr(self, "run_state", None) is not None:
+            try:
+                self._hook("on_run_end", status)
+            except Exception as failure:  # noqa: BLE001  (the run's own outcome stands)
+                logger.warning(f"a callback's on_run_end failed: {failure}")
         for error in finish_all(getattr(self, "loggers", {}), status):
             logger.warning(f"a logger failed to finish: {error}")
 
@@ -201,6 +217,7 @@ class Recipe:
             )
             print(f"Resuming from checkpoint {state['name']}: {where}, optimizer step {self.global_step}", flush=True)
         self.tracker_ids = dict(train.get("tracker_ids") or {})
+        self.callbacks.load_state_dict(train.get("callbacks") or {})
         return state["rng"]
 
     def _load_full_state(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -492,6 +509,8 @@ class Recipe:
                 # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
                 # draw exactly what the uninterrupted one drew.
                 self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
+            self.run_state.epoch = epoch + 1
+            self._hook("on_epoch_start")
             started = time.perf_counter()
             meter = SumMeter.resumed(position["sums"], self.rank, self.device)
             train = self._train_epoch(epoch, position["batches"], meter)
@@ -513,12 +532,15 @@ class Recipe:
                 **parallel.memory(self.step.models.values(), self.step.optimizers.values()),  # rank 0's share
                 **self.step.timer.pop(),
             }
+            if self.callbacks:
+                metrics.update(self.callbacks.validation_end(self.run_state, metrics))
             self.step.end_epoch()
             log_all(self.loggers, metrics, step=epoch + 1)
             self.history.append(metrics)
             self._on_epoch_end(epoch + 1)
             final = epoch + 1 == max_epochs or self._stop_early()
             weights = self._report(metrics, epoch + 1, final=final)
+            self._hook("on_epoch_end", metrics)
             if final:
                 reported_final = True
                 break
@@ -560,7 +582,8 @@ class Recipe:
                 # Gradients accumulate over `window` micro-batches; DDP all-reduces on the window's last one only.
                 self.step.sync = (index + 1) % window == 0 or index + 1 == self.train_batches
                 with self.step.no_sync():
-                    meter.add(self.task.train_batch(self.step, batch))
+                    sums = self.task.train_batch(self.step, batch)
+                meter.add(sums)
                 self.step.end_iteration()
             if self.profiler is not None:
                 self.profiler.step()
@@ -570,6 +593,7 @@ class Recipe:
                 continue
             self.global_step += 1  # an accumulation window ended: every optimizer stepped
             ema.update(self.averages, self.step.unwrapped)
+            self._hook("on_after_optimizer_step", sums)
             decision = self.cadence.after_step(self.global_step)
             last = index + 1 == self.train_batches
             if decision.checkpoint and not (last and self._epoch_checkpoint_due(epoch + 1) and not decision.stop):
@@ -709,6 +733,7 @@ class Recipe:
 
         self.uploads.report(metrics, write, name)
         self.cadence.saved()
+        self._hook("on_checkpoint", name)
         return weights
 
     def _train_state(
@@ -726,6 +751,7 @@ class Recipe:
             "best": {"monitor": monitor, "value": pick(scores) if scores else None},
             "history": self.history,
             "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
+            "callbacks": self.callbacks.state_dict(),  # rank 0's callbacks' (hydra_raytrain/callbacks/base.py)
         }
 
 

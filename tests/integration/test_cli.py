@@ -320,6 +320,15 @@ BAD_INPUTS = [
     ),
     (["--config-dir", "cfg", "model=bad"], ["cfg/model/bad.yaml, line 3, column 12: not valid YAML: expected ','"]),
     (["trainer.max_epoch=3"], ["trainer.max_epoch=", "did you mean 'max_epochs'", "trainer.seed"]),
+    (["callbacks=lr_monitr"], ["callbacks/lr_monitr", "lr_monitor"]),
+    (
+        ["experiment=digits_lightning", "callbacks=lr_monitor"],
+        ["callbacks='lr_monitor': run in the framework's loop", "configure_callbacks()"],
+    ),
+    (
+        ["callbacks=loss_guard", "callbacks.loss_guard.spike_factor=0.5"],
+        ["callbacks.loss_guard=", "spike_factor must be > 1 (or null), got 0.5"],
+    ),
     (["scaling.num_workers=two"], ["scaling.num_workers", "two"]),
     (["scaling.num_workers=-1"], ["scaling.num_workers=-1", "must be >= 0"]),
     (["trainer.max_epochs=0"], ["trainer.max_epochs=0", "must be >= 1"]),

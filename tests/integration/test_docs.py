@@ -144,6 +144,18 @@ def test_own_data_page(ray_address, tmp_path):
     assert any(d.get("n") == 2000 and d.get("noise") == 0.2 for d in moons)
 
 
+def test_callbacks_page(ray_address, tmp_path):
+    run_page("callbacks.md", tmp_path, ray_address)
+    rows = {  # model -> its run's one epoch (debug=smoke)
+        Path(p).parent.name.split("-")[0]: json.loads(Path(p).read_text())
+        for p in glob.glob(str(tmp_path / "outputs/runs/*/metrics.jsonl"))
+    }
+    # The shipped ones' figures, and the page's own callback's beside the learning-rate monitor's
+    assert set(rows) == {"simplecnn", "mlp"} and all(row["lr_model"] == row["lr"] for row in rows.values())
+    assert rows["mlp"]["parameter_norm"] == rows["mlp"]["largest_parameter_norm"] > 0, rows["mlp"]
+    assert "parameter_norm" not in rows["simplecnn"]
+
+
 def test_own_task_page(ray_address, tmp_path):
     done = run_page("own-task.md", tmp_path, ray_address)
     own, metrics, regression = done.values()  # the page's commands, in its order

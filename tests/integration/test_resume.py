@@ -4,6 +4,7 @@ a finished run re-run, a corrupt newest checkpoint, top-k retention."""
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,8 +24,9 @@ from tests.helpers.loggers import read_scalars
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The GAN under fp16: two models, two optimizers, the GradScaler, every rank's own noise (RNG), the random crops
-# and flips of its real images and the weights' moving averages (trainer.ema) must all come back for the resumed
-# run to match. 8 micro-batches per epoch,
+# and flips of its real images, the weights' moving averages (trainer.ema) and the callbacks' states (the loss
+# guard's running means, a step counter of the test's own) must all come back for the resumed run to match.
+# 8 micro-batches per epoch,
 # a checkpoint every 3 optimizer steps: the worker killed at micro-batch 20 (epoch 3) resumes from the mid-epoch
 # checkpoint of step 18, 2 batches into epoch 3, with the epoch's partial sums.
 EXACT = [
@@ -40,6 +42,9 @@ EXACT = [
     "trainer.augment.random_crop_padding=1",
     "trainer.augment.horizontal_flip=true",
     "trainer.ema.decay=0.5",
+    "callbacks=[lr_monitor,loss_guard]",
+    "callbacks.loss_guard.spike_factor=1000",
+    "+callbacks.counter._target_=tests.helpers.callbacks.StepCounter",
 ]
 RESUMED_AFTER = 18
 
@@ -78,6 +83,8 @@ def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupte
             f"+task.record={tmp_path / 'record_b'}",
             "logger=wandb",
             "logger.wandb.mode=offline",
+            "+callbacks.reports._target_=tests.helpers.callbacks.ReportsSeen",  # a Ray Train callback: the driver's
+            f"+callbacks.reports.path={tmp_path / 'reports.jsonl'}",
         ),
         run_dir=str(tmp_path / "b"),
     )
@@ -103,6 +110,24 @@ def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupte
     attempts = sorted((tmp_path / "b").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(attempts) == 2 and len({run.name for run in attempts}) == 1  # a resumed run continues the same W&B run
     assert epochs(tmp_path / "b") == [1, 2, 3, 4]
+    # The callbacks ran on the workers and their states resumed: the counter went on from step 18's checkpoint
+    # (each epoch's count is the run's step), the loss guard's running means are the uninterrupted run's.
+    rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["counted_steps"] for row in rows] == [row["step"] for row in rows] == [8, 16, 24, 32]
+    assert all(row["lr_generator"] == row["lr_discriminator"] == 5e-4 for row in rows), rows[-1]  # both Adams
+    guards = [
+        torch.load(next((tmp_path / run).glob("ray_storage/*/epoch_0004")) / "train_state.pt", weights_only=True)
+        for run in ("a", "b")
+    ]
+    means = [state["callbacks"]["loss_guard"]["means"] for state in guards]
+    assert set(means[0]) == {"loss_d", "loss_g"} and guards[1]["callbacks"]["loss_guard"]["checks"] == 32
+    assert all(abs(means[0][name] - means[1][name]) <= 1e-6 for name in means[0]), means
+    # The driver's Ray Train callback saw every report once, the failure between epochs 2 and 3 (Ray's controller
+    # keeps its callbacks across the restart), and the mid-epoch checkpoints' reports (steps 3, 6, ..., 18 at least)
+    seen = [json.loads(line) for line in (tmp_path / "reports.jsonl").read_text().splitlines()]
+    step = {"epoch": None, "checkpoint": True}
+    assert [e.get("epoch") or "failed" for e in seen if e != step] == [1, 2, "failed", 3, 4], seen
+    assert sum(e == step for e in seen) >= 6, seen
     a = torch.load(tmp_path / "a" / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "b" / "model.pt", weights_only=True)
     assert set(a) == {"generator", "discriminator"} and max_difference(a, b) <= 1e-6
@@ -263,6 +288,20 @@ def test_an_error_that_would_repeat_is_not_retried_and_the_summary_says_why(ray_
     [failure] = summary["failures"]  # a retry would have failed again, and been recorded
     assert summary["status"] == "failed" and failure["retried"] is False
     assert "shapes cannot be multiplied" in failure["errors"]["0"]
+
+
+def test_the_loss_guard_stops_a_diverging_run_at_once_and_says_where(ray_address, tmp_path):
+    """Adam at a learning rate of 1e20: the weights overflow at the first step, the loss with them. With 2 retries
+    allowed, the run stops at the guard's first check of a bad loss, and is not retried."""
+    overrides = ("debug=smoke", "failure.max_failures=2", "callbacks=loss_guard", "optimizer.lr=1e20")
+    with pytest.raises(TrainingFailed) as caught:
+        train(compose_config(*overrides), run_dir=str(tmp_path))
+    message = str(caught.value)
+    assert re.search(r"worker \d: StopTraining: the training loss is (nan|inf) at epoch 1, optimizer step 2,", message)
+    assert "lower optimizer.lr" in message and "not retried: a callback of worker" in message, message
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    [failure] = summary["failures"]
+    assert summary["status"] == "failed" and failure["retried"] is False and summary["epochs_completed"] == 0
 
 
 RETAINED = [

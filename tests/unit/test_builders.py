@@ -63,6 +63,7 @@ def test_run_name_is_deterministic_and_tracks_result_changing_keys(tmp_path):
     assert resolved(tmp_path, "trainer.seed=1").run_name() != name
     # Where results go and how Ray is reached do not change what is learned.
     assert resolved(tmp_path, "ray.address=auto", "storage.path=/elsewhere").run_name() == name
+    assert resolved(tmp_path, "callbacks=[lr_monitor,loss_guard]").run_name() == name  # watched, not changed
     assert resolved(tmp_path, "storage.name=mine").run_name() == "mine"
     assert resolved(tmp_path, "model=resnet18").run_name().startswith("resnet18-digits-")
 

@@ -47,7 +47,17 @@ NO_DATA = {("dataset", "cifar10")}
 
 def test_every_group_is_found():
     groups = {group for group, _ in OPTIONS}
-    assert {"model", "dataset", "optimizer", "scheduler", "task", "logger", "experiment", "debug"} <= groups
+    assert {
+        "model",
+        "dataset",
+        "optimizer",
+        "scheduler",
+        "task",
+        "logger",
+        "callbacks",
+        "experiment",
+        "debug",
+    } <= groups
 
 
 def test_the_schema_is_the_one_source_of_the_typed_sections_defaults():

@@ -64,3 +64,11 @@ def test_a_dead_worker_process_is_retried_whatever_its_peers_raised():
 def test_retry_on_wins_over_not_retried():
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert verdict(oom, retry_on=["CUDA out of memory"]).retried
+
+
+def test_a_callbacks_stop_is_never_retried_even_where_retry_on_matches():
+    from hydra_raytrain.callbacks.base import StopTraining
+
+    errors = {0: "RuntimeError: collateral", 1: describe(StopTraining("the training loss is nan at epoch 2"))}
+    result = classify(errors, False, NOT_RETRIED, ("loss",), 1, 3)
+    assert not result.retried and result.why == "a callback of worker 1 stopped the run"

@@ -35,12 +35,13 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "the worker side's parts: data, models, tasks, loggers, the run dir's files and logs",
+        "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files and logs",
         (
             "hydra_raytrain.data",
             "hydra_raytrain.models",
             "hydra_raytrain.tasks",
             "hydra_raytrain.loggers",
+            "hydra_raytrain.callbacks",
             "hydra_raytrain.rundir",
             "hydra_raytrain.logfiles",
         ),
