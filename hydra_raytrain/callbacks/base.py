@@ -9,6 +9,8 @@ instead: it joins Ray Train's ``RunConfig.callbacks``, on the controller.
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +20,10 @@ from hydra.utils import get_object, instantiate
 from ray.train import UserCallback
 from torch import nn
 
+from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.outcome import RunStatus
+
+log = logging.getLogger(__name__)
 
 
 class StopTraining(RuntimeError):
@@ -86,7 +91,8 @@ class Callbacks:
     @classmethod
     def build(cls, nodes: Mapping[str, Any] | None) -> Callbacks:
         """The workers' callbacks of the ``callbacks`` config (not the driver's: :func:`driver_callbacks`)."""
-        return cls({name: instantiate(node) for name, node in (nodes or {}).items() if not on_driver(node)})
+        items = (nodes or {}).items()
+        return cls({name: instantiate(node, _convert_="all") for name, node in items if not on_driver(node)})
 
     def __bool__(self) -> bool:
         return bool(self.callbacks)
@@ -98,21 +104,45 @@ class Callbacks:
     def validation_end(self, run: RunState, metrics: dict[str, Any]) -> dict[str, float]:
         """The figures the callbacks add to an epoch's report (a later callback sees an earlier one's)."""
         added: dict[str, float] = {}
-        for callback in self.callbacks.values():
+        for name, callback in self.callbacks.items():
             if callable(getattr(callback, "on_validation_end", None)):
-                added.update(callback.on_validation_end(run, {**metrics, **added}) or {})
+                figures = dict(callback.on_validation_end(run, {**metrics, **added}) or {})
+                taken = sorted(set(figures) & (set(metrics) | set(added)))
+                if taken:  # the run's own figures are agreed by every worker: early stopping reads them
+                    raise ValueError(f"callbacks.{name} returned {', '.join(taken)}, which the report has already")
+                added.update(figures)
         return added
 
     def state_dict(self) -> dict[str, Any]:
         stateful = {name: c for name, c in self.callbacks.items() if callable(getattr(c, "state_dict", None))}
         states = {name: callback.state_dict() for name, callback in stateful.items()}
-        return {name: state for name, state in states.items() if state is not None}
+        states = {name: state for name, state in states.items() if state is not None}
+        for name, state in states.items():
+            _check_loadable(name, state)
+        return states
 
     def load_state_dict(self, states: Mapping[str, Any]) -> None:
         """A checkpoint's states; a callback added since (or renamed) starts afresh."""
         for name, state in states.items():
             if name in self.callbacks:
                 self.callbacks[name].load_state_dict(state)
+
+
+def _check_loadable(name: str, state: Any) -> None:
+    """Checkpoints are read with ``torch.load(weights_only=True)``: a state it cannot read (a numpy value, an object
+    of the callback's own) would make every checkpoint fail to load. Refused when saved instead."""
+    buffer = io.BytesIO()
+    try:
+        torch.save(state, buffer)
+        buffer.seek(0)
+        torch.load(buffer, weights_only=True)
+    except Exception as error:  # noqa: BLE001  (pickle's or torch's error names the type)
+        lines = str(error).splitlines()
+        why = next((line.strip() for line in lines if "Unsupported global" in line), lines[0] if lines else "")
+        raise TypeError(
+            f"callbacks.{name}.state_dict() holds what a checkpoint cannot load ({why}). Keep it to tensors, "
+            "Python numbers, strings, and lists or dicts of them."
+        ) from None
 
 
 def on_driver(node: Mapping[str, Any]) -> bool:
@@ -126,5 +156,26 @@ def on_driver(node: Mapping[str, Any]) -> bool:
 
 def driver_callbacks(nodes: Mapping[str, Any] | None) -> list[UserCallback]:
     """The ``callbacks`` config's Ray Train ``UserCallback``s, for ``RunConfig.callbacks`` (Ray's local mode,
-    ``scaling.num_workers=0``, runs none)."""
-    return [instantiate(node) for node in (nodes or {}).values() if on_driver(node)]
+    ``scaling.num_workers=0``, runs none). Each is a helper of the driver's: an error in one warns."""
+    items = (nodes or {}).items()
+    return [Warned(name, instantiate(node, _convert_="all")) for name, node in items if on_driver(node)]
+
+
+class Warned(UserCallback):
+    """A driver's callback whose errors are warnings: it must not decide the run's fate (Ray Train's controller
+    would end the run at an error raised in a callback)."""
+
+    def __init__(self, name: str, callback: UserCallback):
+        self.name, self.callback = name, callback
+
+    def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+        self._call("after_report", run_context, metrics, checkpoint)
+
+    def after_exception(self, run_context: Any, worker_exceptions: Any) -> None:
+        self._call("after_exception", run_context, worker_exceptions)
+
+    def _call(self, hook: str, *args: Any) -> None:
+        try:
+            getattr(self.callback, hook)(*args)
+        except Exception as error:  # noqa: BLE001
+            log.warning(f"callbacks.{self.name}.{hook} failed: {one_line(error)}")

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 
 from hydra_raytrain.callbacks.base import Callback, RunState, StopTraining
 
@@ -20,9 +21,10 @@ ADVICE = "lower optimizer.lr, set trainer.gradient_clip_val, or train in trainer
 
 
 class LossGuard(Callback):
-    """Every ``check_every_n_steps`` optimizer steps, each rank reads its last micro-batch's losses (every sum
-    named ``loss*``: a GAN's ``loss_d`` and ``loss_g`` too). Reading one waits for the GPU: on a GPU, checking
-    every step costs a little throughput. Not finite: the run stops. With ``spike_factor``, a loss above that
+    """Every ``check_every_n_steps`` optimizer steps, the losses of the step's last micro-batch over every worker
+    (every sum named ``loss*``: a GAN's ``loss_d`` and ``loss_g`` too; all-reduced, so that every rank decides the
+    same). Reading them waits for the GPU: on a GPU, checking every step costs a little throughput. Not finite: the
+    run stops. With ``spike_factor``, a loss above that
     many times its running mean (an exponential average with ``decay``, after ``warmup_checks`` checks) stops it
     too; the running means are kept in checkpoints, so a resumed run goes on comparing with the same ones."""
 
@@ -51,9 +53,13 @@ class LossGuard(Callback):
     def on_after_optimizer_step(self, run: RunState, sums: Mapping[str, torch.Tensor]) -> None:
         if run.global_step % self.every:
             return
-        count = float(sums["count"])
-        losses = {name: float(value) / count for name, value in sums.items() if name.startswith("loss")}
-        where = f"epoch {run.epoch}, optimizer step {run.global_step}, worker {run.rank}"
+        names = sorted(name for name in sums if name.startswith("loss"))
+        values = torch.stack([sums[name].detach().double() for name in [*names, "count"]])
+        if run.world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.all_reduce(values)  # every rank calls this hook at the same step
+        totals = values.tolist()
+        losses = {name: total / totals[-1] for name, total in zip(names, totals, strict=False)}
+        where = f"epoch {run.epoch}, optimizer step {run.global_step}"
         for name, loss in losses.items():
             if not math.isfinite(loss):
                 raise StopTraining(f"the training {name} is {loss} at {where}: the run stops. To fix: {ADVICE}.")

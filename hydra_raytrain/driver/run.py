@@ -161,7 +161,8 @@ def _fit(
     summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin)
     epoch_log = EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
-    callbacks = [epoch_log, failures.FailureLog(run_dir, resolved.failure), *driver_callbacks(resolved.callbacks)]
+    # The user's before FailureLog, which raises at a failure that is not retried: they see that one too.
+    callbacks = [epoch_log, *driver_callbacks(resolved.callbacks), failures.FailureLog(run_dir, resolved.failure)]
     callbacks += extra_callbacks
     trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin)
     try:

@@ -175,6 +175,7 @@ class Recipe:
             checkpoint.set_rng_state(rng)
         self.run_state.epoch = self.start_epoch + 1
         self._hook("on_run_start")
+        self.started = True  # on_run_end is called for a run whose on_run_start was
 
     def _hook(self, hook: str, *args: Any) -> None:
         """Every callback's ``hook`` (hydra_raytrain/callbacks/base.py), with the run as it stands."""
@@ -184,7 +185,7 @@ class Recipe:
 
     def cleanup(self, status: RunStatus) -> None:
         torch.set_default_dtype(self.default_dtype)
-        if getattr(self, "run_state", None) is not None:
+        if getattr(self, "started", False):
             try:
                 self._hook("on_run_end", status)
             except Exception as failure:  # noqa: BLE001  (the run's own outcome stands)
@@ -217,7 +218,6 @@ class Recipe:
             )
             print(f"Resuming from checkpoint {state['name']}: {where}, optimizer step {self.global_step}", flush=True)
         self.tracker_ids = dict(train.get("tracker_ids") or {})
-        self.callbacks.load_state_dict(train.get("callbacks") or {})
         return state["rng"]
 
     def _load_full_state(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -234,6 +234,7 @@ class Recipe:
         self.start_epoch, self.global_step = train["epoch"], train["global_step"]
         self.position = self._position_now(train.get("position"))
         self.history = list(train["history"])
+        self.callbacks.load_state_dict(train.get("callbacks") or {})  # a PBT exploit continues the donor's too
         return train
 
     def _continue_from(self) -> None:

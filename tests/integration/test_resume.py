@@ -294,14 +294,21 @@ def test_the_loss_guard_stops_a_diverging_run_at_once_and_says_where(ray_address
     """Adam at a learning rate of 1e20: the weights overflow at the first step, the loss with them. With 2 retries
     allowed, the run stops at the guard's first check of a bad loss, and is not retried."""
     overrides = ("debug=smoke", "failure.max_failures=2", "callbacks=loss_guard", "optimizer.lr=1e20")
+    reports = (  # a driver's callback sees the failure that ends the run
+        "+callbacks.reports._target_=tests.helpers.callbacks.ReportsSeen",
+        f"+callbacks.reports.path={tmp_path / 'reports.jsonl'}",
+    )
     with pytest.raises(TrainingFailed) as caught:
-        train(compose_config(*overrides), run_dir=str(tmp_path))
+        train(compose_config(*overrides, *reports), run_dir=str(tmp_path / "run"))
     message = str(caught.value)
-    assert re.search(r"worker \d: StopTraining: the training loss is (nan|inf) at epoch 1, optimizer step 2,", message)
+    assert re.search(r"worker \d: StopTraining: the training loss is (nan|inf) at epoch 1, optimizer step 2:", message)
     assert "lower optimizer.lr" in message and "not retried: a callback of worker" in message, message
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     [failure] = summary["failures"]
     assert summary["status"] == "failed" and failure["retried"] is False and summary["epochs_completed"] == 0
+    # Both ranks stop alike (the unit tests show it); Ray hands over the errors it has collected when it looks
+    [seen] = [json.loads(line) for line in (tmp_path / "reports.jsonl").read_text().splitlines()]
+    assert seen["failed"] == sorted(int(rank) for rank in failure["errors"]) and seen["failed"], (seen, failure)
 
 
 RETAINED = [

@@ -43,7 +43,7 @@ def test_the_lr_monitor_names_every_optimizer_and_group():
 def test_the_loss_guard_stops_at_a_loss_that_is_not_finite_and_names_where(value):
     guard = LossGuard()
     guard.on_after_optimizer_step(run_state(step=1), sums(loss=0.5))
-    with pytest.raises(StopTraining, match=f"the training loss_g is {value} at epoch 1, optimizer step 2, worker 0"):
+    with pytest.raises(StopTraining, match=f"the training loss_g is {value} at epoch 1, optimizer step 2:"):
         guard.on_after_optimizer_step(run_state(step=2), sums(loss_d=0.3, loss_g=value))
 
 
@@ -102,3 +102,63 @@ def test_callbacks_run_in_order_and_keep_the_states_of_those_that_have_one():
     again.load_state_dict({**states, "gone": {}})  # a callback no longer configured: its state is left
     assert again.callbacks["counter"].steps == 1
     assert not Callbacks.build({}) and Callbacks.build(None).state_dict() == {}
+
+
+def test_a_figure_the_report_has_already_is_refused_naming_the_callback():
+    class Overwrites:
+        def on_validation_end(self, run, metrics):
+            return {"val_loss": 0.0}
+
+    with pytest.raises(ValueError, match="callbacks.mine returned val_loss, which the report has already"):
+        Callbacks({"mine": Overwrites()}).validation_end(run_state(), {"val_loss": 0.3})
+
+
+def test_a_state_a_checkpoint_could_not_load_is_refused_when_saved():
+    class Odd:
+        pass
+
+    class Keeps:
+        def state_dict(self):
+            return {"thing": Odd()}
+
+    with pytest.raises(TypeError, match="callbacks.keeps.state_dict\\(\\) holds what a checkpoint cannot load"):
+        Callbacks({"keeps": Keeps()}).state_dict()
+
+
+def test_a_driver_callback_that_fails_warns_and_the_others_run(caplog):
+    from ray.train import UserCallback
+
+    from hydra_raytrain.callbacks.base import Warned
+
+    class Broken(UserCallback):
+        def after_report(self, run_context, metrics, checkpoint):
+            raise OSError("disk full")
+
+    Warned("broken", Broken()).after_report(None, [{}], None)
+    assert "callbacks.broken.after_report failed: disk full" in caplog.text
+
+
+def _guard_on_rank(rank, init_file, results):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    guard, state = LossGuard(), RunState(rank, 2, "/tmp", {}, {}, epoch=1, global_step=1)
+    guard.on_after_optimizer_step(state, sums(loss=0.5 + rank))  # the mean over both: 1.0
+    state.global_step = 2
+    try:
+        guard.on_after_optimizer_step(state, sums(loss=math.nan if rank == 0 else 0.5))  # rank 0's alone
+        results[rank] = "went on"
+    except StopTraining as stop:
+        results[rank] = f"{stop} means {guard.means}"
+    dist.destroy_process_group()
+
+
+def test_every_rank_decides_the_same_from_the_losses_over_every_worker(tmp_path):
+    """A non-finite loss on one rank stops every rank at the same step (none waits in a collective for the
+    others), and the running means are the same on every rank: the ones rank 0's checkpoint gives back."""
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    mp.spawn(_guard_on_rank, args=(str(tmp_path / "init"), results), nprocs=2)
+    assert results[0] == results[1], dict(results)
+    assert "the training loss is nan at epoch 1, optimizer step 2:" in results[0] and "{'loss': 1.0}" in results[0]
