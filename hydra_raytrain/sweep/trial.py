@@ -59,13 +59,18 @@ def run_trial(
 
         run_segment(config, job, segment, compose)
         return
-    train(
+    epochs_before = len(rundir.read_history(run_dir))
+    summary = train(
         OmegaConf.create(job.cfg.to_dict()),
         run_dir=run_dir,
         extra_callbacks=[EpochReportsOnly(TuneReportCallback())],
         show_summary=False,
         rehearse=False,
     )
+    if len(rundir.read_history(run_dir)) == epochs_before and summary.get("final"):
+        # Nothing was left to train (killed after its last epoch's checkpoint, before its summary): no epoch
+        # reached Tune, which would fail the trial for the missing metric. It gets the final figures, as PBT's.
+        tune.report(dict(summary["final"]))
 
 
 def _as_on_the_driver(cwd: str, pythonpath: str, argv: list[str] | None = None) -> None:

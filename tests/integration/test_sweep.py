@@ -124,12 +124,30 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     best = summary["best"]
     assert "lr=0.003" in best["overrides"]
 
+    # The best trial as a Ctrl-C after its last epoch's checkpoint, before its summary, leaves it: "interrupted", no
+    # summary.json. The identical command runs nothing else again; that trial resumes with nothing left to train,
+    # and Tune gets its final figures (without them it would fail the trial for the missing metric).
     finished_at = {name: row["finished"] for name, row in rows.items()}
-    rerun = run_cli(args, cwd=str(tmp_path), timeout=300)  # the identical command: nothing runs again
+    written = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    for row in written["trials"]:
+        row["status"] = "interrupted" if row["overrides"] == "optimizer.lr=0.003" else row["status"]
+    (tmp_path / "sweep" / "sweep_summary.json").write_text(json.dumps(written))
+    good = Path(rows["optimizer.lr=0.003"]["run_dir"])
+    (good / "summary.json").unlink()
+    rerun = run_cli(args, cwd=str(tmp_path), timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "4 trials; 4 already done in an earlier run of this sweep" in rerun.stdout
-    _, rows = rows_by_overrides(tmp_path / "sweep")
-    assert {name: row["finished"] for name, row in rows.items()} == finished_at
+    assert "4 trials; 3 already done in an earlier run of this sweep" in rerun.stdout
+    _, again_rows = rows_by_overrides(tmp_path / "sweep")
+    assert {name: row["finished"] for name, row in again_rows.items() if "0.003" not in name} == {
+        name: at for name, at in finished_at.items() if "0.003" not in name
+    }
+    resumed = again_rows["optimizer.lr=0.003"]
+    assert (resumed["status"], resumed["epochs"], resumed["error"]) == ("completed", 4, None), resumed
+    assert resumed["final"] == rows["optimizer.lr=0.003"]["final"] and epochs(good) == [1, 2, 3, 4]  # none again
+    tried = sorted((tmp_path / "sweep" / "tune" / "tune").glob(f"trial_{resumed['index']}_*/result.json"))
+    latest = max(tried, key=lambda path: path.stat().st_mtime)  # the re-run's Tune trial: it got the final figures
+    [reported] = [json.loads(line) for line in latest.read_text().splitlines()]
+    assert reported["val_accuracy"] == resumed["final"] and reported["epoch"] == 4, reported  # final: the metric
 
     # best_config.yaml through the plain CLI is the best trial's run: the same run identity (a hash of everything
     # that can change the result), so pointed at that trial's run dir it finds it complete instead of training.
