@@ -62,7 +62,7 @@ class Callback:
 
     def on_validation_end(self, run: RunState, metrics: Mapping[str, Any]) -> Mapping[str, float] | None:
         """After the epoch's validation, with its metrics (exact over every worker). The figures returned join the
-        epoch's report: loggers, ``metrics.jsonl``, Tune (name them apart from the task's)."""
+        epoch's report: loggers, ``metrics.jsonl``, Tune; a name the report has already is refused."""
         return None
 
     def on_epoch_end(self, run: RunState, metrics: Mapping[str, Any]) -> None:
@@ -97,9 +97,11 @@ class Callbacks:
     def __bool__(self) -> bool:
         return bool(self.callbacks)
 
-    def call(self, hook: str, *args: Any) -> list[Any]:
-        """Each callback's ``hook`` (one that has it: a class need not subclass :class:`Callback`); their answers."""
-        return [getattr(c, hook)(*args) for c in self.callbacks.values() if callable(getattr(c, hook, None))]
+    def call(self, hook: str, *args: Any) -> None:
+        """Each callback's ``hook`` (one that has it: a class need not subclass :class:`Callback`)."""
+        for callback in self.callbacks.values():
+            if callable(getattr(callback, hook, None)):
+                getattr(callback, hook)(*args)
 
     def validation_end(self, run: RunState, metrics: dict[str, Any]) -> dict[str, float]:
         """The figures the callbacks add to an epoch's report (a later callback sees an earlier one's)."""
