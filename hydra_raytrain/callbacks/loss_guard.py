@@ -24,9 +24,9 @@ class LossGuard(Callback):
     """Every ``check_every_n_steps`` optimizer steps, the losses of the step's last micro-batch over every worker
     (every sum named ``loss*``: a GAN's ``loss_d`` and ``loss_g`` too; all-reduced, so that every rank decides the
     same). Reading them waits for the GPU: on a GPU, checking every step costs a little throughput. Not finite: the
-    run stops. With ``spike_factor``, a loss above that
-    many times its running mean (an exponential average with ``decay``, after ``warmup_checks`` checks) stops it
-    too; the running means are kept in checkpoints, so a resumed run goes on comparing with the same ones."""
+    run stops. With ``spike_factor``, a loss above that many times its running mean (an exponential average with
+    ``decay``, after ``warmup_checks`` checks) stops it too; the running means are kept in checkpoints, so a resumed
+    run goes on comparing with the same ones."""
 
     def __init__(
         self,
@@ -41,12 +41,8 @@ class LossGuard(Callback):
             raise ValueError(f"spike_factor must be > 1 (or null), got {spike_factor}")
         if not 0 <= decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
-        self.every, self.spike_factor, self.decay, self.warmup_checks = (
-            check_every_n_steps,
-            spike_factor,
-            decay,
-            warmup_checks,
-        )
+        self.every, self.spike_factor = check_every_n_steps, spike_factor
+        self.decay, self.warmup_checks = decay, warmup_checks
         self.means: dict[str, float] = {}  # each loss's running mean over the checks
         self.checks = 0
 

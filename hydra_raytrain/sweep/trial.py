@@ -68,8 +68,9 @@ def run_trial(
         rehearse=False,
     )
     if len(rundir.read_history(run_dir)) == epochs_before and summary.get("final"):
-        # Nothing was left to train (killed after its last epoch's checkpoint, before its summary): no epoch
-        # reached Tune, which would fail the trial for the missing metric. It gets the final figures, as PBT's.
+        # Nothing was left to train (interrupted after its last epoch's checkpoint, before its summary): no epoch
+        # reached Tune, whose result for the trial would be empty (a searcher learns nothing of it). It gets the
+        # final figures, as PBT's trials do.
         tune.report(dict(summary["final"]))
 
 

@@ -42,3 +42,36 @@ class ReportsSeen(UserCallback):
     def _write(self, entry):
         with open(self.path, "a") as file:
             file.write(json.dumps(entry) + "\n")
+
+
+class HookLog:
+    """Rank 0 appends each hook it is called at to ``path``, one line each: the order the loop calls them in."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _write(self, run, text):
+        if run.rank == 0:
+            with open(self.path, "a") as file:
+                file.write(text + "\n")
+
+    def on_run_start(self, run):
+        self._write(run, f"run_start {run.epoch}")
+
+    def on_epoch_start(self, run):
+        self._write(run, f"epoch_start {run.epoch}")
+
+    def on_after_optimizer_step(self, run, sums):
+        self._write(run, f"step {run.global_step}")
+
+    def on_validation_end(self, run, metrics):
+        self._write(run, f"validation_end {metrics['epoch']}")
+
+    def on_checkpoint(self, run, name):
+        self._write(run, f"checkpoint {name}")
+
+    def on_epoch_end(self, run, metrics):
+        self._write(run, f"epoch_end {metrics['epoch']}")
+
+    def on_run_end(self, run, status):
+        self._write(run, f"run_end {status}")

@@ -67,15 +67,37 @@ def trained_batches(record, rank):
     return list(attempts.values())
 
 
+def assert_every_hook_in_the_loops_order(log):
+    """Rank 0's hooks of a 4-epoch run of 8 steps each, a checkpoint every 3 steps: each optimizer step once, a
+    mid-epoch checkpoint right after every third step, and per epoch its start, validation, checkpoint and end."""
+    assert log[0] == "run_start 1" and log[-1] == "run_end completed", log
+    assert [int(line.split()[1]) for line in log if line.startswith("step ")] == list(range(1, 33))
+    saved = [int(log[i - 1].split()[1]) for i, line in enumerate(log) if line.startswith("checkpoint step_")]
+    assert saved and all(step % 3 == 0 for step in saved), log
+    assert [line for line in log if line.split()[0] in ("epoch_start", "validation_end", "epoch_end")] == [
+        f"{hook} {epoch}" for epoch in range(1, 5) for hook in ("epoch_start", "validation_end", "epoch_end")
+    ]
+    epoch_saves = [i for i, line in enumerate(log) if line.startswith("checkpoint epoch_")]
+    assert [log[i] for i in epoch_saves] == [f"checkpoint epoch_{epoch:04d}" for epoch in range(1, 5)]
+    assert all(log[i - 1].startswith("validation_end") and log[i + 1].startswith("epoch_end") for i in epoch_saves)
+
+
 def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_address, tmp_path):
     """The crashed run also logs to W&B (offline): its two attempts must be one W&B run."""
     (tmp_path / "no_crash").touch()
     for record in ("record_a", "record_b"):
         (tmp_path / record).mkdir()
+    hooks = (  # rank 0 writes down each hook it is called at
+        "+callbacks.hooks._target_=tests.helpers.callbacks.HookLog",
+        f"+callbacks.hooks.path={tmp_path / 'hooks.log'}",
+    )
     uninterrupted = train(
-        compose_config(*EXACT, f"+task.marker={tmp_path / 'no_crash'}", f"+task.record={tmp_path / 'record_a'}"),
+        compose_config(
+            *EXACT, f"+task.marker={tmp_path / 'no_crash'}", f"+task.record={tmp_path / 'record_a'}", *hooks
+        ),
         run_dir=str(tmp_path / "a"),
     )
+    assert_every_hook_in_the_loops_order((tmp_path / "hooks.log").read_text().splitlines())
     crashed = train(
         compose_config(
             *EXACT,
@@ -294,9 +316,11 @@ def test_the_loss_guard_stops_a_diverging_run_at_once_and_says_where(ray_address
     """Adam at a learning rate of 1e20: the weights overflow at the first step, the loss with them. With 2 retries
     allowed, the run stops at the guard's first check of a bad loss, and is not retried."""
     overrides = ("debug=smoke", "failure.max_failures=2", "callbacks=loss_guard", "optimizer.lr=1e20")
-    reports = (  # a driver's callback sees the failure that ends the run
+    reports = (  # a driver's callback sees the failure that ends the run; rank 0's hooks are written down
         "+callbacks.reports._target_=tests.helpers.callbacks.ReportsSeen",
         f"+callbacks.reports.path={tmp_path / 'reports.jsonl'}",
+        "+callbacks.hooks._target_=tests.helpers.callbacks.HookLog",
+        f"+callbacks.hooks.path={tmp_path / 'hooks.log'}",
     )
     with pytest.raises(TrainingFailed) as caught:
         train(compose_config(*overrides, *reports), run_dir=str(tmp_path / "run"))
@@ -308,6 +332,9 @@ def test_the_loss_guard_stops_a_diverging_run_at_once_and_says_where(ray_address
     assert summary["status"] == "failed" and failure["retried"] is False and summary["epochs_completed"] == 0
     # Both ranks stop alike (the unit tests show it); Ray hands over the errors it has collected when it looks
     [seen] = [json.loads(line) for line in (tmp_path / "reports.jsonl").read_text().splitlines()]
+    # The guard came first, so the log's step 2 never came; on_run_end was told the run failed
+    log = (tmp_path / "hooks.log").read_text().splitlines()
+    assert log == ["run_start 1", "epoch_start 1", "step 1", "run_end failed"], log
     assert seen["failed"] == sorted(int(rank) for rank in failure["errors"]) and seen["failed"], (seen, failure)
 
 
