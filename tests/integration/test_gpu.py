@@ -3,6 +3,7 @@ asks for ``trainer.sync_debug_mode=error``: an operation in a training step that
 raises, and the run fails. (Gloo all-reduces CUDA tensors through host memory: it waits by design.)"""
 
 import json
+import re
 
 import pytest
 
@@ -53,17 +54,37 @@ def test_the_dataloader_path_pins_and_copies_ahead_without_waiting_for_the_gpu(r
     assert "pinned memory, each batch copied ahead" in done.stdout
 
 
+SHARED_GPU = ("scaling.num_workers=2", "scaling.resources_per_worker={GPU: 0.5}")
+
+
 def test_two_workers_share_one_gpu(ray_address, tmp_path):
-    """Fractional GPUs: DDP over the gloo backend (NCCL refuses two ranks on one device)."""
+    """Fractional GPUs: DDP over the gloo backend (NCCL refuses two ranks on one device). The loss guard sums both
+    ranks' CUDA losses at every optimizer step (through gloo), and the run goes on."""
     _, summary = gpu_run(
         ray_address,
         tmp_path,
         "debug=smoke",
-        "scaling.num_workers=2",
-        "scaling.resources_per_worker={GPU: 0.5}",
+        *SHARED_GPU,
+        "callbacks=[lr_monitor,loss_guard]",
+        "callbacks.loss_guard.spike_factor=1000",
         sync_debug_mode=None,  # gloo copies the gradients to the host
     )
-    assert summary["final"]["world_size"] == 2
+    assert summary["final"]["world_size"] == 2 and summary["final"]["lr_model"] > 0
+
+
+def test_the_loss_guard_stops_a_diverging_run_on_gpu_workers(ray_address, tmp_path):
+    """Adam at a learning rate of 1e20 in bf16-mixed on two workers sharing the GPU: both ranks stop at the guard's
+    first check of a loss that is not finite, and the run is not retried."""
+    done = run_cli(
+        [f"ray.address={ray_address}", *GPU, "debug=smoke", *SHARED_GPU, "callbacks=loss_guard"]
+        + ["optimizer.lr=1e20", "failure.max_failures=2"],
+        cwd=str(tmp_path),
+    )
+    assert done.returncode != 0
+    assert re.search(r"StopTraining: the training loss is (nan|inf) at epoch 1, optimizer step [12]:", done.stderr)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    [failure] = summary["failures"]
+    assert summary["status"] == "failed" and failure["retried"] is False and summary["epochs_completed"] == 0
 
 
 def test_fsdp_shards_on_a_gpu_in_bf16(ray_address, tmp_path):
