@@ -7,7 +7,7 @@ import random
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -39,10 +39,12 @@ def compose_config(*overrides: str) -> DictConfig:
         return compose("train", overrides=list(overrides))
 
 
-def run_cli(args: Sequence[str], cwd: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``python -m hydra_raytrain ARGS`` in a fresh process, as a user runs it."""
+def run_cli(
+    args: Sequence[str], cwd: str, timeout: float = 180, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m hydra_raytrain ARGS`` in a fresh process, as a user runs it (``env``: variables of its own)."""
     # The repository root on the path, as for pytest itself: tests.helpers holds tasks that tests run.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", "PYTHONPATH": ROOT}
     return subprocess.run(
         [sys.executable, "-m", "hydra_raytrain", *args],
         cwd=cwd,

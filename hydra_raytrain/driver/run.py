@@ -5,6 +5,7 @@ validate (driver) -> connect to Ray -> TorchTrainer.fit (workers run hydra_raytr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -273,24 +274,32 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     assert outcome.weights is not None, outcome.status
     with open(os.path.join(run_dir, rundir.MODEL_FILE), "wb") as file:
         file.write(outcome.weights)
-    test = _test_best(summarize.resolved, run_dir, result) if has_test_split(summarize.resolved.dataset) else None
+    resolved = summarize.resolved
+    best = _best_checkpoint(resolved, result)
+    test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
     if test and "error" not in test:
-        _log_test(summarize.resolved, run_dir, test)
+        _log_test(resolved, run_dir, test)
     summary = summarize("completed", test=test) if test else summarize("completed")
+    _log_files(resolved, run_dir, resolved.run_name(), best[0] if best else None)
     print(f"Run dir: {run_dir}", flush=True)
     return summary
 
 
-def _test_best(resolved: Resolved, run_dir: str, result: Any) -> dict[str, Any]:
-    """The best checkpoint (by ``trainer.monitor``; the final model where Ray kept no checkpoint with it, as in
-    local mode) scored on the dataset's test split, here on the driver: every test sample once. A failure warns and
-    is recorded; the trained run stands."""
+def _best_checkpoint(resolved: Resolved, result: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The best checkpoint Ray kept and its metrics (by ``trainer.monitor``; on ties the earliest epoch, as
+    summary.json's best); None where Ray kept none with it, as in local mode."""
     trainer = resolved.trainer
     monitor, mode = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
     kept = [(c, m) for c, m in (getattr(result, "best_checkpoints", None) or []) if m.get(monitor) is not None]
-    # The best score; on ties the earliest epoch, as summary.json's best
     sign = 1 if mode == "max" else -1
-    best = max(kept, key=lambda pair: (sign * pair[1][monitor], -pair[1].get("epoch", 0))) if kept else None
+    return max(kept, key=lambda pair: (sign * pair[1][monitor], -pair[1].get("epoch", 0))) if kept else None
+
+
+def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]] | None) -> dict[str, Any]:
+    """The best checkpoint (the final model where Ray kept none: ``_best_checkpoint``) scored on the dataset's test
+    split, here on the driver: every test sample once. A failure warns and is recorded; the trained run stands."""
+    trainer = resolved.trainer
+    monitor, _ = monitored(get_object(resolved.task["_target_"]), (trainer.monitor, trainer.monitor_mode))
     cfg = resolved.to_dict()
     try:
         if best is None:
@@ -357,24 +366,56 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         print(f"Logged the finished run's {len(history)} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
+        _log_files(
+            dataclasses.replace(resolved, logger={k: v for k, v in missing.items() if k in logged}), run_dir, name
+        )
     return summary
 
 
 def _tracker_env(loggers: dict[str, Any]) -> dict[str, str]:
-    """W&B's mode decided here (offline, with a warning, when its server cannot be reached) and W&B's variables
-    forwarded to the workers, which on a joined cluster do not inherit the driver's environment."""
-    node = loggers.get("wandb")
-    if node is None:
-        return {}
-    from hydra_raytrain.loggers import wandb
+    """On the driver, before the workers start: W&B's mode decided (offline, with a warning, when its server cannot
+    be reached), MLflow's store, experiment and run resolved (MLflow dropped, with a warning, when it cannot be
+    reached), and the trackers' variables forwarded to the workers, which on a joined cluster do not inherit the
+    driver's environment."""
+    env: dict[str, str] = {}
+    if "wandb" in loggers:
+        from hydra_raytrain.loggers import wandb
 
-    wandb.plan_mode(
-        node,
-        os.environ,
-        wandb.server_problem,
-        warn=lambda message: print(f"WARNING: {message}", file=sys.stderr, flush=True),
-    )
-    return wandb.forwarded_env(os.environ)
+        wandb.plan_mode(loggers["wandb"], os.environ, wandb.server_problem, warn=_warn)
+        env.update(wandb.forwarded_env(os.environ))
+    if "mlflow" in loggers:
+        from hydra_raytrain.loggers import mlflow
+
+        if mlflow.plan(loggers["mlflow"], os.environ, os.getcwd(), warn=_warn):
+            env.update(mlflow.forwarded_env(os.environ))
+        else:
+            del loggers["mlflow"]  # summary.json does not list it: the same command later logs the run
+    return env
+
+
+def _log_files(resolved: Resolved, run_dir: str, name: str, best: Any = None) -> None:
+    """MLflow's artifacts, on the driver once the run's files are written: ``model.pt`` (``log_artifacts: last``,
+    or the best checkpoint's model with ``best`` where Ray kept one), ``curves.png``, ``config.json`` and
+    ``summary.json``. A failure warns; the run stands."""
+    node = resolved.logger.get("mlflow")
+    if node is None or node.get("log_artifacts", "last") == "none":
+        return
+    from hydra_raytrain.loggers import mlflow
+
+    files = [os.path.join(run_dir, f) for f in (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE)]
+    try:
+        with contextlib.ExitStack() as stack:
+            model = os.path.join(run_dir, rundir.MODEL_FILE)
+            if node.get("log_artifacts") == "best" and best is not None:
+                kept = os.path.join(stack.enter_context(best.as_directory()), rundir.MODEL_FILE)
+                model = kept if os.path.exists(kept) else model  # a sharded checkpoint: the final model
+            mlflow.log_files(node, name, run_dir, [f for f in (model, *files) if os.path.exists(f)])
+    except Exception as error:  # noqa: BLE001  (training completed: its files are in the run dir regardless)
+        _warn(f"logger.mlflow: the run's files were not logged to MLflow ({type(error).__name__}: {one_line(error)})")
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:

@@ -27,6 +27,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
+from hydra_raytrain.loggers import mlflow
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning_setup import is_lightning
@@ -72,6 +73,9 @@ def compose_job(
     if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
         logger = {**resolved.logger, "wandb": {**wandb, "group": os.path.basename(sweep_dir)}}
         resolved = dataclasses.replace(resolved, logger=logger)
+    if "mlflow" in resolved.logger:  # each trial its own MLflow run, nested in the sweep's, in the sweep's store
+        node = mlflow.resolve({**resolved.logger["mlflow"], "sweep_dir": sweep_dir}, os.environ, os.getcwd())
+        resolved = dataclasses.replace(resolved, logger={**resolved.logger, "mlflow": node})
     return Job(index, list(overrides), params or {}, resolved, name, os.path.join(sweep_dir, name))
 
 
@@ -160,10 +164,19 @@ def run_sweep(
         )
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors, interrupted = plan.jobs, {}, set()  # nothing left to run: the earlier runs' trials
-    if plan.budget > 0:
-        jobs, errors, interrupted = run_trials(plan, settings, compose, sweep_dir, (metric, mode), concurrent)
-    summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, settings.scheduler, interrupted)
-    results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
+    tracked = dict(plan.probes[0].cfg.logger.get("mlflow") or {})  # the sweep's own MLflow run, its trials nested
+    parent = mlflow.open_sweep(tracked, sweep_dir, os.environ, os.getcwd()) if tracked and plan.budget else None
+    summary: dict[str, Any] = {}
+    try:
+        if plan.budget > 0:
+            jobs, errors, interrupted = run_trials(plan, settings, compose, sweep_dir, (metric, mode), concurrent)
+        summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, settings.scheduler, interrupted)
+        results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
+    finally:
+        if parent is not None:
+            best = (summary.get("best") or {}).get("best")
+            figures = {f"best_{metric}": best} if isinstance(best, (int, float)) else {}
+            mlflow.close_sweep(tracked, parent, figures, failed=not summary)
     return summary
 
 

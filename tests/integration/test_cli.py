@@ -368,6 +368,7 @@ BAD_INPUTS = [
         ],
     ),
     (["logger=wandb", "logger.wandb.mode=bogus"], ["logger.wandb.mode='bogus'", "online, offline, disabled"]),
+    (["logger=mlflow", "logger.mlflow.log_artifacts=all"], ["logger.mlflow.log_artifacts='all'", "none, best, last"]),
     (
         ["~optimizer._partial_"],
         ["optimizer._partial_=None", "needs 'params', which the runner passes", "add `_partial_: true`"],

@@ -1,0 +1,319 @@
+"""MLflow, from rank 0. MLflow's own conventions hold: a setting left null here is MLflow's, so
+``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME`` (or ``MLFLOW_EXPERIMENT_ID``) and ``MLFLOW_RUN_ID`` work as with
+``mlflow.start_run``; with neither, runs go to a local sqlite store, ``outputs/mlflow.db`` beside the run dirs
+(``mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db`` shows them).
+
+The run's identity is the MLflow run: tagged with the run's name and run dir, a resumed, restarted or re-run run
+continues the same MLflow run (each epoch logged once), a sweep is a parent run with each trial nested under it.
+The driver prepares it (``plan``) before the workers start: an MLflow that cannot be reached is not a reason to fail
+or stall training; the run goes on without it, with one warning, and the same command run again once MLflow answers
+logs the finished run to it. The files (``model.pt``, ``curves.png``, ``config.json``, ``summary.json``) are logged
+by the driver when the run ends (``log_artifacts``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+from hydra_raytrain.loggers.wandb import server_problem
+from hydra_raytrain.outcome import RunStatus
+
+ARTIFACTS = ("none", "best", "last")  # log_artifacts: no files, the best checkpoint's model, the final model
+DEFAULT_EXPERIMENT = "hydra_raytrain"
+DEFAULT_STORE = "mlflow.db"  # in outputs/, beside runs/ and multirun/
+RUN_NAME_TAG, RUN_DIR_TAG, SWEEP_TAG = "hydra_raytrain.run_name", "hydra_raytrain.run_dir", "hydra_raytrain.sweep_dir"
+PARENT_TAG = "mlflow.parentRunId"
+STATUSES = {"completed": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
+# The credentials stay out of Ray (its dashboard shows a job's environment): workers read their own. The run id is
+# resolved by the driver into the config (a sweep's trials must not all take it).
+NOT_FORWARDED = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_RUN_ID")
+# MLflow retries a failed request 7 times over ~2 minutes by default: a tracker must not stall training
+QUICK_FAILURE = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+EXTRA = "pip install 'hydra_raytrain[mlflow]'"
+
+
+class MlflowLogger:
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        experiment_id: str | None = None,
+        run_name: str | None = None,
+        tags: dict[str, str] | None = None,
+        log_artifacts: str = "last",
+        run_id: str | None = None,
+        sweep_dir: str | None = None,
+    ):
+        from hydra_raytrain.config.errors import ConfigError
+
+        if log_artifacts not in ARTIFACTS:
+            raise ConfigError("logger.mlflow.log_artifacts", log_artifacts, "unknown choice.", ", ".join(ARTIFACTS))
+        if importlib.util.find_spec("mlflow") is None:
+            raise ConfigError("logger", "mlflow", "needs MLflow, which is not installed.", EXTRA)
+        self.settings = resolve(
+            dict(
+                tracking_uri=tracking_uri,
+                experiment_name=experiment_name,
+                experiment_id=experiment_id,
+                run_id=run_id,
+                sweep_dir=sweep_dir,
+            ),
+            os.environ,
+            os.getcwd(),
+        )
+        self.run_name, self.tags = run_name, dict(tags or {})
+        self.client: Any = None
+        self.run_id: str | None = None
+        self.logged: set[tuple[str, int]] = set()  # (metric, step) already in the run: a restart logs them once
+
+    def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
+        for variable, value in QUICK_FAILURE.items():
+            os.environ.setdefault(variable, value)
+        self.client = client = _client(self.settings["tracking_uri"])
+        experiment_id = experiment(client, self.settings)
+        name = config["run_name"]
+        # A checkpoint's id (a restart, a resume), MLFLOW_RUN_ID, else the run of this name and run dir, if any
+        run_id = run_id or self.settings.get("run_id") or find_run(client, experiment_id, name, run_dir)
+        identity = {RUN_NAME_TAG: name, RUN_DIR_TAG: run_dir}
+        if run_id is None:
+            tags = {**self.tags, **identity}
+            parent = self.settings.get("sweep_dir") and find_sweep_run(
+                client, experiment_id, self.settings["sweep_dir"]
+            )
+            if parent:
+                tags[PARENT_TAG] = parent
+            run_id = client.create_run(experiment_id, run_name=self.run_name or name, tags=tags).info.run_id
+        else:
+            client.update_run(run_id, status="RUNNING")
+        data = client.get_run(run_id).data
+        self.logged = {(key, m.step) for key in data.metrics for m in client.get_metric_history(run_id, key)}
+        params = {key: value for key, value in flat_params(config["cfg"]).items() if key not in data.params}
+        tags = {**identity, **{f"provenance.{k}": v for k, v in flat_params(config.get("provenance") or {}).items()}}
+        _log_batch(client, run_id, params, tags)
+        self.run_id = run_id
+        return run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(key, float(value), now, step)
+            for key, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (key, step) not in self.logged
+        ]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+            self.logged.update((metric.key, step) for metric in batch)
+
+    def finish(self, status: RunStatus) -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, STATUSES[status])
+            self.run_id = None
+
+
+def resolve(settings: dict[str, Any], environ: Mapping[str, str], cwd: str) -> dict[str, Any]:
+    """The config's settings, with MLflow's environment where they are null: the tracking URI
+    (``MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/outputs/mlflow.db``), the experiment (``MLFLOW_EXPERIMENT_NAME``,
+    else ``MLFLOW_EXPERIMENT_ID``, else hydra_raytrain) and, outside a sweep, ``MLFLOW_RUN_ID``."""
+    resolved = dict(settings)
+    if not resolved.get("tracking_uri"):
+        uri = environ.get("MLFLOW_TRACKING_URI")
+        resolved["tracking_uri"] = uri or "sqlite:///" + os.path.join(os.path.abspath(cwd), "outputs", DEFAULT_STORE)
+    if not resolved.get("experiment_name") and not resolved.get("experiment_id"):
+        resolved["experiment_name"] = environ.get("MLFLOW_EXPERIMENT_NAME")
+        resolved["experiment_id"] = None if resolved["experiment_name"] else environ.get("MLFLOW_EXPERIMENT_ID")
+        resolved["experiment_name"] = resolved["experiment_name"] or (
+            None if resolved["experiment_id"] else DEFAULT_EXPERIMENT
+        )
+    if not resolved.get("run_id") and not resolved.get("sweep_dir"):  # a sweep's MLFLOW_RUN_ID is its parent
+        resolved["run_id"] = environ.get("MLFLOW_RUN_ID")
+    return resolved
+
+
+def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """A nested config as MLflow params: ``optimizer.lr`` -> ``"0.001"``; lists as JSON."""
+    flat: dict[str, str] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flat_params(value, f"{name}."))
+        else:
+            text = json.dumps(value) if isinstance(value, (list, tuple, Mapping)) else str(value)
+            flat[name[:250]] = text if len(text) <= 6000 else text[:5997] + "..."  # MLflow's limits
+    return flat
+
+
+def local_store(uri: str) -> str | None:
+    """The folder of a local sqlite store, else None."""
+    return os.path.dirname(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def experiment(client: Any, settings: Mapping[str, Any]) -> str:
+    """The experiment's id, the experiment created if it does not exist (in a local sqlite store, its artifacts in
+    ``mlartifacts/`` beside the database)."""
+    if settings.get("experiment_id"):
+        return str(settings["experiment_id"])
+    found = client.get_experiment_by_name(settings["experiment_name"])
+    if found is not None:
+        return str(found.experiment_id)
+    folder = local_store(settings["tracking_uri"])
+    location = "file://" + os.path.join(folder, "mlartifacts") if folder else None
+    try:
+        return str(client.create_experiment(settings["experiment_name"], artifact_location=location))
+    except Exception:  # created meanwhile by another process (two trials of a sweep)
+        found = client.get_experiment_by_name(settings["experiment_name"])
+        if found is None:
+            raise
+        return str(found.experiment_id)
+
+
+def find_run(client: Any, experiment_id: str, run_name: str, run_dir: str) -> str | None:
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{RUN_NAME_TAG}` = {_quoted(run_name)} and tags.`{RUN_DIR_TAG}` = {_quoted(run_dir)}",
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def find_sweep_run(client: Any, experiment_id: str, sweep_dir: str) -> str | None:
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = {_quoted(sweep_dir)}", max_results=1
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def plan(node: dict[str, Any], environ: Mapping[str, str], cwd: str, warn: Callable[[str], None]) -> bool:
+    """On the driver, before the workers start: the node's settings resolved (``resolve``: the workers see the
+    driver's store, experiment and run id, not their own cwd's or environment's), the store and experiment created,
+    and MLflow's answer checked in seconds. False, after one warning, when MLflow cannot be reached: the run goes on
+    without it."""
+    node.update(resolve(node, environ, cwd))
+    uri = node["tracking_uri"]
+    problem = server_problem(uri) if urlparse(uri).scheme in ("http", "https") else None
+    if problem is None:
+        try:
+            with quick_failure():
+                node["experiment_id"] = experiment(_client(uri), node)
+        except Exception as error:  # noqa: BLE001  (whatever MLflow raises, the run goes on)
+            problem = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    if problem is None:
+        return True
+    warn(
+        f"logger.mlflow: MLflow at {uri} cannot be reached ({problem}); this run is not logged to MLflow. Run the "
+        f"same command again once MLflow answers: it logs the finished run's epochs and files to it."
+    )
+    return False
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """MLflow's variables from the driver's environment, for the workers (on a joined cluster they do not inherit
+    it), with short HTTP retries unless the user set their own."""
+    forwarded = {k: v for k, v in environ.items() if k.startswith("MLFLOW_") and k not in NOT_FORWARDED}
+    return {**QUICK_FAILURE, **forwarded}
+
+
+def log_files(node: Mapping[str, Any], run_name: str, run_dir: str, files: list[str]) -> None:
+    """On the driver, after training: the files to the run's MLflow run (found by its name and run dir)."""
+    with quick_failure():
+        client = _client(node["tracking_uri"])
+        run_id = node.get("run_id") or find_run(client, experiment(client, node), run_name, run_dir)
+        if run_id is None:
+            raise LookupError(f"no MLflow run is tagged with run name {run_name} and run dir {run_dir}")
+        for path in files:
+            client.log_artifact(run_id, path)
+
+
+def open_sweep(node: dict[str, Any], sweep_dir: str, environ: Mapping[str, str], cwd: str) -> str | None:
+    """The sweep's parent run (``MLFLOW_RUN_ID``, else the one of this sweep dir, else a new one), marked running,
+    before its trials start; None, after a warning, when MLflow cannot be reached."""
+    parent_id = resolve({**node, "sweep_dir": None}, environ, cwd).get("run_id")
+    node["sweep_dir"] = sweep_dir
+    if not plan(node, environ, cwd, warn=_warn):
+        return None
+    try:
+        with quick_failure():
+            client = _client(node["tracking_uri"])
+            found = parent_id or find_sweep_run(client, node["experiment_id"], sweep_dir)
+            if found is None:
+                tags = {SWEEP_TAG: sweep_dir}
+                return str(
+                    client.create_run(
+                        node["experiment_id"], run_name=os.path.basename(sweep_dir), tags=tags
+                    ).info.run_id
+                )
+            client.set_tag(found, SWEEP_TAG, sweep_dir)
+            client.update_run(found, status="RUNNING")
+            return str(found)
+    except Exception as error:  # noqa: BLE001  (the trials log their own runs regardless)
+        _warn(f"logger.mlflow: the sweep's MLflow run was not started ({type(error).__name__}: {error})")
+        return None
+
+
+def close_sweep(node: Mapping[str, Any], parent_id: str, figures: Mapping[str, float], failed: bool) -> None:
+    """The sweep's parent run ended, with its figures (the best trial's)."""
+    try:
+        with quick_failure():
+            client = _client(node["tracking_uri"])
+            for key, value in figures.items():
+                client.log_metric(parent_id, key, float(value))
+            client.set_terminated(parent_id, "FAILED" if failed else "FINISHED")
+    except Exception as error:  # noqa: BLE001  (the sweep's own results stand)
+        _warn(f"logger.mlflow: the sweep's MLflow run {parent_id} was not ended ({type(error).__name__}: {error})")
+
+
+class quick_failure:
+    """MLflow's HTTP retries shortened for a block (unless the user set their own)."""
+
+    def __enter__(self) -> None:
+        self.saved = {name: os.environ.get(name) for name in QUICK_FAILURE}
+        for name, value in QUICK_FAILURE.items():
+            os.environ.setdefault(name, value)
+
+    def __exit__(self, *exc: object) -> None:
+        for name, value in self.saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+
+
+def _client(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    folder = local_store(uri)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    return MlflowClient(tracking_uri=uri)
+
+
+def _log_batch(client: Any, run_id: str, params: Mapping[str, str], tags: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param, RunTag
+
+    entities = [Param(k, v) for k, v in params.items()] + [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+    for chunk in _chunks(entities, 100):  # MLflow takes at most 100 params and tags per request
+        client.log_batch(
+            run_id,
+            params=[e for e in chunk if isinstance(e, Param)],
+            tags=[e for e in chunk if isinstance(e, RunTag)],
+        )
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def _warn(message: str) -> None:
+    import sys
+
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,162 @@
+"""MLflow from rank 0: the local sqlite store by default, a real ``mlflow server`` on 127.0.0.1 (sqlite backend,
+proxied artifacts) started here, a sweep nested in a parent run, and an MLflow that cannot be reached."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from hydra_raytrain import train
+from hydra_raytrain.driver.cluster import free_port
+from hydra_raytrain.preflight.validate import validate
+from tests.conftest import compose_config, run_cli, unused_port
+
+pytestmark = pytest.mark.integration
+
+FILES = ["config.json", "curves.png", "model.pt", "summary.json"]
+SHORT = ("trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """``mlflow server`` on a free port of 127.0.0.1, its runs in sqlite, its artifacts in a folder; its URI."""
+    folder = tmp_path_factory.mktemp("mlflow_server")
+    port = unused_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination", str(folder)]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with open(folder / "server.log", "w") as log:
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            pass
+        assert server.poll() is None and time.monotonic() < deadline, (folder / "server.log").read_text()[-3000:]
+        time.sleep(0.5)
+    yield uri
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def runs(client, experiment_name):
+    experiment = client.get_experiment_by_name(experiment_name)
+    return client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+def steps(client, run, key="val_loss"):
+    return [metric.step for metric in client.get_metric_history(run.info.run_id, key)]
+
+
+def artifacts(client, run):
+    return sorted(item.path for item in client.list_artifacts(run.info.run_id))
+
+
+def test_a_restarted_run_continues_its_mlflow_run_in_the_local_store_and_logs_each_epoch_once(
+    ray_address, tmp_path, monkeypatch
+):
+    """No MLflow variable: the store is outputs/mlflow.db under the launch folder. Checkpoints every 2 epochs and a
+    worker killed early in epoch 4: the run resumes from epoch 2's checkpoint and trains epoch 3 again, whose figures
+    the MLflow run already has."""
+    for variable in [name for name in os.environ if name.startswith("MLFLOW_")]:
+        monkeypatch.delenv(variable)
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config(
+        "logger=mlflow",
+        *SHORT,
+        "trainer.max_epochs=4",
+        "checkpoint.every_n_epochs=2",
+        "failure.max_failures=1",
+        "task._target_=tests.helpers.tasks.CrashOnce",
+        f"+task.marker={tmp_path / 'crashed'}",
+        "+task.at_step=13",  # rank 1's first micro-batch of epoch 4
+    )
+    summary = train(cfg, run_dir=str(tmp_path / "run"))
+    assert (tmp_path / "crashed").exists() and summary["status"] == "completed"
+    assert [failure["retried"] for failure in summary["failures"]] == [True]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    [run] = runs(client, "hydra_raytrain")  # one run, rank 0's, the same after the restart
+    assert run.info.status == "FINISHED" and run.info.run_name == validate(cfg, str(tmp_path)).run_name()
+    assert steps(client, run) == [1, 2, 3, 4] and steps(client, run, "train_loss") == [1, 2, 3, 4]
+    last = client.get_metric_history(run.info.run_id, "val_loss")[-1].value
+    assert last == pytest.approx(summary["final"]["val_loss"], rel=1e-6)
+    assert run.data.params["optimizer.lr"] == "0.002" and run.data.params["checkpoint.every_n_epochs"] == "2"
+    assert run.data.params["model._target_"] == "hydra_raytrain.models.SimpleCNN"
+    assert run.data.tags["provenance.command"] and run.data.tags["hydra_raytrain.run_dir"] == str(tmp_path / "run")
+    assert artifacts(client, run) == FILES
+    assert (tmp_path / "outputs" / "mlartifacts").is_dir()  # the store's artifacts beside it, not in a worker's cwd
+
+
+def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(ray_address, tmp_path, mlflow_server):
+    """MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME from the environment, through the real CLI."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=1",
+        "optimizer.lr=1e-3,1e-2",
+        *SHORT,
+        "logger=mlflow",
+        "logger.mlflow.log_artifacts=best",
+        "hydra.sweep.dir=sweep-m1",
+    ]
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "sweeps"}
+    done = run_cli(args, cwd=str(tmp_path), timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(mlflow_server)
+    found = runs(client, "sweeps")
+    [parent] = [run for run in found if "mlflow.parentRunId" not in run.data.tags]
+    trials = [run for run in found if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(found) == 3 and len(trials) == 2
+    assert parent.info.run_name == "sweep-m1" and parent.info.status == "FINISHED"
+    assert sorted(run.data.params["optimizer.lr"] for run in trials) == ["0.001", "0.01"]
+    scores = [m.value for run in trials for m in client.get_metric_history(run.info.run_id, "val_accuracy")]
+    assert parent.data.metrics["best_val_accuracy"] == pytest.approx(max(scores), rel=1e-6)  # the best epoch's
+    for run in trials:
+        assert run.info.status == "FINISHED" and steps(client, run) == [1, 2]
+        assert artifacts(client, run) == FILES  # uploaded through the server
+        # log_artifacts=best: the model of the checkpoint of the trial's best epoch, not the final one
+        run_dir = run.data.tags["hydra_raytrain.run_dir"]
+        best = json.loads(open(os.path.join(run_dir, "summary.json")).read())["best"]["epoch"]
+        [kept] = glob.glob(os.path.join(run_dir, "ray_storage", "*", f"epoch_{best:04d}", "model.pt"))
+        logged = client.download_artifacts(run.info.run_id, "model.pt", str(tmp_path))
+        assert open(logged, "rb").read() == open(kept, "rb").read()
+
+
+def test_an_unreachable_mlflow_warns_and_the_same_command_later_logs_the_finished_run(
+    tmp_path, mlflow_server, monkeypatch, capfd
+):
+    """Nothing listens at MLFLOW_TRACKING_URI: the run trains and says so once. The same command, with MLflow up
+    and MLFLOW_RUN_ID naming a run the user started, logs the finished run's epochs and files into that run."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    cfg = compose_config("logger=mlflow", *SHORT, "scaling.num_workers=0")
+    started = time.monotonic()
+    summary = train(cfg, run_dir=str(tmp_path / "run"))
+    assert summary["status"] == "completed" and summary["loggers"] == []
+    assert time.monotonic() - started < 120  # no MLflow retries over minutes
+    warned = capfd.readouterr().err
+    assert warned.count("logger.mlflow: MLflow at http://127.0.0.1:") == 1 and "Run the same command again" in warned
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment("theirs")
+    theirs = client.create_run(experiment, run_name="started-by-the-user").info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "theirs")
+    monkeypatch.setenv("MLFLOW_RUN_ID", theirs)
+    again = train(cfg, run_dir=str(tmp_path / "run"))
+    assert again["loggers"] == ["mlflow"]
+    assert "Logged the finished run's 2 epochs (metrics.jsonl) to: mlflow" in capfd.readouterr().out
+    [run] = runs(client, "theirs")
+    assert run.info.run_id == theirs and run.info.status == "FINISHED"
+    assert steps(client, run) == [1, 2] and artifacts(client, run) == FILES
