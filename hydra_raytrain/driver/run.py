@@ -10,12 +10,13 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from ray.train import TrainingFailedError
@@ -37,6 +38,7 @@ from hydra_raytrain.driver.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
+from hydra_raytrain.loggers.base import build_loggers
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import build_dataset
@@ -86,6 +88,18 @@ def train(
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     resolved = _checked(cfg, run_dir, rehearse)
+    with _multirun_parent(resolved, run_dir):
+        return _train(resolved, cfg, run_dir, started, extra_callbacks, show_summary)
+
+
+def _train(
+    resolved: Resolved,
+    cfg: DictConfig,
+    run_dir: str,
+    started: float,
+    extra_callbacks: Sequence[Any],
+    show_summary: bool,
+) -> dict[str, Any]:
     storage = resolved.storage.path or os.path.join(run_dir, "ray_storage")
     name = resolved.run_name()  # the run dir's ${run_name:} too (preflight.resolvers.run_identity)
     finished = rundir.finished_summary(run_dir) if resolved.run.resume == "auto" else None
@@ -100,6 +114,7 @@ def train(
     check_storage(storage, nodes, resolved.storage.shared_filesystem)
     if resolved.run.resume == "never":
         _discard_previous_state(run_dir, storage, name)
+        _retire_mlflow_run(resolved, run_dir, name)
     _write_config(run_dir, cfg, resolved)
     quiet_ray_train(resolved.ray.logging_level)
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
@@ -277,10 +292,11 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     resolved = summarize.resolved
     best = _best_checkpoint(resolved, result)
     test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
-    if test and "error" not in test:
-        _log_test(resolved, run_dir, test)
+    tested = test if test and "error" not in test else {}
+    if tested:
+        _log_test(resolved, run_dir, tested)
     summary = summarize("completed", test=test) if test else summarize("completed")
-    _log_files(resolved, run_dir, resolved.run_name(), best[0] if best else None)
+    _complete_mlflow(resolved, run_dir, resolved.run_name(), tested, best[0] if best else None)
     print(f"Run dir: {run_dir}", flush=True)
     return summary
 
@@ -318,15 +334,17 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
 
 
 def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
-    """The test metrics to the run's loggers, at the last epoch's step (the same W&B run: its id is the run's)."""
-    if not resolved.logger:
+    """The test metrics to the run's loggers, at the last epoch's step (the same W&B run: its id is the run's);
+    MLflow's with the rest of what the driver logs there (``_complete_mlflow``)."""
+    loggers = {name: node for name, node in resolved.logger.items() if name != "mlflow"}
+    if not loggers:
         return
     from hydra_raytrain.loggers.base import replay
 
     metrics = {key: value for key, value in scalars(test).items() if key.startswith("test_")}
     epochs = len(rundir.read_history(run_dir))
     replay(
-        resolved.logger,
+        loggers,
         {"cfg": resolved.to_dict(), "run_name": resolved.run_name()},
         run_dir,
         [{**metrics, "epoch": epochs}],
@@ -361,14 +379,14 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
     history = rundir.read_history(run_dir)
     tested = {k: v for k, v in scalars(summary.get("test") or {}).items() if k.startswith("test_")}
     logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
-    logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs)
+    others = {key: node for key, node in missing.items() if key != "mlflow"}
+    logged = replay(others, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs) if others else []
+    if "mlflow" in missing and _complete_mlflow(dataclasses.replace(resolved, logger=missing), run_dir, name, tested):
+        logged = sorted([*logged, "mlflow"])
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
         print(f"Logged the finished run's {len(history)} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
-        _log_files(
-            dataclasses.replace(resolved, logger={k: v for k, v in missing.items() if k in logged}), run_dir, name
-        )
     return summary
 
 
@@ -393,25 +411,77 @@ def _tracker_env(loggers: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _log_files(resolved: Resolved, run_dir: str, name: str, best: Any = None) -> None:
-    """MLflow's artifacts, on the driver once the run's files are written: ``model.pt`` (``log_artifacts: last``,
-    or the best checkpoint's model with ``best`` where Ray kept one), ``curves.png``, ``config.json`` and
-    ``summary.json``. A failure warns; the run stands."""
+def _complete_mlflow(
+    resolved: Resolved, run_dir: str, name: str, test: dict[str, Any] | None = None, best: Any = None
+) -> bool:
+    """On the driver once the run's files are written, into the run's MLflow run: the epochs of metrics.jsonl that
+    it lacks (rank 0 logged them as they came, unless MLflow was away for some), the test split's figures at the last
+    epoch's step, and the files (``log_artifacts``): ``model.pt`` (``last``; with ``best``, the model of the best
+    checkpoint Ray kept, else the final one), ``curves.png``, ``config.json``, ``summary.json``. False, after a
+    warning, when MLflow fails; the run stands."""
     node = resolved.logger.get("mlflow")
-    if node is None or node.get("log_artifacts", "last") == "none":
-        return
-    from hydra_raytrain.loggers import mlflow
-
+    if node is None:
+        return False
+    history = rundir.read_history(run_dir)
+    tested = {k: v for k, v in scalars(test or {}).items() if k.startswith("test_")}
+    logs = [*history, {**tested, "epoch": len(history)}] if tested else history
     files = [os.path.join(run_dir, f) for f in (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE)]
+    logger: Any = None
     try:
+        logger = build_loggers({"mlflow": node})["mlflow"]
+        logger.start({"cfg": resolved.to_dict(), "run_name": name}, run_dir, None)
+        for metrics in logs:
+            logger.log_metrics(metrics, step=metrics["epoch"])
         with contextlib.ExitStack() as stack:
             model = os.path.join(run_dir, rundir.MODEL_FILE)
             if node.get("log_artifacts") == "best" and best is not None:
                 kept = os.path.join(stack.enter_context(best.as_directory()), rundir.MODEL_FILE)
                 model = kept if os.path.exists(kept) else model  # a sharded checkpoint: the final model
-            mlflow.log_files(node, name, run_dir, [f for f in (model, *files) if os.path.exists(f)])
+            if node.get("log_artifacts", "last") != "none":
+                logger.log_files([f for f in (model, *files) if os.path.exists(f)])
+        logger.finish("completed")
+        return True
     except Exception as error:  # noqa: BLE001  (training completed: its files are in the run dir regardless)
-        _warn(f"logger.mlflow: the run's files were not logged to MLflow ({type(error).__name__}: {one_line(error)})")
+        _warn(f"logger.mlflow: the run was not completed in MLflow ({type(error).__name__}: {one_line(error)})")
+        with contextlib.suppress(Exception):
+            logger.finish("completed")
+        return False
+
+
+@contextlib.contextmanager
+def _multirun_parent(resolved: Resolved, run_dir: str) -> Iterator[None]:
+    """A job of Hydra's basic sweeper (``-m``, jobs one after another, each in ``<sweep dir>/<run name>``): its
+    MLflow run nested in the sweep's, which each job marks running while it lasts (``hydra/sweeper=ray_tune`` opens
+    its own: the node names its sweep). The job's ``hydra.sweep.dir`` is not the sweep's: its interpolation of the
+    overrides sees the job's own."""
+    node = resolved.logger.get("mlflow")
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    if node is None or not multirun or node.get("sweep_dir"):
+        yield
+        return
+    from hydra_raytrain.loggers import mlflow
+
+    parent = mlflow.open_sweep(node, os.path.dirname(run_dir), os.environ, os.getcwd())
+    if parent is None:  # said why: the job trains without MLflow, as a run does
+        del resolved.logger["mlflow"]
+    try:
+        yield
+    finally:
+        if parent is not None:
+            mlflow.close_sweep(node, parent, {}, failed=False)
+
+
+def _retire_mlflow_run(resolved: Resolved, run_dir: str, name: str) -> None:
+    """``run.resume=never`` starts the run over: a new MLflow run too, the earlier one kept (``mlflow.retire``)."""
+    node = resolved.logger.get("mlflow")
+    if node is None:
+        return
+    from hydra_raytrain.loggers import mlflow
+
+    try:
+        mlflow.retire(mlflow.resolve(node, os.environ, os.getcwd()), name, run_dir)
+    except Exception as error:  # noqa: BLE001  (plan() says so if MLflow cannot be used)
+        _warn(f"logger.mlflow: the run dir's earlier MLflow run was not set aside ({type(error).__name__}: {error})")
 
 
 def _warn(message: str) -> None:

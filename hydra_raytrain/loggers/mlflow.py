@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -67,55 +68,65 @@ class MlflowLogger:
             os.environ,
             os.getcwd(),
         )
-        self.run_name, self.tags = run_name, dict(tags or {})
+        if tags is not None and not isinstance(tags, Mapping):
+            raise ConfigError("logger.mlflow.tags", tags, "MLflow's tags are names and values.", "e.g. {team: vision}")
+        self.run_name, self.tags = run_name, {str(k): str(v) for k, v in (tags or {}).items()}
         self.client: Any = None
         self.run_id: str | None = None
         self.logged: set[tuple[str, int]] = set()  # (metric, step) already in the run: a restart logs them once
 
     def start(self, config: dict[str, Any], run_dir: str, run_id: str | None) -> str:
-        for variable, value in QUICK_FAILURE.items():
-            os.environ.setdefault(variable, value)
-        self.client = client = _client(self.settings["tracking_uri"])
-        experiment_id = experiment(client, self.settings)
-        name = config["run_name"]
-        # A checkpoint's id (a restart, a resume), MLFLOW_RUN_ID, else the run of this name and run dir, if any
-        run_id = run_id or self.settings.get("run_id") or find_run(client, experiment_id, name, run_dir)
-        identity = {RUN_NAME_TAG: name, RUN_DIR_TAG: run_dir}
-        if run_id is None:
-            tags = {**self.tags, **identity}
-            parent = self.settings.get("sweep_dir") and find_sweep_run(
-                client, experiment_id, self.settings["sweep_dir"]
-            )
-            if parent:
-                tags[PARENT_TAG] = parent
-            run_id = client.create_run(experiment_id, run_name=self.run_name or name, tags=tags).info.run_id
-        else:
-            client.update_run(run_id, status="RUNNING")
-        data = client.get_run(run_id).data
-        self.logged = {(key, m.step) for key in data.metrics for m in client.get_metric_history(run_id, key)}
-        params = {key: value for key, value in flat_params(config["cfg"]).items() if key not in data.params}
-        tags = {**identity, **{f"provenance.{k}": v for k, v in flat_params(config.get("provenance") or {}).items()}}
-        _log_batch(client, run_id, params, tags)
-        self.run_id = run_id
+        with quick_failure():
+            self.client = client = _client(self.settings["tracking_uri"])
+            experiment_id = experiment(client, self.settings)
+            name = config["run_name"]
+            # A checkpoint's id (a restart, a resume), MLFLOW_RUN_ID, else the run of this name and run dir, if any
+            run_id = _existing(client, run_id or self.settings.get("run_id"))
+            run_id = run_id or find_run(client, experiment_id, name, run_dir)
+            identity = {RUN_NAME_TAG: name, RUN_DIR_TAG: run_dir}
+            if run_id is None:
+                tags = {**self.tags, **identity}
+                sweep_dir = self.settings.get("sweep_dir")
+                parent = sweep_dir and find_sweep_run(client, experiment_id, sweep_dir)
+                if parent:
+                    tags[PARENT_TAG] = parent
+                run_id = client.create_run(experiment_id, run_name=self.run_name or name, tags=tags).info.run_id
+            else:
+                client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id  # from here on finish() ends it, whatever fails below
+            data = client.get_run(run_id).data
+            self.logged = {(key, m.step) for key in data.metrics for m in client.get_metric_history(run_id, key)}
+            params = {key: value for key, value in flat_params(config["cfg"]).items() if key not in data.params}
+            provenance = flat_params(config.get("provenance") or {})
+            _log_batch(client, run_id, params, {**identity, **{f"provenance.{k}": v for k, v in provenance.items()}})
         return run_id
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        named = {metric_key(key): value for key, value in metrics.items()}
         batch = [
             Metric(key, float(value), now, step)
-            for key, value in metrics.items()
+            for key, value in named.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool) and (key, step) not in self.logged
         ]
         if batch:
-            self.client.log_batch(self.run_id, metrics=batch)
+            with quick_failure():
+                self.client.log_batch(self.run_id, metrics=batch)
             self.logged.update((metric.key, step) for metric in batch)
+
+    def log_files(self, paths: list[str]) -> None:
+        """Files as the run's artifacts (on the driver, after training)."""
+        with quick_failure(timeout=300):  # an upload of a large model.pt through a tracking server takes time
+            for path in paths:
+                self.client.log_artifact(self.run_id, path)
 
     def finish(self, status: RunStatus) -> None:
         if self.run_id is not None:
-            self.client.set_terminated(self.run_id, STATUSES[status])
-            self.run_id = None
+            run_id, self.run_id = self.run_id, None
+            with quick_failure():
+                self.client.set_terminated(run_id, STATUSES[status])
 
 
 def resolve(settings: dict[str, Any], environ: Mapping[str, str], cwd: str) -> dict[str, Any]:
@@ -126,6 +137,7 @@ def resolve(settings: dict[str, Any], environ: Mapping[str, str], cwd: str) -> d
     if not resolved.get("tracking_uri"):
         uri = environ.get("MLFLOW_TRACKING_URI")
         resolved["tracking_uri"] = uri or "sqlite:///" + os.path.join(os.path.abspath(cwd), "outputs", DEFAULT_STORE)
+    resolved["tracking_uri"] = absolute_store(resolved["tracking_uri"], cwd)
     if not resolved.get("experiment_name") and not resolved.get("experiment_id"):
         resolved["experiment_name"] = environ.get("MLFLOW_EXPERIMENT_NAME")
         resolved["experiment_id"] = None if resolved["experiment_name"] else environ.get("MLFLOW_EXPERIMENT_ID")
@@ -137,17 +149,42 @@ def resolve(settings: dict[str, Any], environ: Mapping[str, str], cwd: str) -> d
     return resolved
 
 
+def absolute_store(uri: str, cwd: str) -> str:
+    """A local store's path made absolute (``sqlite:///mlflow.db``, ``./mlruns``, ``file:mlruns``): the workers and
+    a sweep's trials run in other folders than the driver."""
+    for scheme, root in (("sqlite:///", "sqlite:///"), ("file://", "file://"), ("file:", "file://")):
+        rest = uri[len(scheme) :]
+        if uri.startswith(scheme) and not rest.startswith("/"):
+            return root + os.path.normpath(os.path.join(cwd, rest))
+    if uri.startswith("databricks") or "://" in uri or ":" in uri.split("/")[0]:
+        return uri  # a server, Databricks (databricks, databricks-uc, databricks://profile), another scheme
+    return os.path.normpath(os.path.join(cwd, uri))
+
+
 def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """A nested config as MLflow params: ``optimizer.lr`` -> ``"0.001"``; lists as JSON."""
+    """A nested config as MLflow params: ``optimizer.lr`` -> ``"0.001"``; lists as JSON; a URI's credentials
+    hidden; names and values within MLflow's rules and limits."""
     flat: dict[str, str] = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and value:
             flat.update(flat_params(value, f"{name}."))
         else:
-            text = json.dumps(value) if isinstance(value, (list, tuple, Mapping)) else str(value)
-            flat[name[:250]] = text if len(text) <= 6000 else text[:5997] + "..."  # MLflow's limits
+            text = redacted(json.dumps(value) if isinstance(value, (list, tuple, Mapping)) else str(value))
+            flat[metric_key(name)[:250]] = text if len(text) <= 6000 else text[:5997] + "..."
     return flat
+
+
+def metric_key(name: str) -> str:
+    """A name MLflow takes (letters, digits, ``_ - . / :`` and spaces; no ``..``, no leading ``/``): others become
+    ``_`` (``acc@1`` -> ``acc_1``)."""
+    key = re.sub(r"[^\w\-. /:]", "_", name).replace("..", "._")
+    return key.lstrip("/") or "_"
+
+
+def redacted(text: str) -> str:
+    """``http://user:secret@host`` -> ``http://***@host``."""
+    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)
 
 
 def local_store(uri: str) -> str | None:
@@ -159,9 +196,14 @@ def experiment(client: Any, settings: Mapping[str, Any]) -> str:
     """The experiment's id, the experiment created if it does not exist (in a local sqlite store, its artifacts in
     ``mlartifacts/`` beside the database)."""
     if settings.get("experiment_id"):
-        return str(settings["experiment_id"])
-    found = client.get_experiment_by_name(settings["experiment_name"])
+        found = client.get_experiment(str(settings["experiment_id"]))  # raises when there is none
+    else:
+        found = client.get_experiment_by_name(settings["experiment_name"])
     if found is not None:
+        if found.lifecycle_stage != "active":
+            raise LookupError(
+                f"the experiment {found.name} ({found.experiment_id}) is deleted: restore it or name another"
+            )
         return str(found.experiment_id)
     folder = local_store(settings["tracking_uri"])
     location = "file://" + os.path.join(folder, "mlartifacts") if folder else None
@@ -175,12 +217,9 @@ def experiment(client: Any, settings: Mapping[str, Any]) -> str:
 
 
 def find_run(client: Any, experiment_id: str, run_name: str, run_dir: str) -> str | None:
-    runs = client.search_runs(
-        [experiment_id],
-        filter_string=f"tags.`{RUN_NAME_TAG}` = {_quoted(run_name)} and tags.`{RUN_DIR_TAG}` = {_quoted(run_dir)}",
-        max_results=1,
-    )
-    return runs[0].info.run_id if runs else None
+    """The run of this name and run dir (the run dir compared here: a path may hold any character)."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{RUN_NAME_TAG}` = {_quoted(run_name)}")
+    return next((run.info.run_id for run in runs if run.data.tags.get(RUN_DIR_TAG) == run_dir), None)
 
 
 def find_sweep_run(client: Any, experiment_id: str, sweep_dir: str) -> str | None:
@@ -188,6 +227,16 @@ def find_sweep_run(client: Any, experiment_id: str, sweep_dir: str) -> str | Non
         [experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = {_quoted(sweep_dir)}", max_results=1
     )
     return runs[0].info.run_id if runs else None
+
+
+def retire(node: Mapping[str, Any], run_name: str, run_dir: str) -> None:
+    """``run.resume=never``: the run dir's earlier MLflow run keeps its figures but is no longer this run's (its run
+    dir tag gains ``(replaced)``), so the new run starts a new MLflow run."""
+    with quick_failure():
+        client = _client(node["tracking_uri"])
+        found = find_run(client, experiment(client, node), run_name, run_dir)
+        if found is not None:
+            client.set_tag(found, RUN_DIR_TAG, f"{run_dir} (replaced {time.strftime('%Y-%m-%d %H:%M:%S')})")
 
 
 def plan(node: dict[str, Any], environ: Mapping[str, str], cwd: str, warn: Callable[[str], None]) -> bool:
@@ -207,8 +256,8 @@ def plan(node: dict[str, Any], environ: Mapping[str, str], cwd: str, warn: Calla
     if problem is None:
         return True
     warn(
-        f"logger.mlflow: MLflow at {uri} cannot be reached ({problem}); this run is not logged to MLflow. Run the "
-        f"same command again once MLflow answers: it logs the finished run's epochs and files to it."
+        f"logger.mlflow: MLflow at {redacted(uri)} cannot be used ({problem}); this run is not logged to MLflow. Run "
+        f"the same command again once MLflow answers: it logs the finished run's epochs and files to it."
     )
     return False
 
@@ -218,17 +267,6 @@ def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     it), with short HTTP retries unless the user set their own."""
     forwarded = {k: v for k, v in environ.items() if k.startswith("MLFLOW_") and k not in NOT_FORWARDED}
     return {**QUICK_FAILURE, **forwarded}
-
-
-def log_files(node: Mapping[str, Any], run_name: str, run_dir: str, files: list[str]) -> None:
-    """On the driver, after training: the files to the run's MLflow run (found by its name and run dir)."""
-    with quick_failure():
-        client = _client(node["tracking_uri"])
-        run_id = node.get("run_id") or find_run(client, experiment(client, node), run_name, run_dir)
-        if run_id is None:
-            raise LookupError(f"no MLflow run is tagged with run name {run_name} and run dir {run_dir}")
-        for path in files:
-            client.log_artifact(run_id, path)
 
 
 def open_sweep(node: dict[str, Any], sweep_dir: str, environ: Mapping[str, str], cwd: str) -> str | None:
@@ -270,11 +308,15 @@ def close_sweep(node: Mapping[str, Any], parent_id: str, figures: Mapping[str, f
 
 
 class quick_failure:
-    """MLflow's HTTP retries shortened for a block (unless the user set their own)."""
+    """MLflow's HTTP retries shortened for a block (unless the user set their own); ``timeout``: seconds per
+    request (an artifact upload needs more)."""
+
+    def __init__(self, timeout: int | None = None):
+        self.values = {**QUICK_FAILURE, **({"MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout)} if timeout else {})}
 
     def __enter__(self) -> None:
-        self.saved = {name: os.environ.get(name) for name in QUICK_FAILURE}
-        for name, value in QUICK_FAILURE.items():
+        self.saved = {name: os.environ.get(name) for name in self.values}
+        for name, value in self.values.items():
             os.environ.setdefault(name, value)
 
     def __exit__(self, *exc: object) -> None:
@@ -310,7 +352,18 @@ def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
 
 
 def _quoted(value: str) -> str:
-    return "'" + value.replace("'", "\\'") + "'"
+    """A string in MLflow's search syntax, which has no escapes: in double quotes where it holds a single one."""
+    return f'"{value}"' if "'" in value else f"'{value}'"
+
+
+def _existing(client: Any, run_id: str | None) -> str | None:
+    """``run_id`` if MLflow still has it (a checkpoint may outlive a deleted run, or name another store's)."""
+    if run_id is None:
+        return None
+    try:
+        return str(client.get_run(run_id).info.run_id)
+    except Exception:  # noqa: BLE001  (MLflow raises its own for a missing run)
+        return None
 
 
 def _warn(message: str) -> None:

@@ -147,7 +147,11 @@ def test_an_unreachable_mlflow_warns_and_the_same_command_later_logs_the_finishe
     assert summary["status"] == "completed" and summary["loggers"] == []
     assert time.monotonic() - started < 120  # no MLflow retries over minutes
     warned = capfd.readouterr().err
-    assert warned.count("logger.mlflow: MLflow at http://127.0.0.1:") == 1 and "Run the same command again" in warned
+    assert (
+        warned.count("logger.mlflow: MLflow at http://127.0.0.1:") == 1
+        and "cannot be used" in warned
+        and "Run the same command again" in warned
+    )
     client = MlflowClient(mlflow_server)
     experiment = client.create_experiment("theirs")
     theirs = client.create_run(experiment, run_name="started-by-the-user").info.run_id
@@ -160,3 +164,30 @@ def test_an_unreachable_mlflow_warns_and_the_same_command_later_logs_the_finishe
     [run] = runs(client, "theirs")
     assert run.info.run_id == theirs and run.info.status == "FINISHED"
     assert steps(client, run) == [1, 2] and artifacts(client, run) == FILES
+    # run.resume=never trains the run over: a new MLflow run; the earlier one keeps its figures, set aside
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    train(
+        compose_config("logger=mlflow", *SHORT, "scaling.num_workers=0", "run.resume=never"),
+        run_dir=str(tmp_path / "run"),
+    )
+    earlier, new = sorted(runs(client, "theirs"), key=lambda run: run.info.run_id != theirs)
+    assert earlier.info.run_id == theirs and "(replaced " in earlier.data.tags["hydra_raytrain.run_dir"]
+    assert new.data.tags["hydra_raytrain.run_dir"] == str(tmp_path / "run") and steps(client, new) == [1, 2]
+
+
+def test_a_plain_multirun_nests_its_jobs_in_the_run_that_mlflow_run_id_names(tmp_path, mlflow_server):
+    """Hydra's basic sweeper, jobs one after another in local mode: MLFLOW_RUN_ID is the sweep's parent run, each job
+    its own run nested in it (not every job logging into the one run)."""
+    client = MlflowClient(mlflow_server)
+    experiment = client.create_experiment("plain")
+    parent = client.create_run(experiment, run_name="the-users").info.run_id
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "plain", "MLFLOW_RUN_ID": parent}
+    args = ["-m", "optimizer.lr=1e-3,1e-2", "logger=mlflow", "scaling.num_workers=0", *SHORT]
+    done = run_cli(args, cwd=str(tmp_path), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = runs(client, "plain")
+    jobs = [run for run in found if run.data.tags.get("mlflow.parentRunId") == parent]
+    assert len(found) == 3 and sorted(run.data.params["optimizer.lr"] for run in jobs) == ["0.001", "0.01"]
+    assert all(steps(client, run) == [1, 2] and run.info.status == "FINISHED" for run in jobs)
+    [theirs] = [run for run in found if run.info.run_id == parent]
+    assert theirs.info.status == "FINISHED" and steps(client, theirs) == []

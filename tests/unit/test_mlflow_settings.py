@@ -4,7 +4,15 @@ import pytest
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.driver.cluster import free_port
-from hydra_raytrain.loggers.mlflow import MlflowLogger, flat_params, forwarded_env, plan, resolve
+from hydra_raytrain.loggers.mlflow import (
+    MlflowLogger,
+    absolute_store,
+    flat_params,
+    forwarded_env,
+    metric_key,
+    plan,
+    resolve,
+)
 
 EMPTY = {"tracking_uri": None, "experiment_name": None, "run_id": None, "sweep_dir": None}
 
@@ -56,10 +64,35 @@ def test_an_unreachable_server_is_said_once_and_the_logger_dropped():
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert plan({"tracking_uri": uri}, {}, "/", warn=said.append) is False
     [message] = said
-    assert message.startswith(f"logger.mlflow: MLflow at {uri} cannot be reached (") and "same command again" in message
+    assert message.startswith(f"logger.mlflow: MLflow at {uri} cannot be used (") and "same command again" in message
 
 
 def test_an_unknown_artifacts_choice_is_refused_by_name():
     with pytest.raises(ConfigError) as caught:
         MlflowLogger(log_artifacts="all")
     assert caught.value.key == "logger.mlflow.log_artifacts" and "none, best, last" in str(caught.value)
+
+
+def test_local_stores_are_made_absolute_for_workers_that_run_elsewhere():
+    assert absolute_store("sqlite:///mlflow.db", "/w") == "sqlite:////w/mlflow.db"
+    assert absolute_store("sqlite:////data/mlflow.db", "/w") == "sqlite:////data/mlflow.db"
+    assert absolute_store("./mlruns", "/w") == "/w/mlruns" and absolute_store("file:mlruns", "/w") == "file:///w/mlruns"
+    for remote in ("http://mlflow:5000", "databricks", "databricks://profile", "postgresql://u@db/mlflow"):
+        assert absolute_store(remote, "/w") == remote
+
+
+def test_names_mlflow_refuses_are_mended_and_credentials_hidden():
+    assert [metric_key(k) for k in ("val_accuracy", "acc@1", "top1(%)", "/a..b")] == [
+        "val_accuracy",
+        "acc_1",
+        "top1___",
+        "a._b",
+    ]
+    assert flat_params({"logger": {"uri": "http://me:secret@mlflow:5000"}}) == {"logger.uri": "http://***@mlflow:5000"}
+
+
+def test_tags_must_be_names_and_values():
+    with pytest.raises(ConfigError) as caught:
+        MlflowLogger(tags=["vision"])
+    assert caught.value.key == "logger.mlflow.tags"
+    assert MlflowLogger(tags={"version": 2}).tags == {"version": "2"}
