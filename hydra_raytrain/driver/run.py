@@ -38,7 +38,7 @@ from hydra_raytrain.driver.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
-from hydra_raytrain.loggers.base import build_loggers
+from hydra_raytrain.loggers.base import replay
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import build_dataset
@@ -339,8 +339,6 @@ def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
     loggers = {name: node for name, node in resolved.logger.items() if name != "mlflow"}
     if not loggers:
         return
-    from hydra_raytrain.loggers.base import replay
-
     metrics = {key: value for key, value in scalars(test).items() if key.startswith("test_")}
     epochs = len(rundir.read_history(run_dir))
     replay(
@@ -368,8 +366,6 @@ def streamed_cpus(node: dict[str, Any]) -> int:
 def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:
     """Loggers are not part of a run's identity: a logger added to a finished run's command gets the run's
     epochs from metrics.jsonl (on the driver, no training), and summary.json remembers it."""
-    from hydra_raytrain.loggers.base import replay
-
     if "loggers" not in summary:  # written before summaries said which loggers logged the run: replay nothing
         return summary
     missing = {key: node for key, node in resolved.logger.items() if key not in summary["loggers"]}
@@ -379,10 +375,7 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
     history = rundir.read_history(run_dir)
     tested = {k: v for k, v in scalars(summary.get("test") or {}).items() if k.startswith("test_")}
     logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
-    others = {key: node for key, node in missing.items() if key != "mlflow"}
-    logged = replay(others, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs) if others else []
-    if "mlflow" in missing and _complete_mlflow(dataclasses.replace(resolved, logger=missing), run_dir, name, tested):
-        logged = sorted([*logged, "mlflow"])
+    logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs, _run_files(run_dir))
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
@@ -411,41 +404,37 @@ def _tracker_env(loggers: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _complete_mlflow(
-    resolved: Resolved, run_dir: str, name: str, test: dict[str, Any] | None = None, best: Any = None
-) -> bool:
-    """On the driver once the run's files are written, into the run's MLflow run: the epochs of metrics.jsonl that
-    it lacks (rank 0 logged them as they came, unless MLflow was away for some), the test split's figures at the last
-    epoch's step, and the files (``log_artifacts``): ``model.pt`` (``last``; with ``best``, the model of the best
-    checkpoint Ray kept, else the final one), ``curves.png``, ``config.json``, ``summary.json``. False, after a
-    warning, when MLflow fails; the run stands."""
+def _complete_mlflow(resolved: Resolved, run_dir: str, name: str, test: dict[str, Any], best: Any = None) -> None:
+    """On the driver once the run's files are written, into the run's MLflow run (``replay``): the epochs of
+    metrics.jsonl it lacks (rank 0 logged them as they came, unless MLflow was away for some), the test split's
+    figures at the last epoch's step, and the run's files (``_run_files``; with ``log_artifacts: best``, the model
+    of the best checkpoint Ray kept). A failure warns; the run stands."""
     node = resolved.logger.get("mlflow")
     if node is None:
-        return False
+        return
     history = rundir.read_history(run_dir)
-    tested = {k: v for k, v in scalars(test or {}).items() if k.startswith("test_")}
+    tested = {k: v for k, v in scalars(test).items() if k.startswith("test_")}
     logs = [*history, {**tested, "epoch": len(history)}] if tested else history
-    files = [os.path.join(run_dir, f) for f in (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE)]
-    logger: Any = None
-    try:
-        logger = build_loggers({"mlflow": node})["mlflow"]
-        logger.start({"cfg": resolved.to_dict(), "run_name": name}, run_dir, None)
-        for metrics in logs:
-            logger.log_metrics(metrics, step=metrics["epoch"])
-        with contextlib.ExitStack() as stack:
-            model = os.path.join(run_dir, rundir.MODEL_FILE)
-            if node.get("log_artifacts") == "best" and best is not None:
+    with contextlib.ExitStack() as stack:
+        model = None
+        if node.get("log_artifacts") == "best" and best is not None:
+            try:
                 kept = os.path.join(stack.enter_context(best.as_directory()), rundir.MODEL_FILE)
-                model = kept if os.path.exists(kept) else model  # a sharded checkpoint: the final model
-            if node.get("log_artifacts", "last") != "none":
-                logger.log_files([f for f in (model, *files) if os.path.exists(f)])
-        logger.finish("completed")
-        return True
-    except Exception as error:  # noqa: BLE001  (training completed: its files are in the run dir regardless)
-        _warn(f"logger.mlflow: the run was not completed in MLflow ({type(error).__name__}: {one_line(error)})")
-        with contextlib.suppress(Exception):
-            logger.finish("completed")
-        return False
+            except Exception as error:  # noqa: BLE001  (the final model is logged instead)
+                _warn(f"logger.mlflow: the best checkpoint could not be read ({one_line(error)}): the final model")
+                kept = ""
+            model = kept if os.path.exists(kept) else None  # a sharded checkpoint: the final model
+        replay(
+            {"mlflow": node}, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs, _run_files(run_dir, model)
+        )
+
+
+def _run_files(run_dir: str, model: str | None = None) -> list[str]:
+    """What a tracker keeps of a completed run: ``model.pt`` (``model``, else the run dir's), ``curves.png``,
+    ``config.json``, ``summary.json``."""
+    names = (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE)
+    paths = [model or os.path.join(run_dir, rundir.MODEL_FILE), *(os.path.join(run_dir, n) for n in names)]
+    return [path for path in paths if os.path.exists(path)]
 
 
 @contextlib.contextmanager

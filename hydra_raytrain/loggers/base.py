@@ -7,7 +7,7 @@ own files (metrics.jsonl, summary.json, TensorBoard's) are still written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from hydra.utils import instantiate
@@ -64,26 +64,41 @@ def finish_all(loggers: Mapping[str, Logger], status: RunStatus) -> list[str]:
     return errors
 
 
-def replay(nodes: Mapping[str, Any], config: dict[str, Any], run_dir: str, history: list[dict[str, Any]]) -> list[str]:
-    """Log a finished run's epochs (``metrics.jsonl``) to loggers that did not log it when it trained: a logger
-    added to a finished run's command. Returns the names that logged every epoch."""
+def replay(
+    nodes: Mapping[str, Any],
+    config: dict[str, Any],
+    run_dir: str,
+    history: list[dict[str, Any]],
+    files: Sequence[str] = (),
+) -> list[str]:
+    """Log a finished run's epochs (``metrics.jsonl``) on the driver: to loggers that did not log it when it trained
+    (a logger added to a finished run's command), or what a tracker lacks once the run completes. ``files`` go to
+    the loggers that keep files (a ``log_files`` method: MLflow's artifacts). Returns the names that logged it all."""
     loggers = build_loggers(nodes)
     start_all(loggers, config, run_dir, {})
     for metrics in history:
         log_all(loggers, metrics, step=metrics["epoch"])
+    for name, logger in list(loggers.items()):
+        if files and hasattr(logger, "log_files"):
+            try:
+                logger.log_files(list(files))
+            except Exception as failure:  # the run completed: its tracker run did too, without the files
+                _drop(loggers, name, "failed to log the run's files", failure, status="completed")
     for error in finish_all(loggers, "completed"):
         log.warning(f"a logger failed to finish: {error}")
     return sorted(loggers)
 
 
-def _drop(loggers: MutableMapping[str, Logger], name: str, what: str, error: Exception) -> None:
+def _drop(
+    loggers: MutableMapping[str, Logger], name: str, what: str, error: Exception, status: RunStatus = "failed"
+) -> None:
     reason = " ".join(str(error).split())[:500]
     log.warning(
         f"logger.{name} {what} ({type(error).__name__}: {reason}); training goes on without it "
         f"(metrics.jsonl and summary.json are still written)."
     )
     try:
-        loggers[name].finish("failed")
+        loggers[name].finish(status)
     except Exception:
         pass
     del loggers[name]

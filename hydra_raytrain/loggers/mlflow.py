@@ -71,6 +71,7 @@ class MlflowLogger:
         if tags is not None and not isinstance(tags, Mapping):
             raise ConfigError("logger.mlflow.tags", tags, "MLflow's tags are names and values.", "e.g. {team: vision}")
         self.run_name, self.tags = run_name, {str(k): str(v) for k, v in (tags or {}).items()}
+        self.log_artifacts = log_artifacts
         self.client: Any = None
         self.run_id: str | None = None
         self.logged: set[tuple[str, int]] = set()  # (metric, step) already in the run: a restart logs them once
@@ -117,7 +118,9 @@ class MlflowLogger:
             self.logged.update((metric.key, step) for metric in batch)
 
     def log_files(self, paths: list[str]) -> None:
-        """Files as the run's artifacts (on the driver, after training)."""
+        """Files as the run's artifacts (on the driver, after training), unless ``log_artifacts`` is none."""
+        if self.log_artifacts == "none":
+            return
         with quick_failure(timeout=300):  # an upload of a large model.pt through a tracking server takes time
             for path in paths:
                 self.client.log_artifact(self.run_id, path)
