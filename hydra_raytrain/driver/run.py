@@ -38,7 +38,7 @@ from hydra_raytrain.driver.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
-from hydra_raytrain.loggers.base import replay
+from hydra_raytrain.loggers.base import replay, server_problem
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import build_dataset
@@ -392,7 +392,7 @@ def _tracker_env(loggers: dict[str, Any]) -> dict[str, str]:
     if "wandb" in loggers:
         from hydra_raytrain.loggers import wandb
 
-        wandb.plan_mode(loggers["wandb"], os.environ, wandb.server_problem, warn=_warn)
+        wandb.plan_mode(loggers["wandb"], os.environ, server_problem, warn=_warn)
         env.update(wandb.forwarded_env(os.environ))
     if "mlflow" in loggers:
         from hydra_raytrain.loggers import mlflow

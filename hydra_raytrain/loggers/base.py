@@ -7,8 +7,10 @@ own files (metrics.jsonl, summary.json, TensorBoard's) are still written.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, Protocol
+from urllib.parse import urlparse
 
 from hydra.utils import instantiate
 
@@ -102,3 +104,20 @@ def _drop(
     except Exception:
         pass
     del loggers[name]
+
+
+def server_problem(url: str, timeout_s: float = 3.0) -> str | None:
+    """Why a TCP connection to a tracking server at ``url`` (or to the proxy that ``HTTPS_PROXY`` / ``HTTP_PROXY``
+    name for it, unless ``NO_PROXY`` exempts it) fails, in a few seconds at most; None when it connects."""
+    import urllib.request
+
+    parsed = urlparse(url)
+    proxy = urllib.request.getproxies().get(parsed.scheme)
+    if proxy and not urllib.request.proxy_bypass(parsed.hostname or ""):
+        parsed = urlparse(proxy if "://" in proxy else f"http://{proxy}")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()
+    except OSError as error:
+        return error.strerror or type(error).__name__
+    return None

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-from hydra_raytrain.loggers.wandb import server_problem
+from hydra_raytrain.loggers.base import server_problem
 from hydra_raytrain.outcome import RunStatus
 
 ARTIFACTS = ("none", "best", "last")  # log_artifacts: no files, the best checkpoint's model, the final model

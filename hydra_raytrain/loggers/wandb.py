@@ -11,10 +11,8 @@ to fail or stall a training run: the run logs offline instead, with one warning 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlparse
 
 from hydra_raytrain.outcome import RunStatus
 
@@ -105,23 +103,6 @@ def plan_mode(
         f"logger.wandb: W&B at {url} cannot be reached ({problem}); this run logs to W&B offline instead, "
         f"into <run dir>/wandb. Upload it later with `wandb sync <run dir>/wandb/offline-run-*`."
     )
-
-
-def server_problem(url: str, timeout_s: float = 3.0) -> str | None:
-    """Why a TCP connection to the W&B server at ``url`` (or to the proxy that ``HTTPS_PROXY`` / ``HTTP_PROXY``
-    name for it, unless ``NO_PROXY`` exempts it) fails, in a few seconds at most; None when it connects."""
-    import urllib.request
-
-    parsed = urlparse(url)
-    proxy = urllib.request.getproxies().get(parsed.scheme)
-    if proxy and not urllib.request.proxy_bypass(parsed.hostname or ""):
-        parsed = urlparse(proxy if "://" in proxy else f"http://{proxy}")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    try:
-        socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()
-    except OSError as error:
-        return error.strerror or type(error).__name__
-    return None
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
