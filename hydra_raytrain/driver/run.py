@@ -248,7 +248,7 @@ class Summary:
 
     resolved: Resolved
     run_dir: str
-    checkpoints: str  # the run's folder in Ray storage
+    checkpoints: str  # the run's folder in Ray storage: <storage>/<run name>
     started: float
     show: bool
     provenance: dict[str, Any] | None = None  # where the run came from (driver/provenance.py)
@@ -293,10 +293,12 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     best = _best_checkpoint(resolved, result)
     test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
     tested = test if test and "error" not in test else {}
+    # The name the run started with: sizing the workers (resources, threads) does not make it another run.
+    name = os.path.basename(summarize.checkpoints)
     if tested:
-        _log_test(resolved, run_dir, tested)
+        _log_test(resolved, run_dir, name, tested)
     summary = summarize("completed", test=test) if test else summarize("completed")
-    _complete_mlflow(resolved, run_dir, resolved.run_name(), tested, best[0] if best else None)
+    _complete_mlflow(resolved, run_dir, name, tested, best[0] if best else None)
     print(f"Run dir: {run_dir}", flush=True)
     return summary
 
@@ -333,7 +335,7 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
     return {**metrics, "checkpoint": where, "epoch": epoch, "monitor": monitor}
 
 
-def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
+def _log_test(resolved: Resolved, run_dir: str, name: str, test: dict[str, Any]) -> None:
     """The test metrics to the run's loggers, at the last epoch's step (the same W&B run: its id is the run's);
     MLflow's with the rest of what the driver logs there (``_complete_mlflow``)."""
     loggers = {name: node for name, node in resolved.logger.items() if name != "mlflow"}
@@ -343,7 +345,7 @@ def _log_test(resolved: Resolved, run_dir: str, test: dict[str, Any]) -> None:
     epochs = len(rundir.read_history(run_dir))
     replay(
         loggers,
-        {"cfg": resolved.to_dict(), "run_name": resolved.run_name()},
+        {"cfg": resolved.to_dict(), "run_name": name},
         run_dir,
         [{**metrics, "epoch": epochs}],
     )
@@ -441,8 +443,8 @@ def _run_files(run_dir: str, model: str | None = None) -> list[str]:
 def _multirun_parent(resolved: Resolved, run_dir: str) -> Iterator[None]:
     """A job of Hydra's basic sweeper (``-m``, jobs one after another, each in ``<sweep dir>/<run name>``): its
     MLflow run nested in the sweep's, which each job marks running while it lasts (``hydra/sweeper=ray_tune`` opens
-    its own: the node names its sweep). The job's ``hydra.sweep.dir`` is not the sweep's: its interpolation of the
-    overrides sees the job's own."""
+    its own: the node names its sweep). The sweep dir is the run dir's parent: ``${sweep_name:...}`` is cached, and
+    Hydra hands the sweep's cache to each job it composes."""
     node = resolved.logger.get("mlflow")
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     if node is None or not multirun or node.get("sweep_dir"):

@@ -68,4 +68,7 @@ def register_resolvers() -> None:
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, resolver)
+            # ${sweep_name:...} is cached: Hydra copies a sweep's resolver cache into each job it composes
+            # (ConfigLoader.load_sweep_config), so every job of a plain -m sees its sweep's dir, not one named by
+            # its own overrides. The cache's key is the argument's text, the same in the sweep and its jobs.
+            OmegaConf.register_new_resolver(name, resolver, use_cache=name == "sweep_name")

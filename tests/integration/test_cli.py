@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 from PIL import Image
 
 from tests.conftest import ROOT, run_cli, unused_port
@@ -228,10 +229,20 @@ def test_a_plain_multirun_shares_one_local_cluster_sizes_each_job_and_keeps_the_
     ("Failed to query Ray Train Controller actor state" each time, a whole run long). On a local cluster it has
     nothing to clean (the cluster ends with the command): its warnings stay off the console."""
     overrides = ["ray.include_dashboard=false", "debug=smoke", "scaling.num_workers=1", "trainer.seed=0,1"]
-    done = run_cli(["-m", "hydra.sweep.dir=sweep", *overrides], cwd=str(tmp_path))
+    done = run_cli(["-m", *overrides, "logger=mlflow"], cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
-    summaries = [json.loads(path.read_text()) for path in sorted((tmp_path / "sweep").glob("*/summary.json"))]
+    # One sweep dir (named by the command's hash) holds the sweep's multirun.yaml and both jobs' run dirs.
+    [sweep] = (tmp_path / "outputs" / "multirun").iterdir()
+    assert (sweep / "multirun.yaml").is_file() and len(list(sweep.glob("*/summary.json"))) == 2
+    summaries = [json.loads(path.read_text()) for path in sorted(sweep.glob("*/summary.json"))]
     assert [summary["status"] for summary in summaries] == ["completed", "completed"]
+    # MLflow's local store: one parent run named by the sweep dir, each job a run nested in it.
+    client = MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    found = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
+    [parent] = [run for run in found if "mlflow.parentRunId" not in run.data.tags]
+    assert parent.info.run_name == sweep.name and parent.info.status == "FINISHED"
+    assert sorted(run.data.params["trainer.seed"] for run in found if run is not parent) == ["0", "1"]
+    assert all(run.data.tags.get("mlflow.parentRunId") == parent.info.run_id for run in found if run is not parent)
     assert "Failed to query Ray Train Controller actor state" not in done.stdout + done.stderr
     # Each job's run dir is named by its run identity (different seeds: different identities, dirs and storage),
     # and sizing the worker does not rename the run: Ray's storage is found under the run dir's name.
