@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
-from tests.helpers.s3 import s3_environment, start_moto_server
+from tests.helpers.s3 import CuttableProxy, s3_environment, start_moto_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
@@ -79,13 +79,22 @@ def session_environment() -> str:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint(session_environment):
-    """A real S3-compatible server (moto) on loopback, at the endpoint the session's environment names; started
-    by the first test that asks for it, so the Ray cluster and every other test do without it."""
-    server = start_moto_server(int(session_environment.rsplit(":", 1)[1]))
-    yield session_environment
+def s3_network(session_environment):
+    """A real S3-compatible server (moto) on loopback, reached through a TCP proxy of the tests' own at the endpoint
+    the session's environment names (``CuttableProxy``: a test cuts the network to it); started by the first test
+    that asks for it, so the Ray cluster and every other test do without it."""
+    port = unused_port()
+    server = start_moto_server(port)
+    proxy = CuttableProxy(port, int(session_environment.rsplit(":", 1)[1]))
+    yield proxy
+    proxy.cut()
     server.terminate()
     server.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(session_environment, s3_network):
+    return session_environment
 
 
 @pytest.fixture(scope="session")

@@ -115,6 +115,12 @@ class StorageConfig:
     shared_filesystem: bool = (
         False  # a local-looking path that every node mounts (NFS, ...): allowed on multi-node clusters
     )
+    # A URI storage's transient errors (network away, 5xx, throttling) are retried for this long from an outage's
+    # first failure, then the run stops, resumable; 0: not retried. A local path is never retried.
+    retry_window_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        _at_least("storage.retry_window_s", self.retry_window_s, 0)
 
 
 # Errors that repeat when the same code meets the same config and data: retrying them costs a start-up each and

@@ -26,6 +26,7 @@ from hydra_raytrain.rundir import read_jsonl
 
 FAILURES_FILE = "failures.jsonl"
 STOP_TRAINING = "StopTraining:"  # hydra_raytrain.callbacks' stop: never retried, whatever failure.retry_on says
+STORAGE_UNAVAILABLE = "StorageUnavailable:"  # storage_retry's window ran out: retrying would wait it again
 
 
 class NotRetried(RuntimeError):
@@ -61,6 +62,9 @@ def classify(
         stopped = next((rank for rank, text in sorted(errors.items()) if text.startswith(STOP_TRAINING)), None)
         if stopped is not None:
             return Verdict(False, f"a callback of worker {stopped} stopped the run")
+        away = next((rank for rank, text in sorted(errors.items()) if STORAGE_UNAVAILABLE in text), None)
+        if away is not None:
+            return Verdict(False, f"worker {away} retried storage for storage.retry_window_s")
         for rank, text in sorted(errors.items()):
             pattern = next((p for p in not_retried if re.search(p, text)), None)
             if pattern is not None and not any(re.search(p, text) for p in retry_on):

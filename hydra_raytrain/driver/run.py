@@ -37,6 +37,7 @@ from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
+from hydra_raytrain.driver.storage import outages as storage_outages
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.loggers.base import replay, server_problem
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
@@ -111,9 +112,9 @@ def _train(
     if get_object(resolved.dataset["_target_"]) is tables.table:
         print(tables.reading_line(resolved.dataset), flush=True)
     resolved, nodes = _size_and_connect(resolved, stream)
-    check_storage(storage, nodes, resolved.storage.shared_filesystem)
+    check_storage(storage, nodes, resolved.storage.shared_filesystem, resolved.storage.retry_window_s)
     if resolved.run.resume == "never":
-        _discard_previous_state(run_dir, storage, name)
+        _discard_previous_state(run_dir, storage, name, resolved.storage.retry_window_s)
         _retire_mlflow_run(resolved, run_dir, name)
     _write_config(run_dir, cfg, resolved)
     quiet_ray_train(resolved.ray.logging_level)
@@ -264,6 +265,7 @@ class Summary:
         summary["launched_from"] = os.getcwd()  # where the config's own modules imported from (evaluate's hint)
         summary["failures"] = failures.read(self.run_dir)  # what failed in this command, what was retried and why
         summary["provenance"] = self.provenance
+        summary["storage_outages"] = storage_outages(self.checkpoints)  # survived (each said as it ended)
         summary.update(extra)
         rundir.write_json(os.path.join(self.run_dir, rundir.SUMMARY_FILE), summary)
         if history:
@@ -479,7 +481,7 @@ def _warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
+def _discard_previous_state(run_dir: str, storage: str, name: str, retry_window_s: float) -> None:
     """``run.resume=never``: this run's earlier files and Ray state go, so nothing resumes from them."""
     removed = [
         f
@@ -488,7 +490,7 @@ def _discard_previous_state(run_dir: str, storage: str, name: str) -> None:
     ]
     for file in removed:
         os.remove(os.path.join(run_dir, file))
-    if delete_storage(f"{storage}/{name}"):
+    if delete_storage(f"{storage}/{name}", retry_window_s):
         removed.append(f"{storage}/{name}")
     if removed:
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)

@@ -35,6 +35,7 @@ import ray.train
 import torch
 from torch import nn
 
+from hydra_raytrain import storage_retry
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
 
 # torch.distributed.checkpoint is imported where it is used: importing it takes 0.6 s (sympy, for its planner), of
@@ -267,6 +268,8 @@ def read_newest_loadable(
                 if state["sharded"] is not None:
                     load_sharded(state["sharded"], models or {}, optimizers or {})  # its errors reach every rank
                 return {**state, "name": os.path.basename(checkpoint.path.rstrip("/"))}
+        except storage_retry.StorageUnavailable:
+            raise  # not this checkpoint's fault: the previous one is as far away
         except Exception as error:
             warn(
                 f"checkpoint {checkpoint.path} cannot be loaded ({type(error).__name__}: {error}); "
@@ -316,7 +319,13 @@ class Uploads:
 
     def _report(self, metrics: dict[str, Any], folder: str, name: str | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(folder)
-        ray.train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name, checkpoint_upload_mode=self.mode)
+        ray.train.report(
+            metrics,
+            checkpoint=checkpoint,
+            checkpoint_dir_name=name,
+            checkpoint_upload_mode=self.mode,
+            checkpoint_upload_fn=storage_retry.upload,  # Ray's own upload, its files retried through an outage
+        )
 
     def _wait_for_previous(self, name: str | None) -> None:
         if self.uploading is None or not os.path.exists(self.uploading):

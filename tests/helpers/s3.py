@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -35,3 +36,72 @@ def s3_environment(endpoint: str) -> dict[str, str]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_EC2_METADATA_DISABLED": "true",
     }
+
+
+class CuttableProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``target_port``: the network to the server, which ``cut()`` takes away
+    (new connections refused, open ones closed) and ``restore()`` brings back on the same port, the server's data
+    intact."""
+
+    def __init__(self, target_port: int, port: int):
+        self.target_port, self.port = target_port, port
+        self.lock = threading.Lock()
+        self.connections: list[socket.socket] = []
+        self.listener: socket.socket | None = None
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self.lock:
+            listener, self.listener = self.listener, None
+            connections, self.connections = self.connections, []
+        if listener is not None:
+            listener.close()
+        for connection in connections:
+            _close(connection)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # cut
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                _close(client)
+                continue
+            with self.lock:
+                if self.listener is not listener:  # cut while connecting
+                    _close(client)
+                    _close(upstream)
+                    return
+                self.connections += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        _close(source)
+        _close(sink)
+
+
+def _close(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    connection.close()

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pyarrow.fs
 import pytest
@@ -109,10 +110,13 @@ def test_a_worker_killed_during_an_asynchronous_upload_resumes_from_the_previous
         } <= stored, sorted(stored)
 
 
-def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endpoint, tmp_path):
+def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endpoint, tmp_path, capfd):
+    started = time.monotonic()
     with pytest.raises(ConfigError, match="storage.path='s3://no-such-bucket/x': cannot be written"):
         train(compose_config("storage.path=s3://no-such-bucket/x", "debug=smoke"), run_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+    # A permanent error: refused at once, not retried for storage.retry_window_s (600 s by default).
+    assert time.monotonic() - started < 60 and "is not answering" not in capfd.readouterr().out
 
 
 MULTI_NODE = r"""

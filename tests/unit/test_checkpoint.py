@@ -3,6 +3,7 @@
 import random
 
 import numpy as np
+import pytest
 import torch
 from ray.train import Checkpoint
 
@@ -57,3 +58,21 @@ def test_no_loadable_checkpoint_gives_none(tmp_path):
     assert (
         checkpoint.read_newest_loadable([Checkpoint.from_directory(str(tmp_path / "empty"))], 0, lambda m: None) is None
     )
+
+
+def test_storage_that_is_away_is_not_taken_for_a_broken_checkpoint(tmp_path):
+    """A download that ran out of storage.retry_window_s ends the search: the previous checkpoint is as far away."""
+    import pyarrow.fs
+
+    from hydra_raytrain.storage_retry import RetryingHandler, StorageUnavailable
+
+    class Away(RetryingHandler):
+        def _call(self, what, function):
+            raise StorageUnavailable(f"storage {self.uri} did not answer")
+
+    away = pyarrow.fs.PyFileSystem(Away(pyarrow.fs.LocalFileSystem(), "s3://b/runs", 1))
+    (tmp_path / "epoch_1").mkdir()
+    warnings = []
+    with pytest.raises(StorageUnavailable, match="did not answer"):
+        checkpoint.read_newest_loadable([Checkpoint(str(tmp_path / "epoch_1"), away)], 0, warnings.append)
+    assert warnings == []

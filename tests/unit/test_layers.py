@@ -35,7 +35,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files and logs",
+        "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files and logs, storage "
+        "that retries",
         (
             "hydra_raytrain.data",
             "hydra_raytrain.models",
@@ -44,6 +45,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.callbacks",
             "hydra_raytrain.rundir",
             "hydra_raytrain.logfiles",
+            "hydra_raytrain.storage_retry",
         ),
     ),
     ("the recipe: what every Ray Train worker runs", ("hydra_raytrain.recipe",)),
