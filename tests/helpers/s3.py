@@ -48,9 +48,16 @@ class CuttableProxy:
         self.lock = threading.Lock()
         self.connections: list[socket.socket] = []
         self.listener: socket.socket | None = None
+        self.refusal: bytes | None = None  # throttle(): the answer to every request
         self.restore()
 
     def restore(self) -> None:
+        """The network back (after ``cut`` or ``throttle``): every connection forwarded to the server."""
+        self.cut()
+        self.refusal = None
+        self._listen()
+
+    def _listen(self) -> None:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
@@ -58,12 +65,22 @@ class CuttableProxy:
         self.listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
 
+    def throttle(self, status: str = "503 Slow Down", code: str = "SlowDown") -> None:
+        """From now on every request is answered ``status`` with S3's error ``code`` (as S3 throttles), until
+        ``restore()``."""
+        self.cut()
+        self.refusal = (
+            f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: "
+            f"{len(_error_xml(code))}\r\n\r\n{_error_xml(code)}"
+        ).encode()
+        self._listen()
+
     def cut(self) -> None:
         with self.lock:
             listener, self.listener = self.listener, None
             connections, self.connections = self.connections, []
         if listener is not None:
-            listener.close()
+            _close(listener)  # shut down first: that wakes the thread blocked in accept(), freeing the port
         for connection in connections:
             _close(connection)
 
@@ -73,6 +90,9 @@ class CuttableProxy:
                 client, _ = listener.accept()
             except OSError:  # cut
                 return
+            if self.refusal is not None:
+                threading.Thread(target=_refuse, args=(client, self.refusal), daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
@@ -105,3 +125,19 @@ def _close(connection: socket.socket) -> None:
     except OSError:
         pass
     connection.close()
+
+
+def _error_xml(code: str) -> str:
+    return f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{code}</Message></Error>'
+
+
+def _refuse(client: socket.socket, answer: bytes) -> None:
+    """Read one request's head (and whatever body came with it), answer it, close."""
+    try:
+        client.settimeout(5)
+        client.recv(1 << 20)
+        client.sendall(answer)
+    except OSError:
+        pass
+    finally:
+        _close(client)

@@ -8,7 +8,7 @@ import time
 import pyarrow.fs
 import pytest
 
-from hydra_raytrain import train
+from hydra_raytrain import storage_retry, train
 from hydra_raytrain.driver.run import TrainingFailed
 from tests.conftest import compose_config
 
@@ -115,3 +115,40 @@ def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_
     assert "Resuming from checkpoint epoch_000" in log
     assert resumed["status"] == "completed" and epochs(run_dir) == list(range(1, 13))
     same_end(resumed, uninterrupted)
+
+
+@pytest.mark.parametrize(
+    "status, code, reported, waits",
+    [
+        ("503 Slow Down", "SlowDown", "SLOW_DOWN", True),
+        ("500 Internal Server Error", "InternalError", "INTERNAL_FAILURE", True),
+        ("403 Forbidden", "AccessDenied", "ACCESS_DENIED", False),
+    ],  # fmt: skip
+)
+def test_a_throttling_or_failing_server_is_waited_for_and_a_refusal_is_not(
+    bucket, s3_network, status, code, reported, waits
+):
+    """The S3 server's own answers, as pyarrow reports them (``reported``): every request answered ``status`` for
+    10 s, longer than pyarrow's S3 client retries a request by itself."""
+    fs, path = storage_retry.retrying(f"{bucket}/answers", 60, run_name=code)
+    data = bytes(range(256)) * 1000
+    s3_network.throttle(status, code)
+    back = threading.Timer(10, s3_network.restore)
+    back.start()
+    started = time.monotonic()
+    try:
+        if not waits:
+            with pytest.raises(OSError, match=reported):
+                with fs.open_output_stream(f"{path}/{code}/file.bin") as out:
+                    out.write(data)
+            assert time.monotonic() - started < 9  # at once, not once the server came back
+            return
+        with fs.open_output_stream(f"{path}/{code}/file.bin") as out:
+            out.write(data)
+        assert time.monotonic() - started >= 9.5  # sent once the server answered again
+    finally:
+        back.join()
+    with fs.open_input_stream(f"{path}/{code}/file.bin") as stream:
+        assert stream.read() == data
+    [outage] = storage_retry.read_outages(fs, f"{path}/{code}")
+    assert outage["calls_retried"] >= 1 and outage["seconds"] >= 3 and reported in outage["error"], outage
