@@ -30,6 +30,7 @@ import socket
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -39,14 +40,15 @@ import pyarrow.fs
 
 T = TypeVar("T")
 OUTAGES_FOLDER = "storage_outages"
-BUFFER_IN_MEMORY = 16 * 1024 * 1024  # a file larger than this is buffered on local disk until it is sent
+BUFFER_IN_MEMORY = 16 * 1024 * 1024  # a file larger than this is buffered on local disk
+CHUNK = 8 * 1024 * 1024
 FIRST_DELAY_S, MAX_DELAY_S = 1.0, 30.0
 
-# The errors that pass: pyarrow's AWS error codes (Ray Train's AWS_RETRYABLE_TOKENS among them), HTTP 5xx, 408 and
-# 429, and the socket's words for a network that is away.
+# The errors that pass: pyarrow's AWS error codes (Ray Train's AWS_RETRYABLE_TOKENS among them), Google Cloud's,
+# HTTP 5xx, 408 and 429, and the socket's words for a network that is away.
 TRANSIENT = re.compile(
-    r"AWS Error (NETWORK_CONNECTION|SLOW_DOWN|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|THROTTLING|REQUEST_TIMEOUT"
-    r"|REQUEST_TIME_TOO_SKEWED)"
+    r"AWS Error (NETWORK_CONNECTION|SLOW_DOWN|SERVICE_UNAVAILABLE|INTERNAL_FAILURE|THROTTLING|REQUEST_TIMEOUT)"
+    r"|\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED)\b"  # Google Cloud Storage's (gs://)
     r"|HTTP status (5\d\d|408|429)|SlowDown|Throttl|Too Many Requests|Service ?Unavailable|RequestTimeout"
     r"|Connection (refused|reset|aborted)|Could not connect|Couldn't connect|Broken pipe|[Tt]imed? ?out"
     r"|Could not resolve|Temporary failure in name resolution|Name or service not known|Network is unreachable"
@@ -82,7 +84,8 @@ def short(error: BaseException) -> str:
 
 @dataclass
 class Outage:
-    started: float  # time.time()
+    started: float  # time.time(), for the record
+    since: float  # time.monotonic(), for the window
     first_error: str
     calls: int = 0  # calls that failed and were tried again
 
@@ -101,20 +104,20 @@ class Window:
         with self._lock:
             outage = self._outages.get(self.uri)
             if outage is None:
-                outage = self._outages[self.uri] = Outage(time.time(), short(error))
+                outage = self._outages[self.uri] = Outage(time.time(), time.monotonic(), short(error))
                 _say(
                     f"Storage {self.uri} is not answering ({what}: {short(error)}); retrying for up to "
                     f"{self.seconds:g} s (storage.retry_window_s)"
                 )
             outage.calls += 1
-            return time.time() - outage.started
+            return time.monotonic() - outage.since
 
     def given_up(self) -> None:
         """The window ran out: the outage is not one survived (a later call in this process starts another)."""
         with self._lock:
             self._outages.pop(self.uri, None)
 
-    def answered(self, inner: pyarrow.fs.FileSystem) -> None:
+    def answered(self, inner: pyarrow.fs.FileSystem | None) -> None:
         """A call succeeded: an outage in progress ended. Said, and recorded in storage (a record that cannot be
         written is only said)."""
         if self.uri not in self._outages:  # the common case, without the lock
@@ -123,9 +126,9 @@ class Window:
             outage = self._outages.pop(self.uri, None)
         if outage is None:
             return
-        lasted = time.time() - outage.started
+        lasted = time.monotonic() - outage.since
         _say(f"Storage {self.uri} is answering again after {lasted:.1f} s ({outage.calls} calls retried)")
-        if self.record_dir:
+        if self.record_dir and inner is not None:
             record = {"storage": self.uri, "started": outage.started, "seconds": round(lasted, 3),
                       "calls_retried": outage.calls, "error": outage.first_error, "host": socket.gethostname(),
                       "pid": os.getpid()}  # fmt: skip
@@ -138,7 +141,7 @@ class Window:
             except Exception as error:  # noqa: BLE001  (the line above said it)
                 _say(f"Storage {self.uri}: the outage's record was not written ({short(error)})")
 
-    def call(self, what: str, function: Callable[[], T], inner: pyarrow.fs.FileSystem) -> T:
+    def call(self, what: str, function: Callable[[], T], inner: pyarrow.fs.FileSystem | None) -> T:
         delay = FIRST_DELAY_S
         while True:
             try:
@@ -217,10 +220,23 @@ class RetryingHandler(pyarrow.fs.FileSystemHandler):
         self._call(f"copying {src}", lambda: self.inner.copy_file(src, dest))
 
     def open_input_stream(self, path: str) -> pyarrow.NativeFile:
-        return self._call(f"reading {path}", lambda: self.inner.open_input_stream(path))
+        return pyarrow.PythonFile(self._call(f"reading {path}", lambda: self._fetch(path)), mode="r")
 
     def open_input_file(self, path: str) -> pyarrow.NativeFile:
-        return self._call(f"reading {path}", lambda: self.inner.open_input_file(path))
+        return pyarrow.PythonFile(self._call(f"reading {path}", lambda: self._fetch(path)), mode="r")
+
+    def _fetch(self, path: str) -> Any:
+        """The whole file, read again from its start after a failure: buffered (in memory, then on local disk)."""
+        buffer = tempfile.SpooledTemporaryFile(max_size=BUFFER_IN_MEMORY)
+        try:
+            with self.inner.open_input_stream(path) as stream:
+                for chunk in iter(lambda: stream.read(CHUNK), b""):
+                    buffer.write(chunk)
+        except BaseException:
+            buffer.close()
+            raise
+        buffer.seek(0)
+        return buffer
 
     def open_output_stream(self, path: str, metadata: dict[str, str] | None) -> pyarrow.NativeFile:
         return pyarrow.PythonFile(WholeWrite(self, path, metadata), mode="w")
@@ -289,7 +305,7 @@ class WholeWrite:
 def send(file: Any, fs: pyarrow.fs.FileSystem, path: str, metadata: dict[str, str] | None) -> None:
     """``file``'s bytes from its position to its end, as the file at ``path`` on ``fs``."""
     with fs.open_output_stream(path, metadata=metadata) as out:
-        for chunk in iter(lambda: file.read(8 * 1024 * 1024), b""):
+        for chunk in iter(lambda: file.read(CHUNK), b""):
             out.write(chunk)
 
 
@@ -311,10 +327,18 @@ def upload(checkpoint: Any, checkpoint_dir_name: str) -> Any:
 
 def retrying(uri: str, window_s: float, run_name: str | None = None) -> tuple[pyarrow.fs.FileSystem, str]:
     """The filesystem and path of a storage URI, its calls retried for ``window_s``; with ``run_name``, the outages
-    a process survives are recorded in that run's folder (``<uri>/<run_name>/storage_outages``)."""
-    inner, path = pyarrow.fs.FileSystem.from_uri(uri)
+    a process survives are recorded in that run's folder (``<uri>/<run_name>/storage_outages``). Building it is
+    retried too: on S3 without an endpoint, pyarrow asks the bucket's region."""
+    shown = redacted(uri)
+    inner, path = Window(shown, window_s, None).call("connecting", lambda: pyarrow.fs.FileSystem.from_uri(uri), None)
     record_dir = f"{path.rstrip('/')}/{run_name}" if run_name else None
-    return pyarrow.fs.PyFileSystem(RetryingHandler(inner, uri, window_s, record_dir)), path
+    return pyarrow.fs.PyFileSystem(RetryingHandler(inner, shown, window_s, record_dir)), path
+
+
+def redacted(uri: str) -> str:
+    """A URI as it is shown and recorded: without credentials (``user:secret@``) or options (``?secret_key=...``)."""
+    parts = urllib.parse.urlsplit(uri)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def inner(fs: pyarrow.fs.FileSystem) -> pyarrow.fs.FileSystem:

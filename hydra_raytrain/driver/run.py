@@ -46,6 +46,7 @@ from hydra_raytrain.preflight.rehearsal import build_dataset
 from hydra_raytrain.preflight.replaced import apply_command_line_targets
 from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.recipe.loop import train_loop_per_worker
+from hydra_raytrain.storage_retry import StorageUnavailable
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
 RAY_TRAIN_ENV = {
@@ -112,7 +113,8 @@ def _train(
     if get_object(resolved.dataset["_target_"]) is tables.table:
         print(tables.reading_line(resolved.dataset), flush=True)
     resolved, nodes = _size_and_connect(resolved, stream)
-    check_storage(storage, nodes, resolved.storage.shared_filesystem, resolved.storage.retry_window_s)
+    # A storage that does not answer before the run: waited for a minute at most (a mistyped endpoint looks alike).
+    check_storage(storage, nodes, resolved.storage.shared_filesystem, min(resolved.storage.retry_window_s, 60))
     if resolved.run.resume == "never":
         _discard_previous_state(run_dir, storage, name, resolved.storage.retry_window_s)
         _retire_mlflow_run(resolved, run_dir, name)
@@ -175,7 +177,7 @@ def _fit(
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
     origin = provenance(str(resolved.model.get("_target_") or ""))
-    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin)
+    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin, name)
     epoch_log = EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
     # The user's before FailureLog, which raises at a failure that is not retried: they see that one too.
@@ -253,6 +255,7 @@ class Summary:
     started: float
     show: bool
     provenance: dict[str, Any] | None = None  # where the run came from (driver/provenance.py)
+    name: str = ""  # the run's name, as it started (sizing the workers does not make it another run)
 
     def __call__(self, status: RunStatus, error: str | None = None, **extra: Any) -> dict[str, Any]:
         trainer = self.resolved.trainer
@@ -295,8 +298,7 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     best = _best_checkpoint(resolved, result)
     test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
     tested = test if test and "error" not in test else {}
-    # The name the run started with: sizing the workers (resources, threads) does not make it another run.
-    name = os.path.basename(summarize.checkpoints)
+    name = summarize.name
     if tested:
         _log_test(resolved, run_dir, name, tested)
     summary = summarize("completed", test=test) if test else summarize("completed")
@@ -516,6 +518,8 @@ def _first_cause(error: TrainingFailedError) -> str:
     not_retried = getattr(error, "controller_failure", None)
     if isinstance(not_retried, failures.NotRetried):
         return str(not_retried)
+    if isinstance(not_retried, StorageUnavailable):  # the controller's own write ran out of the window
+        return f"Ray Train's controller: StorageUnavailable: {not_retried}"
     worker_failures = getattr(error, "worker_failures", None)
     if not worker_failures:
         return str(error).strip().splitlines()[-1]

@@ -132,11 +132,28 @@ def _error_xml(code: str) -> str:
 
 
 def _refuse(client: socket.socket, answer: bytes) -> None:
-    """Read one request's head (and whatever body came with it), answer it, close."""
+    """Read one request (its head, and its body unless the client waits for "100 Continue"), answer it, close: a
+    body left unread would make the kernel reset the connection, which the client reports instead of the answer."""
     try:
         client.settimeout(5)
-        client.recv(1 << 20)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = client.recv(65536)
+            if not data:
+                return
+            head += data
+        head, _, body = head.partition(b"\r\n\r\n")
+        fields = dict(line.split(b":", 1) for line in head.lower().split(b"\r\n")[1:] if b":" in line)
+        length = 0 if b"100-continue" in fields.get(b"expect", b"") else int(fields.get(b"content-length", b"0"))
+        while len(body) < length:
+            data = client.recv(65536)
+            if not data:
+                break
+            body += data
         client.sendall(answer)
+        client.shutdown(socket.SHUT_WR)
+        while client.recv(65536):  # whatever the client still sends, until it closes
+            pass
     except OSError:
         pass
     finally:

@@ -106,9 +106,11 @@ def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_
     assert "Could not connect to server" in message, message  # the last error
     assert ended - cut_at[0] < 8 + 40  # the window, the calls in flight, Ray's shutdown
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "failed" and f"StorageUnavailable: storage {bucket}/away" in summary["error"]
-    [failure] = summary["failures"]  # the window was the retry: not Ray's three restarts too
-    assert failure["retried"] is False and "storage.retry_window_s" in failure["why"], failure
+    assert summary["status"] == "failed" and f"storage {bucket}/away did not answer for" in summary["error"]
+    # The window was the retry, not Ray's three restarts too. A worker's call or the controller's (writing its
+    # checkpoint list: not a worker failure) may be the one whose window ran out first.
+    assert len(summary["failures"]) <= 1, summary["failures"]
+    assert all(not f["retried"] and "storage.retry_window_s" in f["why"] for f in summary["failures"])
     # Storage back: the same command resumes from the last checkpoint completed before the outage.
     resumed = train(compose_config(*overrides), run_dir=run_dir)
     log = (tmp_path / "run" / "driver.log").read_text()

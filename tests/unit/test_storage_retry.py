@@ -65,8 +65,15 @@ def flaky(failures, error=None):
 
 @pytest.fixture
 def quick(monkeypatch):
+    """Short delays, and no outage of another test in this process's record."""
     monkeypatch.setattr(storage_retry, "FIRST_DELAY_S", 0.01)
     monkeypatch.setattr(storage_retry, "MAX_DELAY_S", 0.02)
+    monkeypatch.setattr(Window, "_outages", {})
+
+
+def test_credentials_in_a_storage_uri_are_never_shown():
+    assert storage_retry.redacted("s3://KEY:SECRET@bucket/runs?secret_key=S&region=x") == "s3://bucket/runs"
+    assert storage_retry.redacted("gs://bucket/a/b") == "gs://bucket/a/b"
 
 
 def test_a_call_is_retried_through_an_outage_that_is_said_and_recorded(quick, tmp_path, capsys):
@@ -96,7 +103,7 @@ def test_a_permanent_error_is_raised_at_once(quick):
     assert len(calls) == 1
 
 
-def test_the_retrying_filesystem_writes_whole_files_and_pickles_to_the_workers(tmp_path):
+def test_the_retrying_filesystem_writes_and_reads_whole_files_and_pickles_to_the_workers(tmp_path):
     handler = RetryingHandler(pyarrow.fs.LocalFileSystem(), "file-like", 60)
     fs = pickle.loads(pickle.dumps(pyarrow.fs.PyFileSystem(handler)))
     data = bytes(range(256)) * 80000  # 20 MB: past the in-memory buffer, spooled to disk
@@ -108,3 +115,41 @@ def test_the_retrying_filesystem_writes_whole_files_and_pickles_to_the_workers(t
     assert storage_retry.inner(fs).type_name == "local" and fs.type_name == "py::retrying+local"
     handler.put_folder(str(tmp_path / "a"), str(tmp_path / "b"))  # a checkpoint's upload (``upload``)
     assert (tmp_path / "b" / "f.bin").read_bytes() == data
+    with fs.open_input_file(str(tmp_path / "b" / "f.bin")) as file:  # read whole, then served from the buffer
+        assert file.size() == len(data) and file.read_at(3, 5) == data[5:8]
+    (tmp_path / "c").mkdir()
+    pyarrow.fs.copy_files(str(tmp_path / "b"), str(tmp_path / "c"), source_filesystem=fs)  # a checkpoint's download
+    assert (tmp_path / "c" / "f.bin").read_bytes() == data
+
+
+def test_a_read_cut_mid_file_is_read_again_from_its_start(quick, tmp_path):
+    """The connection dropped after the first chunk of a download: the file is read again, whole."""
+    (tmp_path / "f.bin").write_bytes(b"abcdef" * 1000)
+    local, opened = pyarrow.fs.LocalFileSystem(), []
+
+    class Dropping:
+        def __init__(self, stream):
+            self.stream, self.read_bytes = stream, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.stream.close()
+
+        def read(self, size):
+            if len(opened) == 1 and self.read_bytes > 0:
+                raise OSError(REFUSED)
+            chunk = self.stream.read(100)
+            self.read_bytes += len(chunk)
+            return chunk
+
+    class Flaky:  # a filesystem whose first download drops after 100 bytes
+        def open_input_stream(self, path):
+            opened.append(path)
+            return Dropping(local.open_input_stream(path))
+
+    handler = RetryingHandler(Flaky(), "s3://b/runs", 30)
+    with pyarrow.fs.PyFileSystem(handler).open_input_stream(str(tmp_path / "f.bin")) as stream:
+        assert stream.read() == b"abcdef" * 1000
+    assert len(opened) == 2
