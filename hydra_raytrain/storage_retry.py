@@ -1,22 +1,23 @@
 """Storage that fails for a while: a URI storage (``s3://``, ``gs://``) whose every call retries a transient error.
 
-Ray Train writes a run's storage from three places: each worker uploads its checkpoints (synchronously, or in a
-background thread), the controller writes its checkpoint list (``checkpoint_manager_snapshot.json``), and the driver
-checks the location and reads the best checkpoint. Ray retries only the workers' uploads, three times; a failed
-snapshot write ends the run. So the driver hands Ray the storage as a filesystem of its own
-(``RunConfig(storage_filesystem=...)``, pickled to the controller and every worker): pyarrow's filesystem of the URI
-wrapped in a ``pyarrow.fs.PyFileSystem`` whose every call retries a transient error (connection refused or reset, a
-timeout, an HTTP 5xx, throttling) with exponential backoff, for up to ``storage.retry_window_s`` from the outage's
-first failure in that process. A write is whole or not at all: a file is buffered (in memory, then on local disk)
-and sent when it is closed, and sent again from its start after a failure.
+Ray Train uses a run's storage from three places: each worker uploads its checkpoints (synchronously, or in a
+background thread) and downloads one to resume, the controller writes and reads its checkpoint list
+(``checkpoint_manager_snapshot.json``), and the driver checks the location and reads the best checkpoint. Ray
+retries only the workers' uploads, three times; a failed snapshot write ends the run. So the driver hands Ray the
+storage as a filesystem of its own (``RunConfig(storage_filesystem=...)``, pickled to the controller and every
+worker): pyarrow's filesystem of the URI wrapped in a ``pyarrow.fs.PyFileSystem`` whose every call retries a
+transient error (connection refused or reset, a timeout, an HTTP 5xx, throttling) with exponential backoff, for up
+to ``storage.retry_window_s`` from the outage's first failure in that process. A file is written and read whole:
+buffered (in memory, then on local disk), and sent or read again from its start after a failure. Checkpoints are
+stored by ``upload`` (``ray.train.report(checkpoint_upload_fn=...)``), file by file.
 
 A permanent error (no such bucket, access denied, a missing file) is raised at once. Past the window the call
 raises ``StorageUnavailable``, naming the storage, the last error and how long it retried; the failure policy never
 retries it (the window did). Each process prints one line when an outage starts and one when it ends, and records
 each outage it survived in the run's storage folder (``storage_outages/``), which the driver adds to the summary.
 
-The layers under it: pyarrow's S3 client retries each request a few times within a second or two
-(``AwsStandardS3RetryStrategy``), and Ray retries a worker's checkpoint upload three times.
+The layers under it: pyarrow's S3 client retries each request a few times within a few seconds
+(``AwsStandardS3RetryStrategy``); above it, Ray retries a worker's checkpoint upload three times.
 """
 
 from __future__ import annotations
