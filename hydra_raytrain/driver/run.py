@@ -342,7 +342,7 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
 def _log_test(resolved: Resolved, run_dir: str, name: str, test: dict[str, Any]) -> None:
     """The test metrics to the run's loggers, at the last epoch's step (the same W&B run: its id is the run's);
     MLflow's with the rest of what the driver logs there (``_complete_mlflow``)."""
-    loggers = {name: node for name, node in resolved.logger.items() if name != "mlflow"}
+    loggers = {key: node for key, node in resolved.logger.items() if key != "mlflow"}
     if not loggers:
         return
     metrics = {key: value for key, value in scalars(test).items() if key.startswith("test_")}

@@ -224,7 +224,8 @@ def test_the_driver_and_worker_logs_stay_on_disk(default_run):
 
 
 def test_a_plain_multirun_shares_one_local_cluster_sizes_each_job_and_keeps_the_cleaners_warnings_off(tmp_path):
-    """Hydra's basic launcher: jobs one after another in one process, on the local cluster the first one started.
+    """Hydra's basic launcher: jobs one after another in one process, on the local cluster the first one started,
+    each in the sweep dir its command names (and, with logger=mlflow, nested in the sweep's MLflow run).
     ray.include_dashboard=false: no state API, which Ray Train's placement-group cleaner asks every few seconds
     ("Failed to query Ray Train Controller actor state" each time, a whole run long). On a local cluster it has
     nothing to clean (the cluster ends with the command): its warnings stay off the console."""
