@@ -31,13 +31,14 @@ import socket
 import tempfile
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow
 import pyarrow.fs
+
+from hydra_raytrain.config.errors import redacted
 
 T = TypeVar("T")
 OUTAGES_FOLDER = "storage_outages"
@@ -172,11 +173,11 @@ class RetryingHandler(pyarrow.fs.FileSystemHandler):
     """``pyarrow.fs.PyFileSystem(RetryingHandler(...))``: ``inner``'s calls through ``Window.call``."""
 
     def __init__(self, inner: pyarrow.fs.FileSystem, uri: str, window_s: float, record_dir: str | None = None):
-        self.inner, self.uri, self.window_s, self.record_dir = inner, uri, window_s, record_dir
-        self.window = Window(uri, window_s, record_dir)
+        self.inner, self.window = inner, Window(uri, window_s, record_dir)
 
-    def __reduce__(self) -> tuple[Any, ...]:  # to the controller and the workers: the window's state stays here
-        return RetryingHandler, (self.inner, self.uri, self.window_s, self.record_dir)
+    def __reduce__(self) -> tuple[Any, ...]:  # to the controller and the workers: the outage state stays here
+        window = self.window
+        return RetryingHandler, (self.inner, window.uri, window.seconds, window.record_dir)
 
     def _call(self, what: str, function: Callable[[], T]) -> T:
         return self.window.call(what, function, self.inner)
@@ -330,16 +331,16 @@ def retrying(uri: str, window_s: float, run_name: str | None = None) -> tuple[py
     """The filesystem and path of a storage URI, its calls retried for ``window_s``; with ``run_name``, the outages
     a process survives are recorded in that run's folder (``<uri>/<run_name>/storage_outages``). Building it is
     retried too: on S3 without an endpoint, pyarrow asks the bucket's region."""
-    shown = redacted(uri)
-    inner, path = Window(shown, window_s, None).call("connecting", lambda: pyarrow.fs.FileSystem.from_uri(uri), None)
+    name = shown(uri)
+    inner, path = Window(name, window_s, None).call("connecting", lambda: pyarrow.fs.FileSystem.from_uri(uri), None)
     record_dir = f"{path.rstrip('/')}/{run_name}" if run_name else None
-    return pyarrow.fs.PyFileSystem(RetryingHandler(inner, shown, window_s, record_dir)), path
+    return pyarrow.fs.PyFileSystem(RetryingHandler(inner, name, window_s, record_dir)), path
 
 
-def redacted(uri: str) -> str:
-    """A URI as it is shown and recorded: without credentials (``user:secret@``) or options (``?secret_key=...``)."""
-    parts = urllib.parse.urlsplit(uri)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+def shown(uri: str) -> str:
+    """A URI as it is shown and recorded: its credentials starred (``config.errors.redacted``), its options
+    (``?secret_key=...``) left out."""
+    return redacted(uri.split("?", 1)[0])
 
 
 def inner(fs: pyarrow.fs.FileSystem) -> pyarrow.fs.FileSystem:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -93,3 +94,8 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` when a close match exists, else an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def redacted(text: str) -> str:
+    """Credentials out of the URIs in ``text``: ``http://user:secret@host`` -> ``http://***@host``."""
+    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)

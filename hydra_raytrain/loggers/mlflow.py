@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
+from hydra_raytrain.config.errors import redacted
 from hydra_raytrain.loggers.base import server_problem
 from hydra_raytrain.outcome import RunStatus
 
@@ -183,11 +184,6 @@ def metric_key(name: str) -> str:
     ``_`` (``acc@1`` -> ``acc_1``)."""
     key = re.sub(r"[^\w\-. /:]", "_", name).replace("..", "._")
     return key.lstrip("/") or "_"
-
-
-def redacted(text: str) -> str:
-    """``http://user:secret@host`` -> ``http://***@host``."""
-    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)
 
 
 def local_store(uri: str) -> str | None:

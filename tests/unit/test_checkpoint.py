@@ -68,7 +68,7 @@ def test_storage_that_is_away_is_not_taken_for_a_broken_checkpoint(tmp_path):
 
     class Away(RetryingHandler):
         def _call(self, what, function):
-            raise StorageUnavailable(f"storage {self.uri} did not answer")
+            raise StorageUnavailable(f"storage {self.window.uri} did not answer")
 
     away = pyarrow.fs.PyFileSystem(Away(pyarrow.fs.LocalFileSystem(), "s3://b/runs", 1))
     (tmp_path / "epoch_1").mkdir()
