@@ -7,11 +7,11 @@ A table of ``--rows`` rows of 64 float32 features and an integer class is writte
 run trains on it for one short epoch in local mode (what is measured is prediction, not the model's quality).
 Then, each in a fresh process, best of ``--rounds``: the plain loop (``load_model``, the file read with pyarrow,
 batches of 1,024 rows, softmax and argmax, predictions gathered in memory), the same loop writing what predict
-writes (the other columns, prediction, probabilities) to one Parquet file, and ``hydra_raytrain.predict`` with 1
-and 2 model actors on a local cluster (reading, decoding, predicting, writing Parquet; its own figure, from
-before the first read to the last write: the actors' start included, Ray's excluded). Printed: rows/s and the
-ratio to the plain loop (and to the loop that writes), and for predict the seconds 1,000 rows take (the fixed
-cost) and the rate beyond them.
+writes (the other columns, prediction, probabilities) to one Parquet file, that loop on the torch threads one model
+actor gets here (the cores less one), and ``hydra_raytrain.predict`` with 1 and 2 model actors on a local cluster,
+sized by default (reading, decoding, predicting, writing Parquet; its own figure, from before the first read to the
+last write: the actors' start included, Ray's excluded). Printed: rows/s and the ratio to the plain loop (and to
+the loops that write), and for predict the seconds 1,000 rows take (the fixed cost) and the rate beyond them.
 """
 
 from __future__ import annotations
@@ -52,15 +52,19 @@ def train(folder: str, table: str) -> str:
     return run
 
 
-def plain(run: str, table: str, output: str | None = None) -> None:
+def plain(run: str, table: str, output: str | None = None, threads: int | None = None) -> None:
     """The baseline, in this process: rows/s from the first read to the last prediction; with ``output``, to the
-    last row written there as predict writes it (the other columns, prediction, probabilities; Parquet)."""
+    last row written there as predict writes it (the other columns, prediction, probabilities; Parquet).
+    ``threads``: torch's (default: one per core)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
 
     from hydra_raytrain import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
 
     model = load_model(run)
     started, predicted = time.perf_counter(), []
@@ -111,9 +115,12 @@ def main() -> None:
         run = train(folder, table)
         small = os.path.join(folder, "small.parquet")
         write_rows(small, 1000)
+        threads = max(1, (os.cpu_count() or 1) - 1)  # what one model actor gets on a local cluster of this machine
+        same = f"the same, {threads} thread{'s' if threads > 1 else ''}"
         figures: dict[str, list[float]] = {
             "plain loop": [],
             "plain loop, writing": [],
+            same: [],
             "predict, 1 actor": [],
             "predict, 2 actors": [],
         }
@@ -124,6 +131,9 @@ def main() -> None:
             written = os.path.join(folder, f"plain{round_}.parquet")
             rows, seconds = measure([sys.executable, __file__, "plain", run, table, written], ROOT)
             figures["plain loop, writing"].append(rows / seconds)
+            os.remove(written)
+            rows, seconds = measure([sys.executable, __file__, "plain", run, table, written, str(threads)], ROOT)
+            figures[same].append(rows / seconds)
             for actors in (1, 2):
                 name = f"predict, {actors} actor{'s' if actors > 1 else ''}"
                 for data, into in ((table, figures), (small, fixed)):
@@ -136,7 +146,8 @@ def main() -> None:
         for name, values in figures.items():
             line = f"{name:20s} {max(values):11,.0f} rows/s  {max(values) / base:.2f}x"
             if name.startswith("predict"):
-                line += f" ({max(values) / same_work:.2f}x the loop that writes)"
+                line += f" ({max(values) / same_work:.2f}x the loop that writes, "
+                line += f"{max(values) / max(figures[same]):.2f}x on {threads} thread{'s' if threads > 1 else ''})"
             if fixed[name]:  # the seconds 1,000 rows take (the actors' start, Ray Data's planning), and the rest
                 start = min(fixed[name])
                 rest = options.rows / (options.rows / max(values) - start)
@@ -145,7 +156,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (4, 5) and sys.argv[1] == "plain":
-        plain(*sys.argv[2:])
+    if len(sys.argv) in (4, 5, 6) and sys.argv[1] == "plain":
+        plain(*sys.argv[2:5], *(int(n) for n in sys.argv[5:]))
     else:
         main()

@@ -158,6 +158,7 @@ class Predictor:
         device: str = "cpu",
         classes: list[str] | None = None,
         scheme: str = "",
+        threads: int = 1,
     ) -> None:
         import torch
         from hydra.utils import instantiate
@@ -165,6 +166,9 @@ class Predictor:
         from hydra_raytrain.evaluate import load_model
         from hydra_raytrain.export import Exported
 
+        torch.set_num_threads(threads)  # the actor's CPUs, as a training worker's
+        threads = torch.get_num_threads()
+        print(f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}", flush=True)
         self.torch, self.device = torch, torch.device(device)
         self.model = Exported(load_model(run)).to(self.device).eval()  # type: ignore[arg-type]
         self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
@@ -267,8 +271,15 @@ def check_output(output: str) -> str:
     return location
 
 
-def check_pool(num_workers: int, num_gpus: float) -> None:
-    """The actors fit the connected cluster: a CPU each and one more for Ray Data's reads, and their GPUs."""
+def actor_cpus(cpus: int, num_workers: int, num_gpus: float, local: bool) -> int:
+    """The CPUs (and torch threads) of each model actor when ``--cpus-per-worker`` is not given: on a local cluster
+    this command started, its CPUs less one for Ray Data's reads, divided among the actors (as a training command
+    sizes its workers to its machine); on a joined cluster, or on GPUs (where the GPU computes), Ray's one."""
+    return max(1, (cpus - 1) // max(num_workers, 1)) if local and not num_gpus else 1
+
+
+def check_pool(num_workers: int, num_gpus: float, cpus_per_worker: int = 1) -> None:
+    """The actors fit the connected cluster: their CPUs and one more for Ray Data's reads, and their GPUs."""
     import ray
 
     gpus = float(ray.cluster_resources().get("GPU", 0))
@@ -283,6 +294,16 @@ def check_pool(num_workers: int, num_gpus: float) -> None:
             num_workers,
             f"each model actor holds a CPU, and Ray Data's reads need one more; the cluster has {cpus}.",
             f"1 to {max(1, cpus - 1)}",
+        )
+    if cpus_per_worker < 1 or num_workers * cpus_per_worker + 1 > cpus:
+        asked = f"{num_workers} actor{'s' if num_workers > 1 else ''} x {cpus_per_worker} CPUs"
+        raise ConfigError(
+            "--cpus-per-worker",
+            cpus_per_worker,
+            "an actor needs a CPU."
+            if cpus_per_worker < 1
+            else f"{asked}, and Ray Data's reads need one more; the cluster has {cpus}.",
+            f"1 to {(cpus - 1) // num_workers}",
         )
 
 
@@ -299,9 +320,16 @@ def read_rows(dataset: dict[str, Any], input: str) -> tuple[Any, list[str]]:
 
 
 def predict(
-    run: str, input: str, output: str, num_workers: int = 1, batch_size: int = 256, num_gpus: float = 0
+    run: str,
+    input: str,
+    output: str,
+    num_workers: int = 1,
+    batch_size: int = 256,
+    num_gpus: float = 0,
+    cpus_per_worker: int = 1,
 ) -> dict[str, Any]:
-    """Predict every row of ``input`` with a pool of ``num_workers`` model actors; write ``output`` (Parquet)."""
+    """Predict every row of ``input`` with a pool of ``num_workers`` model actors of ``cpus_per_worker`` CPUs (as
+    many torch threads) each; write ``output`` (Parquet)."""
     from ray.data import ActorPoolStrategy
 
     from hydra_raytrain.driver.run import import_path  # the driver's: not in the actors' imports
@@ -311,7 +339,11 @@ def predict(
     check_finished(run)
     location = check_output(output)
     images = image_builder(cfg["dataset"]) is not None
-    check_pool(num_workers, num_gpus)
+    check_pool(num_workers, num_gpus, cpus_per_worker)
+    plural = "s" if num_workers > 1 else ""
+    gpus = f", {num_gpus:g} GPU" if num_gpus else ""
+    cpus = f"{cpus_per_worker} CPU{'s' if cpus_per_worker > 1 else ''}"
+    print(f"Predicting with {num_workers} model actor{plural} x {cpus}{gpus}", flush=True)
     started = time.time()
     data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input)
     predictions = data.map_batches(
@@ -323,11 +355,12 @@ def predict(
             "device": "cuda" if num_gpus else "cpu",
             "classes": class_names(cfg["dataset"]) if images else None,
             "scheme": tables.absolute_location(input).split("://")[0] + "://" if "://" in input else "",
+            "threads": cpus_per_worker,
         },
         compute=ActorPoolStrategy(size=num_workers),
         batch_size=batch_size,
         batch_format="pyarrow",
-        num_cpus=1,
+        num_cpus=cpus_per_worker,
         num_gpus=num_gpus,
         # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
         runtime_env={"env_vars": {"PYTHONPATH": import_path()}},
@@ -348,6 +381,12 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
     parser.add_argument("--batch-size", type=int, default=256, help="rows per model call")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        help="CPUs (and torch threads) per actor (default: on a local cluster its CPUs less one for the reads, "
+        "divided among the actors; on a joined cluster or GPUs, 1)",
+    )
     parser.add_argument("--address", help="the Ray cluster to run on (default: RAY_ADDRESS, else a local cluster)")
     options = parser.parse_args()
     if not os.path.isdir(options.run):
@@ -356,13 +395,23 @@ def main() -> None:
 
     try:
         address = options.address or os.environ.get("RAY_ADDRESS")
-        # A local cluster of its own: a CPU for every actor and one for the reads, however few cores there are
-        local = {} if address else {"num_cpus": max(os.cpu_count() or 1, options.num_workers + 1)}
+        # A local cluster of its own: the actors' CPUs and one for the reads, however few cores there are
+        wanted = options.num_workers * (options.cpus_per_worker or 1) + 1
+        local = {} if address else {"num_cpus": max(os.cpu_count() or 1, wanted)}
         ray.init(address=address or "local", logging_level="WARNING", **local)
         if not sys.stderr.isatty():  # Ray Data's progress, logged every few seconds where no bar can be drawn
             logging.getLogger("ray.data").setLevel(logging.WARNING)
+        cpus = options.cpus_per_worker
+        if cpus is None:
+            cpus = actor_cpus(int(ray.cluster_resources()["CPU"]), options.num_workers, options.num_gpus, not address)
         done = predict(
-            options.run, options.input, options.output, options.num_workers, options.batch_size, options.num_gpus
+            options.run,
+            options.input,
+            options.output,
+            options.num_workers,
+            options.batch_size,
+            options.num_gpus,
+            cpus,
         )
     except ConfigError as error:
         print(str(error).replace("Invalid config", "Cannot predict", 1), file=sys.stderr)

@@ -84,3 +84,13 @@ def test_an_output_that_exists_is_refused(tmp_path):
     (tmp_path / "old").mkdir()
     with pytest.raises(ConfigError, match=r"--output='.*old': exists: predictions go to a new folder"):
         check_output(str(tmp_path / "old"))
+
+
+def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one_elsewhere():
+    from hydra_raytrain.predict import actor_cpus
+
+    assert actor_cpus(16, 1, 0, local=True) == 15  # one actor: the machine, but a CPU for Ray Data's reads
+    assert actor_cpus(16, 2, 0, local=True) == 7 and actor_cpus(16, 4, 0, local=True) == 3
+    assert actor_cpus(2, 1, 0, local=True) == 1 and actor_cpus(3, 4, 0, local=True) == 1  # at least one
+    assert actor_cpus(16, 1, 0, local=False) == 1  # a joined cluster: Ray's one, other jobs may share it
+    assert actor_cpus(16, 1, 1, local=True) == 1  # on a GPU the GPU computes; the CPUs go to the reads
