@@ -131,7 +131,7 @@ def test_a_throttling_or_failing_server_is_waited_for_and_a_refusal_is_not(
     bucket, s3_network, status, code, reported, waits
 ):
     """The S3 server's own answers, as pyarrow reports them (``reported``): every request answered ``status`` for
-    10 s, longer than pyarrow's S3 client retries a request by itself."""
+    10 s, longer than pyarrow's S3 client retries a request by itself (a 5 s throttle it can ride out alone)."""
     fs, path = storage_retry.retrying(f"{bucket}/answers", 60, run_name=code)
     data = bytes(range(256)) * 1000
     s3_network.throttle(status, code)
@@ -144,6 +144,8 @@ def test_a_throttling_or_failing_server_is_waited_for_and_a_refusal_is_not(
                 with fs.open_output_stream(f"{path}/{code}/file.bin") as out:
                     out.write(data)
             assert time.monotonic() - started < 9  # at once, not once the server came back
+            back.cancel()
+            s3_network.restore()
             return
         with fs.open_output_stream(f"{path}/{code}/file.bin") as out:
             out.write(data)
