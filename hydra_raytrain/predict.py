@@ -398,6 +398,8 @@ def main() -> None:
         # A local cluster of its own: the actors' CPUs and one for the reads, however few cores there are
         wanted = options.num_workers * (options.cpus_per_worker or 1) + 1
         local = {} if address else {"num_cpus": max(os.cpu_count() or 1, wanted)}
+        if not address:
+            streamed.few_footer_readers()
         ray.init(address=address or "local", logging_level="WARNING", **local)
         if not sys.stderr.isatty():  # Ray Data's progress, logged every few seconds where no bar can be drawn
             logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -21,6 +21,7 @@ import ray
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import RAY_ADDRESS_ENV, RayConfig, ScalingConfig
+from hydra_raytrain.data import streamed
 from hydra_raytrain.driver.builders import scaling_config
 from hydra_raytrain.internals import resources_per_worker
 from hydra_raytrain.recipe.loaders import machine_cores
@@ -257,7 +258,8 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
       (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
       RAY_TRAIN_ENABLE_PREEMPTION_WATCHER. Ray Train reads the variable from this process's environment at each
       run; a cluster joined later in the same process gets the watcher back (``connect``).
-    - Ray Data logs at WARNING (RAY_DATA_LOG_LEVEL), unless the environment sets it.
+    - Ray Data logs at WARNING (RAY_DATA_LOG_LEVEL), unless the environment sets it, and lists a Parquet read's
+      files with one footer-reading actor, not 32 (``streamed.few_footer_readers``).
     - Ray starts worker processes at niceness 15 (RAY_worker_niceness): on a busy machine the driver, Ray's own
       processes and anything else running there take the cores before the training workers do (measured on 2
       cores: a hand-written Ray Train loop 9% slower than at 0). The cluster is this run's: workers at 0, unless
@@ -269,6 +271,7 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
     os.environ.setdefault(NICENESS_ENV, "0")
     # Ray Data's tasks and actors (a streamed dataset) log two INFO lines per split and epoch to the console.
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
+    streamed.few_footer_readers()
     if include_dashboard is False:
         return {}
     port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())

@@ -99,6 +99,21 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
 
 
+def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_environment_says(monkeypatch):
+    from hydra_raytrain.data.streamed import FOOTER_READERS_ENV
+    from hydra_raytrain.driver import cluster
+    from hydra_raytrain.driver.cluster import local_cluster_environment
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what else it sets stays in this test
+    monkeypatch.setattr(cluster, "_watcher_turned_off", cluster._watcher_turned_off)
+    monkeypatch.delenv(FOOTER_READERS_ENV, raising=False)
+    local_cluster_environment(include_dashboard=False)
+    assert os.environ[FOOTER_READERS_ENV] == "1"  # Ray Data's 32 are for a large cluster's thousands of files
+    monkeypatch.setenv(FOOTER_READERS_ENV, "8")
+    local_cluster_environment(include_dashboard=False)
+    assert os.environ[FOOTER_READERS_ENV] == "8"
+
+
 def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleaner_unless_the_user_has_a_hook():
     import importlib
     import logging
