@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import shutil
+import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -237,11 +238,23 @@ def write_best_config(
 
 
 def drop_checkpoints(summary: dict[str, Any], keep: int) -> None:
-    """``keep_checkpoints=K``: the Ray storage of every trial but the best K goes (their metrics stay)."""
+    """``keep_checkpoints=K``: the checkpoints of every trial but the best K go (their metrics stay): the run dir's
+    ``ray_storage`` and the trial's folder in its storage (``storage`` in its summary.json: a path elsewhere, or a
+    URI such as ``s3://...``). One that cannot be removed now is said, and stays."""
+    from hydra_raytrain.config.errors import one_line
+    from hydra_raytrain.driver.storage import delete
+
     kept = {row["run_dir"] for row in best_first(summary["trials"], summary["mode"])[:keep]}
     for row in summary["trials"]:
-        if row["run_dir"] not in kept:
-            shutil.rmtree(os.path.join(row["run_dir"], "ray_storage"), ignore_errors=True)
+        if row["run_dir"] in kept:
+            continue
+        shutil.rmtree(os.path.join(row["run_dir"], "ray_storage"), ignore_errors=True)  # the default storage
+        place = (_read_json(os.path.join(row["run_dir"], rundir.SUMMARY_FILE)) or {}).get("storage")
+        if place:
+            try:
+                delete(place)
+            except Exception as error:  # noqa: BLE001  (a sweep's results are written; its pruning is a tidy-up)
+                print(f"keep_checkpoints: {place} stays: {one_line(error)}", file=sys.stderr)
 
 
 def plot(summary: dict[str, Any], path: str) -> None:

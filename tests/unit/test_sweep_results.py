@@ -342,3 +342,32 @@ def test_a_rerun_cross_validated_sweep_ranks_the_stopped_trials_it_keeps(tmp_pat
     assert ranked == {"optimizer.lr=0.1": (2, pytest.approx(0.105)), "optimizer.lr=0.01": (2, pytest.approx(0.0075))}
     assert summary["best_configuration"]["configuration"] == "optimizer.lr=0.1"
     assert summary["trials"][3]["status"] == "stopped" and summary["trials"][3]["index"] == 3
+
+
+def test_keep_checkpoints_removes_the_other_trials_storage_where_it_is_a_path_elsewhere_or_on_s3(tmp_path, s3_endpoint):
+    import pyarrow.fs
+
+    s3 = pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True)
+    s3.create_dir("sweep-bucket")
+    places = {  # a trial's Ray storage: the run dir's (the default), a path elsewhere, a prefix on S3
+        "run0": str(tmp_path / "run0" / "ray_storage" / "run0"),
+        "run1": str(tmp_path / "shared" / "run1"),
+        "run2": "s3://sweep-bucket/sweeps/run2",
+        "run3": "s3://sweep-bucket/sweeps/run3",
+    }
+    rows = []
+    for index, (name, place) in enumerate(places.items()):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"status": "completed", "storage": place}))
+        if place.startswith("s3://"):
+            with s3.open_output_stream(place[5:] + "/checkpoint_000/model.pt") as out:
+                out.write(b"weights")
+        else:
+            os.makedirs(os.path.join(place, "checkpoint_000"))
+        rows.append({"run_dir": str(tmp_path / name), "best": [0.5, 0.7, 0.9, 0.6][index]})
+    results.drop_checkpoints({"trials": rows, "mode": "max"}, keep=1)  # run2 is the best
+    assert not (tmp_path / "run0" / "ray_storage").exists() and not (tmp_path / "shared" / "run1").exists()
+    assert s3.get_file_info("sweep-bucket/sweeps/run3").type == pyarrow.fs.FileType.NotFound
+    with s3.open_input_stream("sweep-bucket/sweeps/run2/checkpoint_000/model.pt") as kept:
+        assert kept.read() == b"weights"
+    assert all((tmp_path / name / "summary.json").exists() for name in places)  # the metrics stay
