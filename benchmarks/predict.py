@@ -115,7 +115,9 @@ def main() -> None:
         run = train(folder, table)
         small = os.path.join(folder, "small.parquet")
         write_rows(small, 1000)
-        threads = max(1, (os.cpu_count() or 1) - 1)  # what one model actor gets on a local cluster of this machine
+        from hydra_raytrain.recipe.loaders import machine_cores
+
+        threads = max(1, machine_cores() - 1)  # what one model actor gets on a local cluster of this machine
         same = f"the same, {threads} thread{'s' if threads > 1 else ''}"
         figures: dict[str, list[float]] = {
             "plain loop": [],

@@ -272,13 +272,13 @@ def check_output(output: str) -> str:
 
 
 def actor_cpus(cpus: int, num_workers: int, num_gpus: float, local: bool) -> int:
-    """The CPUs (and torch threads) of each model actor when ``--cpus-per-worker`` is not given: on a local cluster
+    """The CPUs (and torch threads) of each model actor when ``--num-cpus`` is not given: on a local cluster
     this command started, its CPUs less one for Ray Data's reads, divided among the actors (as a training command
     sizes its workers to its machine); on a joined cluster, or on GPUs (where the GPU computes), Ray's one."""
     return max(1, (cpus - 1) // max(num_workers, 1)) if local and not num_gpus else 1
 
 
-def check_pool(num_workers: int, num_gpus: float, cpus_per_worker: int = 1) -> None:
+def check_pool(num_workers: int, num_gpus: float, num_cpus: int = 1) -> None:
     """The actors fit the connected cluster: their CPUs and one more for Ray Data's reads, and their GPUs."""
     import ray
 
@@ -295,13 +295,13 @@ def check_pool(num_workers: int, num_gpus: float, cpus_per_worker: int = 1) -> N
             f"each model actor holds a CPU, and Ray Data's reads need one more; the cluster has {cpus}.",
             f"1 to {max(1, cpus - 1)}",
         )
-    if cpus_per_worker < 1 or num_workers * cpus_per_worker + 1 > cpus:
-        asked = f"{num_workers} actor{'s' if num_workers > 1 else ''} x {cpus_per_worker} CPUs"
+    if num_cpus < 1 or num_workers * num_cpus + 1 > cpus:
+        asked = f"{num_workers} actor{'s' if num_workers > 1 else ''} x {num_cpus} CPUs"
         raise ConfigError(
-            "--cpus-per-worker",
-            cpus_per_worker,
+            "--num-cpus",
+            num_cpus,
             "an actor needs a CPU."
-            if cpus_per_worker < 1
+            if num_cpus < 1
             else f"{asked}, and Ray Data's reads need one more; the cluster has {cpus}.",
             f"1 to {(cpus - 1) // num_workers}",
         )
@@ -326,10 +326,10 @@ def predict(
     num_workers: int = 1,
     batch_size: int = 256,
     num_gpus: float = 0,
-    cpus_per_worker: int = 1,
+    num_cpus: int = 1,
 ) -> dict[str, Any]:
-    """Predict every row of ``input`` with a pool of ``num_workers`` model actors of ``cpus_per_worker`` CPUs (as
-    many torch threads) each; write ``output`` (Parquet)."""
+    """Predict every row of ``input`` with a pool of ``num_workers`` model actors of ``num_cpus`` CPUs (as
+    many torch threads) each; write ``output`` (Parquet). The plan is printed."""
     from ray.data import ActorPoolStrategy
 
     from hydra_raytrain.driver.run import import_path  # the driver's: not in the actors' imports
@@ -339,10 +339,10 @@ def predict(
     check_finished(run)
     location = check_output(output)
     images = image_builder(cfg["dataset"]) is not None
-    check_pool(num_workers, num_gpus, cpus_per_worker)
+    check_pool(num_workers, num_gpus, num_cpus)
     plural = "s" if num_workers > 1 else ""
     gpus = f", {num_gpus:g} GPU" if num_gpus else ""
-    cpus = f"{cpus_per_worker} CPU{'s' if cpus_per_worker > 1 else ''}"
+    cpus = f"{num_cpus} CPU{'s' if num_cpus > 1 else ''}"
     print(f"Predicting with {num_workers} model actor{plural} x {cpus}{gpus}", flush=True)
     started = time.time()
     data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input)
@@ -355,12 +355,12 @@ def predict(
             "device": "cuda" if num_gpus else "cpu",
             "classes": class_names(cfg["dataset"]) if images else None,
             "scheme": tables.absolute_location(input).split("://")[0] + "://" if "://" in input else "",
-            "threads": cpus_per_worker,
+            "threads": num_cpus,
         },
         compute=ActorPoolStrategy(size=num_workers),
         batch_size=batch_size,
         batch_format="pyarrow",
-        num_cpus=cpus_per_worker,
+        num_cpus=num_cpus,
         num_gpus=num_gpus,
         # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
         runtime_env={"env_vars": {"PYTHONPATH": import_path()}},
@@ -382,7 +382,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="rows per model call")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
     parser.add_argument(
-        "--cpus-per-worker",
+        "--num-cpus",
         type=int,
         help="CPUs (and torch threads) per actor (default: on a local cluster its CPUs less one for the reads, "
         "divided among the actors; on a joined cluster or GPUs, 1)",
@@ -393,19 +393,20 @@ def main() -> None:
         parser.error(f"{options.run}: no such folder")
     import ray
 
+    from hydra_raytrain.recipe.loaders import machine_cores
+
     try:
         address = options.address or os.environ.get("RAY_ADDRESS")
-        # A local cluster of its own: the actors' CPUs and one for the reads, however few cores there are
-        wanted = options.num_workers * (options.cpus_per_worker or 1) + 1
-        local = {} if address else {"num_cpus": max(os.cpu_count() or 1, wanted)}
+        # A local cluster of its own: the cores this command may use, or a CPU for every actor and one for the reads
+        local = {} if address else {"num_cpus": max(machine_cores(), options.num_workers + 1)}
         if not address:
             streamed.few_footer_readers()
         ray.init(address=address or "local", logging_level="WARNING", **local)
         if not sys.stderr.isatty():  # Ray Data's progress, logged every few seconds where no bar can be drawn
             logging.getLogger("ray.data").setLevel(logging.WARNING)
-        cpus = options.cpus_per_worker
+        cpus = options.num_cpus
         if cpus is None:
-            cpus = actor_cpus(int(ray.cluster_resources()["CPU"]), options.num_workers, options.num_gpus, not address)
+            cpus = actor_cpus(local.get("num_cpus", 1), options.num_workers, options.num_gpus, not address)
         done = predict(
             options.run,
             options.input,

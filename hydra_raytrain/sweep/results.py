@@ -239,22 +239,25 @@ def write_best_config(
 
 def drop_checkpoints(summary: dict[str, Any], keep: int) -> None:
     """``keep_checkpoints=K``: the checkpoints of every trial but the best K go (their metrics stay): the run dir's
-    ``ray_storage`` and the trial's folder in its storage (``storage`` in its summary.json: a path elsewhere, or a
-    URI such as ``s3://...``). One that cannot be removed now is said, and stays."""
-    from hydra_raytrain.config.errors import one_line
-    from hydra_raytrain.driver.storage import delete
-
+    ``ray_storage``. A trial stored elsewhere (``storage.path``: a folder, ``s3://...``) keeps them there, and they
+    are named: that folder is the config's, shared by every run of the same config (another sweep's best, say), so
+    it is not this sweep's to delete."""
     kept = {row["run_dir"] for row in best_first(summary["trials"], summary["mode"])[:keep]}
+    elsewhere = []
     for row in summary["trials"]:
         if row["run_dir"] in kept:
             continue
-        shutil.rmtree(os.path.join(row["run_dir"], "ray_storage"), ignore_errors=True)  # the default storage
+        own = os.path.join(row["run_dir"], "ray_storage")
+        shutil.rmtree(own, ignore_errors=True)
         place = (_read_json(os.path.join(row["run_dir"], rundir.SUMMARY_FILE)) or {}).get("storage")
-        if place:
-            try:
-                delete(place)
-            except Exception as error:  # noqa: BLE001  (a sweep's results are written; its pruning is a tidy-up)
-                print(f"keep_checkpoints: {place} stays: {one_line(error)}", file=sys.stderr)
+        if place and not os.path.abspath(place).startswith(own + os.sep):
+            elsewhere.append(place)
+    if elsewhere:
+        print(
+            f"keep_checkpoints={keep}: {_count(len(elsewhere), 'trial')} stored elsewhere keep their checkpoints (the "
+            f"folder is shared by runs of the same config; remove it when no run needs it): {', '.join(elsewhere)}",
+            file=sys.stderr,
+        )
 
 
 def plot(summary: dict[str, Any], path: str) -> None:

@@ -117,9 +117,7 @@ def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the
     # Batch predictions of one class folder on S3, written to S3: decoded as training decoded them (read_images'
     # resize, the run's transform), each image once, its class folder carried as its label; an output that
     # exists on S3 is refused.
-    done = predict(
-        str(tmp_path / "run"), "s3://images-bucket/shades/mid", "s3://images-bucket/predicted", cpus_per_worker=2
-    )
+    done = predict(str(tmp_path / "run"), "s3://images-bucket/shades/mid", "s3://images-bucket/predicted", num_cpus=2)
     assert done["rows"] == 40, done  # called in this process: one model actor of 2 CPUs on the session's cluster
     predicted = pq.read_table("images-bucket/predicted", filesystem=s3).to_pydict()
     assert sorted(predicted["path"]) == [f"s3://images-bucket/shades/mid/{i:02d}.png" for i in range(40)]

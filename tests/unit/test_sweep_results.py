@@ -344,7 +344,9 @@ def test_a_rerun_cross_validated_sweep_ranks_the_stopped_trials_it_keeps(tmp_pat
     assert summary["trials"][3]["status"] == "stopped" and summary["trials"][3]["index"] == 3
 
 
-def test_keep_checkpoints_removes_the_other_trials_storage_where_it_is_a_path_elsewhere_or_on_s3(tmp_path, s3_endpoint):
+def test_keep_checkpoints_removes_the_other_trials_ray_storage_and_names_storage_elsewhere_it_keeps(
+    tmp_path, s3_endpoint, capsys
+):
     import pyarrow.fs
 
     s3 = pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True)
@@ -366,8 +368,11 @@ def test_keep_checkpoints_removes_the_other_trials_storage_where_it_is_a_path_el
             os.makedirs(os.path.join(place, "checkpoint_000"))
         rows.append({"run_dir": str(tmp_path / name), "best": [0.5, 0.7, 0.9, 0.6][index]})
     results.drop_checkpoints({"trials": rows, "mode": "max"}, keep=1)  # run2 is the best
-    assert not (tmp_path / "run0" / "ray_storage").exists() and not (tmp_path / "shared" / "run1").exists()
-    assert s3.get_file_info("sweep-bucket/sweeps/run3").type == pyarrow.fs.FileType.NotFound
-    with s3.open_input_stream("sweep-bucket/sweeps/run2/checkpoint_000/model.pt") as kept:
-        assert kept.read() == b"weights"
-    assert all((tmp_path / name / "summary.json").exists() for name in places)  # the metrics stay
+    assert not (tmp_path / "run0" / "ray_storage").exists()  # the run dir's own storage goes
+    # A storage.path folder is the config's, which other runs of the same config share: kept, and named.
+    assert (tmp_path / "shared" / "run1" / "checkpoint_000").is_dir()
+    assert s3.get_file_info("sweep-bucket/sweeps/run3/checkpoint_000/model.pt").type == pyarrow.fs.FileType.File
+    said = capsys.readouterr().err
+    assert "keep_checkpoints=1: 2 trials stored elsewhere keep their checkpoints" in said
+    assert str(tmp_path / "shared" / "run1") in said and "s3://sweep-bucket/sweeps/run3" in said
+    assert "run0" not in said.split(": ", 2)[-1] and "sweeps/run2" not in said
