@@ -148,7 +148,8 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
 class Predictor:
     """One actor of the pool: the run's model, and each batch's rows (or images) decoded, predicted and written
     back. ``classes``: an image run's class names (its dataset node holds a table run's); ``scheme``: the input's
-    (``s3://``), which Ray Data's image paths lack."""
+    (``s3://``), which Ray Data's image paths lack; ``threads``: torch's, said on the terminal (None: as Ray set
+    them, one per CPU the actor holds, as for serve's replicas)."""
 
     def __init__(
         self,
@@ -158,7 +159,7 @@ class Predictor:
         device: str = "cpu",
         classes: list[str] | None = None,
         scheme: str = "",
-        threads: int = 1,
+        threads: int | None = None,
     ) -> None:
         import torch
         from hydra.utils import instantiate
@@ -166,9 +167,10 @@ class Predictor:
         from hydra_raytrain.evaluate import load_model
         from hydra_raytrain.export import Exported
 
-        torch.set_num_threads(threads)  # the actor's CPUs, as a training worker's
-        threads = torch.get_num_threads()
-        print(f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}", flush=True)
+        if threads is not None:  # predict's actors: their CPUs, as a training worker's (serve's: Ray's default)
+            torch.set_num_threads(threads)
+            threads = torch.get_num_threads()
+            print(f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}", flush=True)
         self.torch, self.device = torch, torch.device(device)
         self.model = Exported(load_model(run)).to(self.device).eval()  # type: ignore[arg-type]
         self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
