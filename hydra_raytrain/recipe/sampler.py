@@ -84,7 +84,10 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
 
 class SeededSamples(torch.utils.data.Dataset):
     """A map-style dataset read through :class:`ShardedSampler`'s ``(index, seed)`` pairs, in loader worker
-    processes: torch, numpy and random are seeded with the position's seed before each sample is loaded."""
+    processes: torch's CPU generator, numpy and random are seeded with the position's seed before each sample is
+    loaded. Not ``torch.manual_seed``: it also queues a seed, with a formatted stack trace, for each accelerator
+    not yet initialised in the process (CUDA can't be in a forked loader worker): ~0.1-0.4 ms per sample, which
+    made the loader processes of a GPU worker 0.55x as fast as torch's own sampling."""
 
     def __init__(self, dataset: Any):
         self.dataset = dataset
@@ -98,7 +101,7 @@ class SeededSamples(torch.utils.data.Dataset):
         import numpy as np
 
         index, seed = key
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)
         np.random.seed(seed % 2**32)
         random.seed(seed)
         return self.dataset[index]

@@ -80,6 +80,9 @@ def test_seeded_positions_are_pairs_with_a_seed_per_position_and_epoch():
 
 
 def test_seeded_samples_make_augmentations_depend_on_the_position_only():
+    import random
+
+    import numpy as np
     import torch
 
     from hydra_raytrain.recipe.sampler import SeededSamples
@@ -89,9 +92,10 @@ def test_seeded_samples_make_augmentations_depend_on_the_position_only():
             return 4
 
         def __getitem__(self, index):
-            return index + torch.rand(())
+            return [index + float(torch.rand(())), np.random.rand(), random.random()]
 
     data = SeededSamples(Noisy())
     first = data[(2, 123)]
-    torch.rand(5)  # whatever ran before in this process
-    assert data[(2, 123)] == first and data[(2, 124)] != first
+    torch.rand(5), np.random.rand(3), random.random()  # whatever ran before in this process
+    again, other = data[(2, 123)], data[(2, 124)]
+    assert again == first and all(a != b for a, b in zip(other, first, strict=True))
