@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/predict.py            # or: make bench-predict
     .venv/bin/python benchmarks/predict.py --rows 400000 --rounds 1
+    .venv/bin/python benchmarks/predict.py --rounds 1 --actors 1 --gpu    # one CPU actor, then one GPU actor
 
 A table of ``--rows`` rows of 64 float32 features and an integer class is written as one Parquet file; an MLP
 run trains on it for one short epoch in local mode (what is measured is prediction, not the model's quality).
@@ -10,8 +11,9 @@ batches of 1,024 rows, softmax and argmax, predictions gathered in memory), the 
 writes (the other columns, prediction, probabilities) to one Parquet file, that loop on the torch threads one model
 actor gets here (the cores less one), and ``hydra_raytrain.predict`` with 1 and 2 model actors on a local cluster,
 sized by default (reading, decoding, predicting, writing Parquet; its own figure, from before the first read to the
-last write: the actors' start included, Ray's excluded). Printed: rows/s and the ratio to the plain loop (and to
-the loops that write), and for predict the seconds 1,000 rows take (the fixed cost) and the rate beyond them.
+last write: the actors' start included, Ray's excluded); ``--actors`` chooses the pools, ``--gpu`` adds one GPU
+actor. Printed: each figure as it is measured; then rows/s and the ratio to the plain loop (and to the loops that
+write), and for predict the seconds 1,000 rows take (the fixed cost) and the rate beyond them.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--actors", type=int, action="append", help="model actors of a predict run (repeatable; 1, 2)")
+    parser.add_argument("--gpu", action="store_true", help="predict on one GPU actor (--num-gpus 1) too")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         table = os.path.join(folder, "rows.parquet")
@@ -119,34 +123,31 @@ def main() -> None:
 
         threads = max(1, machine_cores() - 1)  # what one model actor gets on a local cluster of this machine
         same = f"the same, {threads} thread{'s' if threads > 1 else ''}"
-        figures: dict[str, list[float]] = {
-            "plain loop": [],
-            "plain loop, writing": [],
-            same: [],
-            "predict, 1 actor": [],
-            "predict, 2 actors": [],
-        }
+        actors = options.actors or (1, 2)
+        pools = {f"predict, {n} actor{'s' if n > 1 else ''}": ["--num-workers", str(n)] for n in actors}
+        if options.gpu:
+            pools["predict, 1 GPU actor"] = ["--num-workers", "1", "--num-gpus", "1"]
+        figures: dict[str, list[float]] = {name: [] for name in ("plain loop", "plain loop, writing", same, *pools)}
         fixed: dict[str, list[float]] = {name: [] for name in figures}
         for round_ in range(options.rounds):
-            rows, seconds = measure([sys.executable, __file__, "plain", run, table], ROOT)
-            figures["plain loop"].append(rows / seconds)
             written = os.path.join(folder, f"plain{round_}.parquet")
-            rows, seconds = measure([sys.executable, __file__, "plain", run, table, written], ROOT)
-            figures["plain loop, writing"].append(rows / seconds)
-            os.remove(written)
-            rows, seconds = measure([sys.executable, __file__, "plain", run, table, written, str(threads)], ROOT)
-            figures[same].append(rows / seconds)
-            for actors in (1, 2):
-                name = f"predict, {actors} actor{'s' if actors > 1 else ''}"
+            loops = {"plain loop": [], "plain loop, writing": [written], same: [written, str(threads)]}
+            for name, extra in loops.items():
+                rows, seconds = measure([sys.executable, __file__, "plain", run, table, *extra], ROOT)
+                figures[name].append(rows / seconds)
+                print(f"round {round_ + 1} {name:22s} {rows / seconds:11,.0f} rows/s", flush=True)
+                if os.path.exists(written):
+                    os.remove(written)
+            for name, pool in pools.items():
                 for data, into in ((table, figures), (small, fixed)):
-                    output = os.path.join(folder, f"out{round_}-{actors}-{len(into[name])}-{id(into)}")
+                    output = os.path.join(folder, f"out{round_}-{len(into[name])}-{id(into)}-{len(pool)}{pool[-1]}")
                     command = [sys.executable, "-m", "hydra_raytrain.predict", run, data, "--output", output]
-                    command += ["--num-workers", str(actors), "--batch-size", str(BATCH)]
-                    rows, seconds = measure(command, folder)
+                    rows, seconds = measure([*command, *pool, "--batch-size", str(BATCH)], folder)
                     into[name].append(rows / seconds if into is figures else seconds)
+                    print(f"round {round_ + 1} {name:22s} {rows:,} rows in {seconds:.2f} s", flush=True)
         base, same_work = max(figures["plain loop"]), max(figures["plain loop, writing"])
         for name, values in figures.items():
-            line = f"{name:20s} {max(values):11,.0f} rows/s  {max(values) / base:.2f}x"
+            line = f"{name:22s} {max(values):11,.0f} rows/s  {max(values) / base:.2f}x"
             if name.startswith("predict"):
                 line += f" ({max(values) / same_work:.2f}x the loop that writes, "
                 line += f"{max(values) / max(figures[same]):.2f}x on {threads} thread{'s' if threads > 1 else ''})"
