@@ -45,3 +45,14 @@ def test_loader_workers_draw_differently_per_rank_and_per_worker():
     numpy_draws, torch_draws = [d[0] for d in draws], [d[1] for d in draws]
     # 2 ranks x 2 loader workers: 4 streams, each drawing twice; no stream repeats another's numbers.
     assert len(set(numpy_draws)) == 8 and len(set(torch_draws)) == 8
+
+
+def test_loader_processes_draw_the_same_per_position_however_many_there_are():
+    """Each training sample is seeded by its position in the epoch (torch's CPU generator, numpy), in the loader
+    process that loads it: one process or three, the same draws for the same positions."""
+    draws = {}
+    for processes in (1, 3):
+        options = dataclasses.replace(OPTIONS, num_workers=processes, persistent_workers=False, prefetch_factor=None)
+        loader = build_loader(Draws(), 1, train=True, rank=1, world_size=2, seed=5, options=options)
+        draws[processes] = [tuple(batch[0].tolist()) for batch in loader]
+    assert draws[1] == draws[3] and len(set(draws[1])) == 4
