@@ -9,7 +9,8 @@ persistent. Ours samples through ShardedSampler's ``(index, seed)`` pairs and se
 after a mid-epoch resume); torch's is ``DataLoader(shuffle=True)``. Both are iterated in this process, alternating,
 one epoch each per round after a warm-up epoch. Printed: samples/s per round and the ratio of the best of each.
 What ours adds per sample is seeding torch's CPU generator, numpy and random (~12 us on a 2-core AMD EPYC, where
-a FakeData image takes ~300 us): the GPU benchmark's raw loop is held to 0.98x, and its loader must not be why.
+a FakeData image takes ~300 us, a third of it FakeData's own ``torch.manual_seed``): the GPU benchmark holds ours to
+0.98x the raw loop, and its loader must not be why.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=min(8, machine_cores()))
     options = parser.parse_args()
+    if options.processes < 1:
+        parser.error("--processes: at least 1 (what is measured is loader processes)")
     overrides = ["dataset=fake", f"dataset.train_size={SIZE}", "dataset.val_size=256"]
     overrides += [f"trainer.dataloader.num_workers={options.processes}", "trainer.dataloader.persistent_workers=true"]
     with initialize_config_module("hydra_raytrain.conf", version_base="1.3"):

@@ -106,11 +106,17 @@ def measure(command: list[str], cwd: str) -> tuple[int, float]:
     return int(found.group(1).replace(",", "")), float(found.group(2))
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--actors", type=int, action="append", help="model actors of a predict run (repeatable; 1, 2)")
+    parser.add_argument("--actors", type=positive, action="append", help="model actors of a run (repeatable; 1, 2)")
     parser.add_argument("--gpu", action="store_true", help="predict on one GPU actor (--num-gpus 1) too")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
@@ -138,9 +144,9 @@ def main() -> None:
                 print(f"round {round_ + 1} {name:22s} {rows / seconds:11,.0f} rows/s", flush=True)
                 if os.path.exists(written):
                     os.remove(written)
-            for name, pool in pools.items():
+            for number, (name, pool) in enumerate(pools.items()):
                 for data, into in ((table, figures), (small, fixed)):
-                    output = os.path.join(folder, f"out{round_}-{len(into[name])}-{id(into)}-{len(pool)}{pool[-1]}")
+                    output = os.path.join(folder, f"out{round_}-{number}-{'fixed' if into is fixed else 'all'}")
                     command = [sys.executable, "-m", "hydra_raytrain.predict", run, data, "--output", output]
                     rows, seconds = measure([*command, *pool, "--batch-size", str(BATCH)], folder)
                     into[name].append(rows / seconds if into is figures else seconds)

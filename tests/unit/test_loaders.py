@@ -43,7 +43,7 @@ def test_loader_workers_draw_differently_per_rank_and_per_worker():
         )
         draws += [tuple(batch[0].tolist()) for batch in loader]
     numpy_draws, torch_draws = [d[0] for d in draws], [d[1] for d in draws]
-    # 2 ranks x 2 loader workers: 4 streams, each drawing twice; no stream repeats another's numbers.
+    # 2 ranks x 4 positions, each sample seeded by its position in the epoch: no two draws repeat.
     assert len(set(numpy_draws)) == 8 and len(set(torch_draws)) == 8
 
 
