@@ -18,6 +18,7 @@ from torchmetrics.functional.classification import multiclass_auroc, multiclass_
 
 from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
+from hydra_raytrain.recipe.loaders import machine_cores
 from tests.conftest import ROOT, run_cli
 from tests.helpers.loggers import read_scalars
 
@@ -131,15 +132,17 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     tested = json.loads((tmp_path / "run" / "summary.json").read_text())["test"]  # the streamed road's test rows
     assert (tested["test_samples"], tested["test_label_sum"]) == (len(held.test), int(held.test.tensors[1].sum()))
 
+    def predict(output: str, *options: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "hydra_raytrain.predict", "run", "t.parquet", "--output", output, *options],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            env={**os.environ, "PYTHONPATH": ROOT},  # the run's task: tests.helpers.tasks.Counted
+        )
+
     # Batch predictions of the same file on the cluster: 2 model actors, every row once, as load_model computes
-    done = subprocess.run(
-        [sys.executable, "-m", "hydra_raytrain.predict", "run", "t.parquet", "--output", "predictions"]
-        + ["--num-workers", "2", "--batch-size", "100", "--address", ray_address],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        env={**os.environ, "PYTHONPATH": ROOT},  # the run's task: tests.helpers.tasks.Counted
-    )
+    done = predict("predictions", "--num-workers", "2", "--batch-size", "100", "--address", ray_address)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Predicted 1,200 rows in" in done.stdout
     # A joined cluster's actors take Ray's one CPU each (and one torch thread), as other jobs may share it
@@ -155,3 +158,17 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     assert torch.allclose(torch.tensor(predicted["probabilities"]), expected, atol=1e-5)
     assert predicted["prediction"] == [sorted(SPECIES)[i] for i in expected.argmax(dim=1).tolist()]
     assert predicted["species"] == [SPECIES[kinds[i]] for i in order]  # the label carried through
+
+    # Without a cluster (no --address, no RAY_ADDRESS): a local cluster of its own, sized to the machine's cores, one
+    # of them left for Ray Data's reads; the same predictions.
+    assert "RAY_ADDRESS" not in os.environ
+    done = predict("predictions_local")
+    assert done.returncode == 0, done.stderr[-3000:]
+    cpus = max(machine_cores(), 2) - 1
+    plural = "s" if cpus > 1 else ""
+    assert f"Predicting with 1 model actor x {cpus} CPU{plural}\n" in done.stdout, done.stdout[-3000:]
+    assert f"Model actor: {cpus} torch thread{plural}\n" in done.stdout
+    local = pq.read_table(tmp_path / "predictions_local").to_pydict()
+    assert sorted(zip(local["key"], local["prediction"], strict=True)) == sorted(
+        zip(predicted["key"], predicted["prediction"], strict=True)
+    )
