@@ -328,19 +328,26 @@ def check_models_and_optimizers(
 
 # How torch.optim words its argument checks, where the message does not use the argument's own name.
 _OPTIMIZER_WORDS = {"lr": "learning rate", "eps": "epsilon", "betas": "beta"}
+EMPTY_PARAMETERS = "optimizer got an empty parameter list"  # torch.optim.Optimizer's, once the values are checked
 
 
 def check_optimizer_values(key: str, node: dict[str, Any]) -> None:
-    """torch's own checks of an optimizer's values (lr < 0, a beta outside [0, 1), eps < 0...), run here on one
-    dummy parameter as the training loop builds it (``instantiate(node)(parameters)``): a bad value is a config
-    error naming its key before any worker starts, not a failure in every worker."""
+    """torch's own checks of an optimizer's values (lr < 0, a beta outside [0, 1), eps < 0...), run here as the
+    training loop builds it (``instantiate(node)(parameters)``): a bad value is a config error naming its key before
+    any worker starts, not a failure in every worker. torch.optim's own optimizers check their values before they
+    take a parameter, so they get none (a parameter would import torch._dynamo, over a second of the driver's
+    start; what they check after it, ``fused`` with ``foreach``, is then the workers' error); any other optimizer
+    gets one dummy parameter."""
     target = get_object(node["_target_"])
     if not (node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer)):
         return
+    torch_own = target.__module__.startswith("torch.optim.")
     try:
-        instantiate(node)([torch.nn.Parameter(torch.zeros(2, 2))])
+        instantiate(node)([] if torch_own else [torch.nn.Parameter(torch.zeros(2, 2))])
     except Exception as error:  # torch.optim raises ValueError for a value out of range, RuntimeError for a combination
         reason = str(error).strip()
+        if torch_own and reason == EMPTY_PARAMETERS:  # every value passed, up to the parameters
+            return
         named = [
             name
             for name in node

@@ -50,6 +50,25 @@ def test_an_optimizer_value_torch_rejects_names_its_key(tmp_path, override, key)
     assert caught.value.key == key and "rejects it: Invalid" in str(caught.value), str(caught.value)
 
 
+class ParameterCheckingSGD(torch.optim.SGD):
+    """An optimizer of a user's that checks its values once it holds its parameters."""
+
+    def __init__(self, params, lr: float = 0.1, weight_decay: float = 0.0, max_norm: float = 1.0):
+        super().__init__(params, lr=lr, weight_decay=weight_decay)
+        if max_norm <= 0:
+            raise ValueError(f"Invalid max_norm value: {max_norm}")
+
+
+def test_an_optimizer_of_a_users_own_is_checked_holding_a_parameter(tmp_path):
+    """torch.optim's own optimizers are checked without a parameter (they check every value before taking one);
+    another optimizer gets one, so that what it checks after taking it is checked too."""
+    target = f"{__name__}.ParameterCheckingSGD"
+    validate(compose_config(f"optimizer._target_={target}"), str(tmp_path))
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config(f"optimizer._target_={target}", "+optimizer.max_norm=0"), str(tmp_path))
+    assert caught.value.key == "optimizer.max_norm" and "rejects it: Invalid max_norm" in str(caught.value)
+
+
 def test_per_model_optimizers_are_checked_too(tmp_path):
     cfg = compose_config("experiment=digits_gan")
     with open_dict(cfg):
