@@ -53,8 +53,9 @@ def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
 
     name = f"{prefix}.{uuid.uuid4().hex[:8]}"
     on_this_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    # Its name is registered when this returns (Ray registers a named actor at once): the workers find it while
+    # its process starts, beside theirs.
     board = ray.remote(num_cpus=0)(NoticeBoard).options(name=name, scheduling_strategy=on_this_node).remote()
-    ray.get(board.read.remote())  # up before the workers look for it
     received = threading.Event()
     previous = signal.getsignal(signal.SIGTERM)
 
