@@ -278,6 +278,9 @@ def read_newest_loadable(
     return None
 
 
+WAIT_WARNING_S = 1.0  # a run's checkpoints waiting this long in all for the previous upload: said once
+
+
 class Uploads:
     """Every report of a run goes through here, in one ``checkpoint_upload_mode`` (Ray keeps reports in order).
 
@@ -295,7 +298,7 @@ class Uploads:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
         self.uploading: str | None = None  # ASYNC: the folder of the upload in flight, until Ray deletes it
-        self.warned = False
+        self.waited = 0.0  # seconds, over the run: said once they add up to WAIT_WARNING_S
 
     def report(self, metrics: dict[str, Any], write: Callable[[str], None] | None = None, name: str | None = None):
         """Report ``metrics``; with ``write``, a checkpoint named ``name`` whose folder ``write`` fills."""
@@ -334,11 +337,13 @@ class Uploads:
         # Returns once Ray has processed every report of this rank so far: the upload is stored (or its error raised).
         ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
         shutil.rmtree(self.uploading, ignore_errors=True)  # Ray failed to delete it (it logged why): not ours to keep
-        if not self.warned:
-            self.warned = True
+        before, self.waited = self.waited, self.waited + time.perf_counter() - started
+        # Sub-second waits are Ray Train's own pace (a worker's next report waits for the controller to collect the
+        # previous one, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): nothing for the user to change.
+        if before < WAIT_WARNING_S <= self.waited:
             logger.warning(
-                f"checkpoint {name} waited {time.perf_counter() - started:.1f} s for the previous one's upload: "
-                "storage takes longer than checkpoint.every_n_steps / every_n_minutes leave between checkpoints"
+                f"checkpoint {name}: checkpoints have waited {self.waited:.1f} s in all for the previous one to be "
+                "stored: storage takes longer than checkpoint.every_n_steps / every_n_minutes leave between them"
             )
 
 
