@@ -336,8 +336,8 @@ def check_optimizer_values(key: str, node: dict[str, Any]) -> None:
     training loop builds it (``instantiate(node)(parameters)``): a bad value is a config error naming its key before
     any worker starts, not a failure in every worker. torch.optim's own optimizers check their values before they
     take a parameter, so they get none (a parameter would import torch._dynamo, over a second of the driver's
-    start; what they check after it, ``fused`` with ``foreach``, is then the workers' error); any other optimizer
-    gets one dummy parameter."""
+    start; what they check after it, ``fused`` with ``foreach`` or ``differentiable``, is then the workers' error);
+    any other optimizer gets one dummy parameter."""
     target = get_object(node["_target_"])
     if not (node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer)):
         return
@@ -346,7 +346,7 @@ def check_optimizer_values(key: str, node: dict[str, Any]) -> None:
         instantiate(node)([] if torch_own else [torch.nn.Parameter(torch.zeros(2, 2))])
     except Exception as error:  # torch.optim raises ValueError for a value out of range, RuntimeError for a combination
         reason = str(error).strip()
-        if torch_own and reason == EMPTY_PARAMETERS:  # every value passed, up to the parameters
+        if torch_own and isinstance(error, ValueError) and EMPTY_PARAMETERS in reason:  # every value passed
             return
         named = [
             name

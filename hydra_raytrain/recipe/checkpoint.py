@@ -278,7 +278,7 @@ def read_newest_loadable(
     return None
 
 
-WAIT_WARNING_S = 1.0  # a run's checkpoints waiting this long in all for the previous upload: said once
+WAIT_WARNING_S = 1.0  # a checkpoint waiting this long for the previous upload: said once
 
 
 class Uploads:
@@ -298,7 +298,7 @@ class Uploads:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
         self.uploading: str | None = None  # ASYNC: the folder of the upload in flight, until Ray deletes it
-        self.waited = 0.0  # seconds, over the run: said once they add up to WAIT_WARNING_S
+        self.warned = False
 
     def report(self, metrics: dict[str, Any], write: Callable[[str], None] | None = None, name: str | None = None):
         """Report ``metrics``; with ``write``, a checkpoint named ``name`` whose folder ``write`` fills."""
@@ -337,13 +337,14 @@ class Uploads:
         # Returns once Ray has processed every report of this rank so far: the upload is stored (or its error raised).
         ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
         shutil.rmtree(self.uploading, ignore_errors=True)  # Ray failed to delete it (it logged why): not ours to keep
-        before, self.waited = self.waited, self.waited + time.perf_counter() - started
-        # Sub-second waits are Ray Train's own pace (a worker's next report waits for the controller to collect the
+        waited = time.perf_counter() - started
+        # A shorter wait is Ray Train's own pace (a worker's next report waits for the controller to collect the
         # previous one, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): nothing for the user to change.
-        if before < WAIT_WARNING_S <= self.waited:
+        if waited >= WAIT_WARNING_S and not self.warned:
+            self.warned = True
             logger.warning(
-                f"checkpoint {name}: checkpoints have waited {self.waited:.1f} s in all for the previous one to be "
-                "stored: storage takes longer than checkpoint.every_n_steps / every_n_minutes leave between them"
+                f"checkpoint {name} waited {waited:.1f} s for the previous one to be stored: storage takes longer "
+                "than checkpoint.every_n_steps / every_n_minutes leave between checkpoints"
             )
 
 
