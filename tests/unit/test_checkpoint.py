@@ -1,6 +1,9 @@
 """Checkpoint contents: RNG states round-trip, every file loads with weights_only, broken folders are skipped."""
 
+import logging
+import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -76,3 +79,19 @@ def test_storage_that_is_away_is_not_taken_for_a_broken_checkpoint(tmp_path):
     with pytest.raises(StorageUnavailable, match="did not answer"):
         checkpoint.read_newest_loadable([Checkpoint(str(tmp_path / "epoch_1"), away)], 0, warnings.append)
     assert warnings == []
+
+
+def test_a_checkpoint_waiting_for_the_previous_upload_warns_once_and_only_past_a_second(tmp_path, monkeypatch, caplog):
+    """Sub-second waits are Ray Train collecting each report (the default run's): no warning. A wait of a second or
+    more is storage slower than the checkpoints: said once."""
+    uploads = checkpoint.Uploads("ASYNC", str(tmp_path / "staging"))
+    waits = iter([0.05, checkpoint.WAIT_WARNING_S + 0.05, checkpoint.WAIT_WARNING_S + 0.05])
+    monkeypatch.setattr(checkpoint.ray.train, "get_all_reported_checkpoints", lambda **_: time.sleep(next(waits)))
+    for name in ("epoch_0002", "epoch_0003", "epoch_0004"):
+        uploads.uploading = str(tmp_path / name)  # the previous upload still in flight
+        os.makedirs(uploads.uploading)
+        with caplog.at_level(logging.WARNING, logger=checkpoint.__name__):
+            uploads._wait_for_previous(name)
+        assert not os.path.exists(uploads.uploading)
+    warned = [r.getMessage() for r in caplog.records if "for the previous one to be stored" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("checkpoint epoch_0003 waited 1."), warned
