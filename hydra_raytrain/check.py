@@ -27,6 +27,7 @@ from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.overrides import check_command_line
 from hydra_raytrain.preflight.replaced import apply_command_line_targets
+from hydra_raytrain.program import end_quickly
 
 FAILED: list[str] = []
 
@@ -66,6 +67,7 @@ def _quiet_hydra(folder: str) -> list[str]:
 
 
 def main() -> None:
+    end_quickly()
     args = [arg for arg in sys.argv[1:] if not arg.startswith(("hydra/sweeper=", "hydra.sweeper."))]
     try:
         check_command_line(args)

@@ -13,6 +13,7 @@ from hydra_raytrain.config import ConfigError
 from hydra_raytrain.driver.run import TrainingFailed, hydra_run_dir, train
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
 from hydra_raytrain.overrides import check_command_line
+from hydra_raytrain.program import end_quickly
 
 # What Hydra itself writes into a run dir before our code runs.
 HYDRA_FILES = {".hydra", "train.log"}
@@ -43,6 +44,7 @@ def _remove_untouched_run_dir() -> None:
 
 
 def main() -> None:
+    end_quickly()
     try:
         check_command_line(sys.argv[1:])
     except ConfigError as error:

@@ -26,6 +26,7 @@ from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.driver.scoring import SPLITS, load_weights, score, shown
 from hydra_raytrain.preflight.resolvers import register_resolvers
 from hydra_raytrain.preflight.targets import check_targets
+from hydra_raytrain.program import end_quickly
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE, write_json
 
 EVALUATION_FILE = "evaluation.json"
@@ -118,6 +119,7 @@ def evaluation_file(split: str) -> str:
 
 
 def main() -> None:
+    end_quickly()
     parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="a run dir, or one checkpoint folder inside its Ray storage")
     parser.add_argument("--split", default="val", choices=SPLITS, help="the split to score (default: val)")

@@ -25,6 +25,7 @@ import torch
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.evaluate import check_config, check_finished, load_config, load_model
+from hydra_raytrain.program import end_quickly
 from hydra_raytrain.rundir import write_json
 
 FORMATS = {"onnx": "model.onnx", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
@@ -170,6 +171,7 @@ WRITERS: dict[str, Callable[[torch.nn.Module, torch.Tensor, str, list[str]], Cal
 
 
 def main() -> None:
+    end_quickly()
     parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a finished run dir, or one checkpoint folder inside its Ray storage")
     parser.add_argument("--format", choices=list(FORMATS), default="onnx")

@@ -31,6 +31,7 @@ import numpy as np
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
+from hydra_raytrain.program import end_quickly
 
 READERS = {
     ".parquet": "read_parquet",
@@ -376,6 +377,7 @@ def predict(
 
 
 def main() -> None:
+    end_quickly()
     parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.predict", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a finished run dir (trained on a table, or on images)")
     parser.add_argument("input", help=f"{INPUTS}; for an image run: {IMAGE_INPUTS}")

@@ -37,6 +37,7 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
+from hydra_raytrain.program import end_quickly
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SERVE_EXTRA = "pip install 'hydra_raytrain[serve]' (Ray Serve: ray[serve], with FastAPI and uvicorn)"
@@ -294,6 +295,7 @@ def parse_options() -> argparse.Namespace:
 
 
 def main() -> None:
+    end_quickly()
     options = parse_options()
     try:
         import fastapi  # noqa: F401

@@ -1,0 +1,43 @@
+"""Every command ends without its interpreter's last garbage collection (hydra_raytrain.program)."""
+
+import json
+import subprocess
+import sys
+
+COMMANDS = [
+    "hydra_raytrain",
+    "hydra_raytrain.check",
+    "hydra_raytrain.evaluate",
+    "hydra_raytrain.export",
+    "hydra_raytrain.predict",
+    "hydra_raytrain.serve",
+]
+
+# In one fresh process: each command's main run with --help, as `python -m` runs it; then, at exit, whether the
+# objects alive were frozen (a handler registered first runs last) and the exit code the process still gets.
+SCRIPT = """
+import atexit, gc, json, runpy, sys
+atexit.register(lambda: print("FROZEN", gc.get_freeze_count() > 0, flush=True))
+from hydra_raytrain import program
+asked = {}
+for module in json.loads(sys.argv[1]):
+    program._ending_quickly = False
+    sys.argv = [module, "--help"]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        assert stop.code in (0, None), (module, stop.code)
+    asked[module] = program._ending_quickly
+print("ASKED", json.dumps(asked), flush=True)
+sys.exit(3)
+"""
+
+
+def test_every_command_ends_frozen_and_keeps_its_exit_code():
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(COMMANDS)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    [asked] = [line[len("ASKED ") :] for line in done.stdout.splitlines() if line.startswith("ASKED ")]
+    assert json.loads(asked) == dict.fromkeys(COMMANDS, True)
+    assert done.stdout.rstrip().endswith("FROZEN True"), done.stdout[-2000:]
