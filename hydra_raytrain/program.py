@@ -1,5 +1,6 @@
-"""What every command of the package does about its own end: ``python -m hydra_raytrain`` and its ``.predict``,
-``.evaluate``, ``.export`` and ``.serve``, ``hydra-raytrain-check``. Import-light (nothing but the standard library)."""
+"""What every command of the package does about its own end: ``python -m hydra_raytrain`` (``hydra-raytrain``) and
+its ``.predict``, ``.evaluate``, ``.export`` and ``.serve``, ``hydra-raytrain-check``. Import-light (nothing but the
+standard library)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ _ending_quickly = False
 
 
 def end_quickly() -> None:
-    """The process skips its interpreter's last garbage collection: at exit (an ``atexit`` handler) the objects
-    alive then are frozen (``gc.freeze``) instead of traversed one last time. With torch, Ray and Hydra imported that
-    traversal takes ~0.8 s of every command on 2 cores, for memory the operating system takes back anyway. The rest
-    of the end runs as always: the libraries' own ``atexit`` handlers (Ray's shutdown, W&B's, MLflow's, logging's
-    flush), the flushing of open files (but for one caught in a reference cycle), the modules' teardown. A test
-    calling a command's ``main`` in its own process gets its pytest's end frozen the same way, nothing before it."""
+    """The process skips its interpreter's garbage collections at exit (after the ``atexit`` handlers, and during
+    the modules' teardown): an ``atexit`` handler freezes the objects alive then (``gc.freeze``) instead. With torch,
+    Ray and Hydra imported those traversals take ~0.6-1 s of every command on 2 cores, for memory the operating system
+    takes back anyway. The libraries' own ``atexit`` handlers run as before (Ray's shutdown, W&B's, MLflow's,
+    logging's flush, ``weakref.finalize``'s), and so do the standard streams' flush and the exit code. What no longer
+    happens: finalizing an object that only a reference cycle keeps at exit (its ``__del__``, weakref callbacks, the
+    buffer of a file it holds open): Python does not promise those at exit either, and the package closes its files
+    itself; code of a user's own running in the driver should too. A test that calls a command's ``main`` inside the
+    pytest process freezes that process's exit the same way, and nothing earlier."""
     global _ending_quickly
     if not _ending_quickly:
         atexit.register(gc.freeze)

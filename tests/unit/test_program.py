@@ -27,6 +27,7 @@ for module in json.loads(sys.argv[1]):
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as stop:
         assert stop.code in (0, None), (module, stop.code)
+    assert gc.get_freeze_count() == 0, module  # at exit only: a long-lived process keeps collecting
     asked[module] = program._ending_quickly
 print("ASKED", json.dumps(asked), flush=True)
 sys.exit(3)
