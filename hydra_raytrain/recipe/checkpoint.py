@@ -20,6 +20,7 @@ Everything else is plain tensors and containers, so every file loads with ``torc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -348,7 +349,10 @@ class Uploads:
             )
 
 
-def staging_folder(run_name: str, rank: int) -> str:
+def staging_folder(run_name: str, run_dir: str, rank: int) -> str:
     """Where a rank writes its checkpoint folders before Ray stores them: on the worker's local disk, one per run
-    and rank, so that a restarted worker finds (and removes) what its killed predecessor left."""
-    return os.path.join(tempfile.gettempdir(), f"hydra_raytrain-{run_name}-rank{rank}")
+    and rank, so that a restarted worker finds (and removes) what its killed predecessor left. Named by the run
+    dir as well as the run name: two runs of one config (one name) in two run dirs at once on a node each keep
+    their own (a worker's start empties its folder, under the other run's upload otherwise)."""
+    where = hashlib.sha1(run_dir.encode()).hexdigest()[:8]
+    return os.path.join(tempfile.gettempdir(), f"hydra_raytrain-{run_name}-{where}-rank{rank}")

@@ -229,7 +229,7 @@ class RunReport(pl.Callback):
         self.cadence = Cadence(None, None, self.notice_reader, self.rank, self.world_size, notice is not None)
         self.uploads = checkpoint.Uploads(
             cfg.checkpoint.checkpoint_upload_mode,
-            checkpoint.staging_folder(run_name, self.rank),
+            checkpoint.staging_folder(run_name, run_dir, self.rank),
             local_mode=cfg.scaling.num_workers == 0,
         )
         self.resumed_from: str | None = None  # the checkpoint fit() resumes from

@@ -160,7 +160,7 @@ class Recipe:
         self.notice_reader = NoticeReader(self.notice) if self.notice and self.rank == 0 else None
         self.uploads = checkpoint.Uploads(
             self.cfg.checkpoint.checkpoint_upload_mode,
-            checkpoint.staging_folder(self.run_name, self.rank),
+            checkpoint.staging_folder(self.run_name, self.run_dir, self.rank),
             local_mode=self.cfg.scaling.num_workers == 0,
         )
         self.cadence = Cadence(

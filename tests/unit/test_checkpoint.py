@@ -3,6 +3,7 @@
 import logging
 import os
 import random
+import tempfile
 import time
 
 import numpy as np
@@ -95,3 +96,16 @@ def test_a_checkpoint_waiting_for_the_previous_upload_warns_once_and_only_past_a
         assert not os.path.exists(uploads.uploading)
     warned = [r.getMessage() for r in caplog.records if "for the previous one to be stored" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("checkpoint epoch_0003 waited 1."), warned
+
+
+def test_one_run_name_in_two_run_dirs_stages_apart_and_a_restart_empties_its_own(tmp_path, monkeypatch):
+    """Two runs of one config (one run name) at once on a node: the second's start leaves the first's staged
+    checkpoint (an upload in flight) alone; a restarted worker of the first removes what its predecessor left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "local_disk"))
+    os.makedirs(tempfile.gettempdir())
+    first = checkpoint.Uploads("ASYNC", checkpoint.staging_folder("mlp-digits-0a1b2c3d4e", str(tmp_path / "a"), 0))
+    in_flight = tempfile.mkdtemp(dir=first.staging)
+    checkpoint.Uploads("ASYNC", checkpoint.staging_folder("mlp-digits-0a1b2c3d4e", str(tmp_path / "b"), 0))
+    assert os.path.isdir(in_flight)
+    checkpoint.Uploads("ASYNC", checkpoint.staging_folder("mlp-digits-0a1b2c3d4e", str(tmp_path / "a"), 0))
+    assert not os.path.exists(in_flight)
