@@ -41,9 +41,10 @@ def write_rows(path: str, rows: int) -> None:
     pq.write_table(pa.table({**features, "label": labels, "key": np.arange(rows)}), path)
 
 
-def train(folder: str, table: str) -> str:
+def train(folder: str, table: str, hidden: list[int]) -> str:
     run = os.path.join(folder, "run")
     args = ["dataset=table", f"dataset.path={table}", "model=mlp", "scaling.num_workers=0", "trainer.max_epochs=1"]
+    args += [f"model.hidden_sizes=[{','.join(str(n) for n in hidden)}]"]
     args += [
         "trainer.limit_train_batches=20",
         "trainer.limit_val_batches=2",
@@ -106,6 +107,12 @@ def measure(command: list[str], cwd: str) -> tuple[int, float]:
     return int(found.group(1).replace(",", "")), float(found.group(2))
 
 
+def sizes(text: str) -> list[int]:
+    if not re.fullmatch(r"\d+(,\d+)*", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: layer widths, comma-separated (128,64)")
+    return [int(n) for n in text.split(",")]
+
+
 def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
@@ -118,11 +125,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--actors", type=positive, action="append", help="model actors of a run (repeatable; 1, 2)")
     parser.add_argument("--gpu", action="store_true", help="predict on one GPU actor (--num-gpus 1) too")
+    parser.add_argument("--hidden", type=sizes, default=[128, 64], help="the MLP's hidden layers (128,64)")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         table = os.path.join(folder, "rows.parquet")
         write_rows(table, options.rows)
-        run = train(folder, table)
+        run = train(folder, table, options.hidden)
         small = os.path.join(folder, "small.parquet")
         write_rows(small, 1000)
         from hydra_raytrain.recipe.loaders import machine_cores

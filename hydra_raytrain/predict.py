@@ -146,6 +146,37 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
     return chosen
 
 
+JEMALLOC_CONF = "oversize_threshold:0"  # activations of 8 MiB and more kept for reuse like the rest, not purged
+
+
+def model_actor_env(import_path: str) -> dict[str, str]:
+    """The environment of a model actor's process (predict's pool): the driver's import path
+    (Ray's processes do not inherit its folder: the run's own modules import from it), and Ray's own jemalloc
+    preloaded (the allocator its raylet runs on, in Ray's wheel) where this Ray has it and the environment names no
+    allocator (``LD_PRELOAD`` or ``MALLOC_CONF`` set, even empty, keeps the C library's malloc or yours).
+
+    Why not glibc's malloc: Ray Data calls the model in a thread of its own, and there glibc neither reused nor
+    returned a big model's freed activations: every batch got fresh pages (an MLP 64-2,048-2,048-10, batches of
+    1,024: ~30 MB more per batch, 9 GiB resident after 300 batches, a fifth of the actor's time in page faults).
+    With jemalloc the actor's memory stays flat and the forward runs as fast as a plain loop's."""
+    import ray
+
+    env = {"PYTHONPATH": import_path}
+    library = os.path.join(os.path.dirname(ray.__file__), "core", "libjemalloc.so")
+    if os.path.isfile(library) and "LD_PRELOAD" not in os.environ and "MALLOC_CONF" not in os.environ:
+        env.update(LD_PRELOAD=library, MALLOC_CONF=JEMALLOC_CONF)
+    return env
+
+
+def allocator() -> str:
+    """This process's memory allocator, as its mapped libraries say: "jemalloc", else "malloc" (the C library's)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return "jemalloc" if any("libjemalloc" in line for line in maps) else "malloc"
+    except OSError:  # not Linux
+        return "malloc"
+
+
 class Predictor:
     """One actor of the pool: the run's model, and each batch's rows (or images) decoded, predicted and written
     back. ``classes``: an image run's class names (its dataset node holds a table run's); ``scheme``: the input's
@@ -171,7 +202,7 @@ class Predictor:
         if threads is not None:  # predict's actors: their CPUs, as a training worker's (serve's: Ray's default)
             torch.set_num_threads(threads)
             threads = torch.get_num_threads()
-            print(f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}", flush=True)
+            print(f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}, {allocator()}", flush=True)
         self.torch, self.device = torch, torch.device(device)
         self.model = Exported(load_model(run)).to(self.device).eval()  # type: ignore[arg-type]
         self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
@@ -365,8 +396,7 @@ def predict(
         batch_format="pyarrow",
         num_cpus=num_cpus,
         num_gpus=num_gpus,
-        # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
-        runtime_env={"env_vars": {"PYTHONPATH": import_path()}},
+        runtime_env={"env_vars": model_actor_env(import_path())},
     )
     # The writes hold no CPU: the actors may take every CPU of a small cluster, and a write waiting for one would
     # wait for ever (Ray Data keeps the pool until the dataset ends).

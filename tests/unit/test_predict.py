@@ -94,3 +94,20 @@ def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one
     assert actor_cpus(2, 1, 0, local=True) == 1 and actor_cpus(3, 4, 0, local=True) == 1  # at least one
     assert actor_cpus(16, 1, 0, local=False) == 1  # a joined cluster: Ray's one, other jobs may share it
     assert actor_cpus(16, 1, 1, local=True) == 1  # on a GPU the GPU computes; the CPUs go to the reads
+
+
+def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_allocator(monkeypatch):
+    import os
+
+    from hydra_raytrain.predict import JEMALLOC_CONF, model_actor_env
+
+    for name in ("LD_PRELOAD", "MALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    env = model_actor_env("/the/import/path")
+    assert env["PYTHONPATH"] == "/the/import/path"
+    assert env["LD_PRELOAD"].endswith(os.path.join("ray", "core", "libjemalloc.so"))  # the one in Ray's wheel
+    assert os.path.isfile(env["LD_PRELOAD"]) and env["MALLOC_CONF"] == JEMALLOC_CONF
+    for name, value in (("LD_PRELOAD", ""), ("LD_PRELOAD", "/opt/libtcmalloc.so"), ("MALLOC_CONF", "narenas:2")):
+        with monkeypatch.context() as inside:
+            inside.setenv(name, value)  # the user's choice (empty: the C library's malloc) is theirs to keep
+            assert model_actor_env("/p") == {"PYTHONPATH": "/p"}
