@@ -2,6 +2,7 @@
 and the runs and inputs it refuses by name."""
 
 import functools
+import os
 import re
 
 import numpy as np
@@ -96,18 +97,37 @@ def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one
     assert actor_cpus(16, 1, 1, local=True) == 1  # on a GPU the GPU computes; the CPUs go to the reads
 
 
-def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_allocator(monkeypatch):
-    import os
-
+def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_allocator(monkeypatch, tmp_path):
     from hydra_raytrain.predict import JEMALLOC_CONF, model_actor_env
 
-    for name in ("LD_PRELOAD", "MALLOC_CONF"):
+    for name in ("LD_PRELOAD", "MALLOC_CONF", "RAY_JEMALLOC_LIB_PATH"):
         monkeypatch.delenv(name, raising=False)
     env = model_actor_env("/the/import/path")
     assert env["PYTHONPATH"] == "/the/import/path"
     assert env["LD_PRELOAD"].endswith(os.path.join("ray", "core", "libjemalloc.so"))  # the one in Ray's wheel
     assert os.path.isfile(env["LD_PRELOAD"]) and env["MALLOC_CONF"] == JEMALLOC_CONF
-    for name, value in (("LD_PRELOAD", ""), ("LD_PRELOAD", "/opt/libtcmalloc.so"), ("MALLOC_CONF", "narenas:2")):
+    with monkeypatch.context() as inside:  # a jemalloc setting of the user's own: on Ray's jemalloc
+        inside.setenv("MALLOC_CONF", "narenas:2")
+        assert model_actor_env("/p") == {
+            "PYTHONPATH": "/p",
+            "LD_PRELOAD": env["LD_PRELOAD"],
+            "MALLOC_CONF": "narenas:2",
+        }
+    for value in ("", "/opt/libtcmalloc.so"):  # the user's (empty: the C library's), passed on to a joined cluster
         with monkeypatch.context() as inside:
-            inside.setenv(name, value)  # the user's choice (empty: the C library's malloc) is theirs to keep
-            assert model_actor_env("/p") == {"PYTHONPATH": "/p"}
+            inside.setenv("LD_PRELOAD", value)
+            assert model_actor_env("/p") == {"PYTHONPATH": "/p", "LD_PRELOAD": value}
+    with monkeypatch.context() as inside:  # Ray's own variable for its jemalloc: a file that is not there, no preload
+        inside.setenv("RAY_JEMALLOC_LIB_PATH", str(tmp_path / "libjemalloc.so"))
+        assert model_actor_env("/p") == {"PYTHONPATH": "/p"}
+
+
+def test_an_actor_says_its_allocator_and_a_preloaded_one_missing_on_its_node(monkeypatch):
+    from hydra_raytrain.predict import allocator
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert allocator() == "malloc"
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libgomp.so.1")  # preloaded, but no allocator
+    assert allocator() == "malloc"
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere/ray/core/libjemalloc.so")
+    assert allocator() == "malloc (/elsewhere/ray/core/libjemalloc.so: not found on this node)"
