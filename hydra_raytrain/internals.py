@@ -7,6 +7,7 @@ Import-light (no torch, no Ray at import): the driver, the workers and Ray Train
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 # Ray 2.60, Train V2: a worker's "Error in training function:" log line with its traceback
@@ -48,3 +49,12 @@ def child_node(node: Any, key: str) -> Any:
     """OmegaConf 2.3: a config's child node as it is, without resolving it (``DictConfig._get_node``); the public
     ``node[key]`` resolves interpolations, which fail on ``???`` values."""
     return node._get_node(key)
+
+
+def ray_jemalloc() -> str | None:
+    """Ray 2.60: the jemalloc Ray runs its raylet on, found as Ray finds it (``ray._private.services``: the
+    environment's ``RAY_JEMALLOC_LIB_PATH``, else ``JEMALLOC_SO``, the one in Ray's wheel where it is there); None
+    where there is none."""
+    from ray._private import services
+
+    return os.environ.get(services.RAY_JEMALLOC_LIB_PATH, services.JEMALLOC_SO) or None

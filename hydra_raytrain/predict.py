@@ -163,14 +163,12 @@ def model_actor_env(import_path: str) -> dict[str, str]:
     returned a big model's freed activations: every batch got fresh pages (an MLP 64-2,048-2,048-10, batches of
     1,024: ~30 MB more per batch, 9 GiB resident after 300 batches, a sixth of the actor's time in page faults).
     On jemalloc the actor's memory stays flat, and beyond its start it predicts as fast as a plain loop."""
-    import ray
+    from hydra_raytrain.internals import ray_jemalloc
 
     env = {"PYTHONPATH": import_path}
     env.update({name: os.environ[name] for name in ("LD_PRELOAD", "MALLOC_CONF") if name in os.environ})
-    library = os.environ.get("RAY_JEMALLOC_LIB_PATH") or os.path.join(
-        os.path.dirname(ray.__file__), "core", "libjemalloc.so"
-    )
-    if "LD_PRELOAD" not in env and os.path.isfile(library):
+    library = ray_jemalloc()
+    if "LD_PRELOAD" not in env and library and os.path.isfile(library):
         env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
         env["LD_PRELOAD"] = library
     return env
