@@ -43,6 +43,17 @@ READERS = {
 INPUTS = "a .parquet, .csv or .jsonl file, or a folder (or s3:// prefix) of them"
 IMAGE_INPUTS = "an image file, or a folder (or s3:// prefix) of images (.png, .jpg, ...)"
 IMAGE_BUILDERS = ("imagefolder", "torchvision_builtin", "images")  # hydra_raytrain.data's, by name
+# Decoded input a model actor is handed at a time (at least one --batch-size batch): Ray Data's costs of a call
+# (~0.9 ms on one core: slicing the batch, its output block) are paid once for several model batches, and a call
+# stays small enough to spread a small input over many actors
+CALL_BYTES = 2**20
+
+
+def call_rows(batch_size: int, input_shape: Any) -> int:
+    """Rows per call of a model actor: whole batches of ``batch_size`` rows (the model predicts one at a time), as
+    many as fit in ``CALL_BYTES`` decoded (float32 samples of ``input_shape``), at least one."""
+    batch_bytes = batch_size * math.prod(int(n) for n in input_shape) * 4
+    return batch_size * max(1, CALL_BYTES // max(batch_bytes, 1))
 
 
 def image_builder(dataset: dict[str, Any]) -> str | None:
@@ -197,7 +208,8 @@ class Predictor:
     """One actor of the pool: the run's model, and each batch's rows (or images) decoded, predicted and written
     back. ``classes``: an image run's class names (its dataset node holds a table run's); ``scheme``: the input's
     (``s3://``), which Ray Data's image paths lack; ``threads``: torch's, said on the terminal (None: as Ray set
-    them, one per CPU the actor holds, as for serve's replicas)."""
+    them, one per CPU the actor holds, as for serve's replicas); ``batch_size``: the rows of a model call (None:
+    a whole batch at once, as serve's)."""
 
     def __init__(
         self,
@@ -208,6 +220,7 @@ class Predictor:
         classes: list[str] | None = None,
         scheme: str = "",
         threads: int | None = None,
+        batch_size: int | None = None,
     ) -> None:
         import torch
         from hydra.utils import instantiate
@@ -225,7 +238,7 @@ class Predictor:
         self.classes = classes or dataset.get("classes")
         self.outputs = int(dataset.get("num_outputs") or 1)
         self.images = ImageDecoder(dataset) if image_builder(dataset) else None
-        self.scheme = scheme
+        self.scheme, self.batch_size = scheme, batch_size
         transform = dataset.get("transform") if self.images is None else None  # an images run's: its decoder's
         self.transform = instantiate(transform, _convert_="all") if transform else None
 
@@ -245,9 +258,15 @@ class Predictor:
         return pa.table({**carried, "prediction": pa.array(prediction), "probabilities": probs})
 
     def forward(self, x: np.ndarray) -> Any:
-        """The model's output (float32, on the CPU) for samples in the run's ``input_shape``."""
+        """The model's output (float32, on the CPU) for samples in the run's ``input_shape``, ``batch_size`` of
+        them a model call."""
+        x, step = self.prepare(x), self.batch_size or max(len(x), 1)
         with self.torch.no_grad():
-            return self.model(self.torch.as_tensor(self.prepare(x)).to(self.device)).float().cpu()
+            outputs = [
+                self.model(self.torch.as_tensor(x[start : start + step]).to(self.device)).float().cpu()
+                for start in range(0, max(len(x), 1), step)
+            ]
+        return outputs[0] if len(outputs) == 1 else self.torch.cat(outputs)
 
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """Samples as the model saw them in training: the dataset's own transform applied, where it has one."""
@@ -406,9 +425,10 @@ def predict(
             "classes": class_names(cfg["dataset"]) if images else None,
             "scheme": tables.absolute_location(input).split("://")[0] + "://" if "://" in input else "",
             "threads": num_cpus,
+            "batch_size": batch_size,
         },
         compute=ActorPoolStrategy(size=num_workers),
-        batch_size=batch_size,
+        batch_size=call_rows(batch_size, cfg["dataset"]["input_shape"]),
         batch_format="pyarrow",
         num_cpus=num_cpus,
         num_gpus=num_gpus,

@@ -87,6 +87,30 @@ def test_an_output_that_exists_is_refused(tmp_path):
         check_output(str(tmp_path / "old"))
 
 
+def test_an_actor_is_handed_whole_batches_up_to_a_size_and_the_model_sees_batch_size_rows_at_a_time():
+    import torch
+
+    from hydra_raytrain.predict import CALL_BYTES, call_rows
+
+    assert CALL_BYTES == 2**20 and call_rows(1024, [64]) == 4096  # 4 batches of 256 KiB in one call
+    assert call_rows(100, (4,)) == 65500  # whole batches only
+    assert call_rows(256, [3, 224, 224]) == 256  # a batch over the size: one batch a call, as asked
+    seen: list[int] = []
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        seen.append(len(x))
+        return x.sum(dim=1, keepdim=True) * 2
+
+    predictor = Predictor.__new__(Predictor)  # forward only: a model that counts its rows
+    predictor.torch, predictor.device, predictor.model, predictor.transform = torch, torch.device("cpu"), model, None
+    x = np.arange(14, dtype=np.float32).reshape(7, 2)
+    for batch_size, calls in ((3, [3, 3, 1]), (None, [7]), (10, [7])):
+        predictor.batch_size, seen[:] = batch_size, []
+        assert predictor.forward(x).tolist() == [[2.0 * (4 * i + 1)] for i in range(7)] and seen == calls
+    predictor.batch_size, seen[:] = 3, []
+    assert predictor.forward(x[:0]).shape == (0, 1) and seen == [0]  # an empty batch, as the model answers it
+
+
 def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one_elsewhere():
     from hydra_raytrain.predict import actor_cpus
 
