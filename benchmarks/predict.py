@@ -7,13 +7,14 @@
 A table of ``--rows`` rows of 64 float32 features and an integer class is written as one Parquet file; an MLP
 run trains on it for one short epoch in local mode (what is measured is prediction, not the model's quality).
 Then, each in a fresh process, best of ``--rounds``: the plain loop (``load_model``, the file read with pyarrow,
-batches of 1,024 rows, softmax and argmax, predictions gathered in memory), the same loop writing what predict
-writes (the other columns, prediction, probabilities) to one Parquet file, that loop on the torch threads one model
-actor gets here (the cores less one), and ``hydra_raytrain.predict`` with 1 and 2 model actors on a local cluster,
-sized by default (reading, decoding, predicting, writing Parquet; its own figure, from before the first read to the
-last write: the actors' start included, Ray's excluded); ``--actors`` chooses the pools, ``--gpu`` adds one GPU
-actor. Printed: each figure as it is measured; then rows/s and the ratio to the plain loop (and to the loops that
-write), and for predict the seconds 1,000 rows take (the fixed cost) and the rate beyond them.
+batches of 1,024 rows, softmax and argmax, predictions gathered in memory), that loop on the torch threads one
+model actor gets here (the cores less one), the same two loops writing what predict writes (the other columns,
+prediction, probabilities) to one Parquet file, and ``hydra_raytrain.predict`` with 1 and 2 model actors on a local
+cluster, sized by default (reading, decoding, predicting, writing Parquet; its own figure, from before the first
+read to the last write: the actors' start included, Ray's excluded); ``--actors`` chooses the pools, ``--gpu`` adds
+one GPU actor. Printed: each figure as it is measured; then rows/s and the ratio to the plain loop (and to the
+loops that write, and to the loops on the actor's threads), and for predict the seconds 1,000 rows take (the fixed
+cost) and the rate beyond them.
 """
 
 from __future__ import annotations
@@ -136,16 +137,23 @@ def main() -> None:
         from hydra_raytrain.recipe.loaders import machine_cores
 
         threads = max(1, machine_cores() - 1)  # what one model actor gets on a local cluster of this machine
-        same = f"the same, {threads} thread{'s' if threads > 1 else ''}"
+        on = f"{threads} thread{'s' if threads > 1 else ''}"
+        alone, same = f"plain loop, {on}", f"the same, {on}"
         actors = options.actors or (1, 2)
         pools = {f"predict, {n} actor{'s' if n > 1 else ''}": ["--num-workers", str(n)] for n in actors}
         if options.gpu:
             pools["predict, 1 GPU actor"] = ["--num-workers", "1", "--num-gpus", "1"]
-        figures: dict[str, list[float]] = {name: [] for name in ("plain loop", "plain loop, writing", same, *pools)}
+        names = ("plain loop", alone, "plain loop, writing", same, *pools)
+        figures: dict[str, list[float]] = {name: [] for name in names}
         fixed: dict[str, list[float]] = {name: [] for name in figures}
         for round_ in range(options.rounds):
             written = os.path.join(folder, f"plain{round_}.parquet")
-            loops = {"plain loop": [], "plain loop, writing": [written], same: [written, str(threads)]}
+            loops = {
+                "plain loop": [],
+                alone: ["", str(threads)],
+                "plain loop, writing": [written],
+                same: [written, str(threads)],
+            }
             for name, extra in loops.items():
                 rows, seconds = measure([sys.executable, __file__, "plain", run, table, *extra], ROOT)
                 figures[name].append(rows / seconds)
@@ -159,16 +167,17 @@ def main() -> None:
                     rows, seconds = measure([*command, *pool, "--batch-size", str(BATCH)], folder)
                     into[name].append(rows / seconds if into is figures else seconds)
                     print(f"round {round_ + 1} {name:22s} {rows:,} rows in {seconds:.2f} s", flush=True)
-        base, same_work = max(figures["plain loop"]), max(figures["plain loop, writing"])
+        base, same_work, base_on = max(figures["plain loop"]), max(figures["plain loop, writing"]), max(figures[alone])
         for name, values in figures.items():
             line = f"{name:22s} {max(values):11,.0f} rows/s  {max(values) / base:.2f}x"
             if name.startswith("predict"):
-                line += f" ({max(values) / same_work:.2f}x the loop that writes, "
-                line += f"{max(values) / max(figures[same]):.2f}x on {threads} thread{'s' if threads > 1 else ''})"
+                line += f" ({max(values) / base_on:.2f}x the plain loop on {on}; {max(values) / same_work:.2f}x the "
+                line += f"loop that writes, {max(values) / max(figures[same]):.2f}x on {on})"
             if fixed[name]:  # the seconds 1,000 rows take (the actors' start, Ray Data's planning), and the rest
                 start = min(fixed[name])
                 rest = options.rows / (options.rows / max(values) - start)
-                line += f"   1,000 rows take {start:.1f} s; beyond them {rest:,.0f} rows/s ({rest / base:.2f}x)"
+                line += f"   1,000 rows take {start:.1f} s; beyond them {rest:,.0f} rows/s ({rest / base:.2f}x; "
+                line += f"{rest / base_on:.2f}x on {on})"
             print(line, flush=True)
 
 
