@@ -43,17 +43,21 @@ READERS = {
 INPUTS = "a .parquet, .csv or .jsonl file, or a folder (or s3:// prefix) of them"
 IMAGE_INPUTS = "an image file, or a folder (or s3:// prefix) of images (.png, .jpg, ...)"
 IMAGE_BUILDERS = ("imagefolder", "torchvision_builtin", "images")  # hydra_raytrain.data's, by name
-# Decoded input a model actor is handed at a time (at least one --batch-size batch): Ray Data's costs of a call
-# (~0.9 ms on one core: slicing the batch, its output block) are paid once for several model batches, and a call
-# stays small enough to spread a small input over many actors
-CALL_BYTES = 2**20
+# A table run's model actor is handed up to CALL_BATCHES --batch-size batches at a time, as many as fit in
+# CALL_BYTES of decoded input (at least one): Ray Data's costs of a call (~0.9 ms on one core: slicing the batch,
+# its output block) are paid once for several model batches, and a call stays small enough to spread a small input
+# over many actors (Ray Data bundles the input's blocks up to a call's rows before handing them to an actor)
+CALL_BYTES, CALL_BATCHES = 2**20, 16
 
 
-def call_rows(batch_size: int, input_shape: Any) -> int:
-    """Rows per call of a model actor: whole batches of ``batch_size`` rows (the model predicts one at a time), as
-    many as fit in ``CALL_BYTES`` decoded (float32 samples of ``input_shape``), at least one."""
-    batch_bytes = batch_size * math.prod(int(n) for n in input_shape) * 4
-    return batch_size * max(1, CALL_BYTES // max(batch_bytes, 1))
+def call_rows(batch_size: int, dataset: dict[str, Any]) -> int:
+    """Rows per call of a model actor: for a table run, whole batches of ``batch_size`` rows (the model predicts
+    one at a time), up to ``CALL_BATCHES``, as many as fit in ``CALL_BYTES`` decoded (float32 samples of its
+    ``input_shape``), at least one; for an image run one batch (its images are held at full size while decoded)."""
+    if image_builder(dataset):
+        return batch_size
+    batch_bytes = batch_size * math.prod(int(n) for n in dataset["input_shape"]) * 4
+    return batch_size * min(CALL_BATCHES, max(1, CALL_BYTES // max(batch_bytes, 1)))
 
 
 def image_builder(dataset: dict[str, Any]) -> str | None:
@@ -231,7 +235,8 @@ class Predictor:
         if threads is not None:  # predict's actors: their CPUs, as a training worker's (serve's: Ray's default)
             torch.set_num_threads(threads)
             threads = torch.get_num_threads()
-            print(f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}, {allocator()}", flush=True)
+            said = f"Model actor: {threads} torch thread{'s' if threads > 1 else ''}, {allocator()}"
+            print(said + (f", batches of {batch_size} rows" if batch_size else ""), flush=True)
         self.torch, self.device = torch, torch.device(device)
         self.model = Exported(load_model(run)).to(self.device).eval()  # type: ignore[arg-type]
         self.features, self.shape = features, tuple(int(n) for n in dataset["input_shape"])
@@ -428,7 +433,7 @@ def predict(
             "batch_size": batch_size,
         },
         compute=ActorPoolStrategy(size=num_workers),
-        batch_size=call_rows(batch_size, cfg["dataset"]["input_shape"]),
+        batch_size=call_rows(batch_size, cfg["dataset"]),
         batch_format="pyarrow",
         num_cpus=num_cpus,
         num_gpus=num_gpus,

@@ -149,7 +149,8 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     # A joined cluster's actors take Ray's one CPU each (and one torch thread), as other jobs may share it
     assert "Predicting with 2 model actors x 1 CPU\n" in done.stdout
     # Ray prints a repeated line once; each actor runs on Ray's jemalloc (glibc's malloc grew a big model's actor)
-    assert "Model actor: 1 torch thread, jemalloc\n" in done.stdout, done.stdout[-3000:]
+    # and predicts --batch-size rows at a time (handed up to 16 batches a call)
+    assert "Model actor: 1 torch thread, jemalloc, batches of 100 rows\n" in done.stdout, done.stdout[-3000:]
     predicted = pq.read_table(tmp_path / "predictions").to_pydict()
     assert set(predicted) == {"key", "species", "prediction", "probabilities"}
     assert sorted(predicted["key"]) == sorted(keys)  # every row once
@@ -169,7 +170,7 @@ def test_a_parquet_file_above_the_memory_limit_streams_and_validates_the_rows_th
     cpus = max(machine_cores(), 2) - 1
     plural = "s" if cpus > 1 else ""
     assert f"Predicting with 1 model actor x {cpus} CPU{plural}\n" in done.stdout, done.stdout[-3000:]
-    assert f"Model actor: {cpus} torch thread{plural}, jemalloc\n" in done.stdout
+    assert f"Model actor: {cpus} torch thread{plural}, jemalloc, batches of 256 rows\n" in done.stdout
     local = pq.read_table(tmp_path / "predictions_local").to_pydict()
     assert sorted(zip(local["key"], local["prediction"], strict=True)) == sorted(
         zip(predicted["key"], predicted["prediction"], strict=True)

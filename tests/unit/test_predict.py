@@ -90,11 +90,14 @@ def test_an_output_that_exists_is_refused(tmp_path):
 def test_an_actor_is_handed_whole_batches_up_to_a_size_and_the_model_sees_batch_size_rows_at_a_time():
     import torch
 
-    from hydra_raytrain.predict import CALL_BYTES, call_rows
+    from hydra_raytrain.predict import CALL_BATCHES, CALL_BYTES, call_rows
 
-    assert CALL_BYTES == 2**20 and call_rows(1024, [64]) == 4096  # 4 batches of 256 KiB in one call
-    assert call_rows(100, (4,)) == 65500  # whole batches only
-    assert call_rows(256, [3, 224, 224]) == 256  # a batch over the size: one batch a call, as asked
+    assert (CALL_BYTES, CALL_BATCHES) == (2**20, 16)
+    assert call_rows(1024, {**TABLE, "input_shape": [64]}) == 4096  # 4 batches of 256 KiB in one call
+    assert call_rows(100, TABLE) == 1600  # narrow rows: at most 16 batches
+    assert call_rows(256, {**TABLE, "input_shape": [3, 224, 224]}) == 256  # a batch over the size: one a call
+    images = {"_target_": "hydra_raytrain.data.imagefolder", "input_shape": [1, 8, 8]}
+    assert call_rows(8, images) == 8  # images: one batch a call, whatever their size
     seen: list[int] = []
 
     def model(x: torch.Tensor) -> torch.Tensor:
