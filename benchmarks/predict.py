@@ -114,17 +114,13 @@ def sizes(text: str) -> list[int]:
     return [int(n) for n in text.split(",")]
 
 
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
-    return int(text)
-
-
 def main() -> None:
+    from hydra_raytrain.predict import at_least_one
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--actors", type=positive, action="append", help="model actors of a run (repeatable; 1, 2)")
+    parser.add_argument("--actors", type=at_least_one, action="append", help="model actors of a run (repeatable; 1, 2)")
     parser.add_argument("--gpu", action="store_true", help="predict on one GPU actor (--num-gpus 1) too")
     parser.add_argument("--hidden", type=sizes, default=[128, 64], help="the MLP's hidden layers (128,64)")
     options = parser.parse_args()

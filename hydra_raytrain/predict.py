@@ -447,6 +447,13 @@ def predict(
     return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
 
 
+def at_least_one(text: str) -> int:
+    """An option's whole number >= 1, else argparse's one-line refusal naming it."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
+    return int(text)
+
+
 def main() -> None:
     end_quickly()
     parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.predict", description=__doc__.split("\n\n")[0])
@@ -454,7 +461,7 @@ def main() -> None:
     parser.add_argument("input", help=f"{INPUTS}; for an image run: {IMAGE_INPUTS}")
     parser.add_argument("--output", required=True, help="the folder of Parquet files to write (a path or s3://)")
     parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
-    parser.add_argument("--batch-size", type=int, default=256, help="rows per model call")
+    parser.add_argument("--batch-size", type=at_least_one, default=256, help="rows per model call")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
     parser.add_argument(
         "--num-cpus",
