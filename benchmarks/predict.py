@@ -115,7 +115,7 @@ def sizes(text: str) -> list[int]:
 
 
 def main() -> None:
-    from hydra_raytrain.predict import at_least_one
+    from hydra_raytrain.program import at_least_one
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)

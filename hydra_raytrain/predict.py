@@ -31,7 +31,7 @@ import numpy as np
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
-from hydra_raytrain.program import end_quickly
+from hydra_raytrain.program import at_least_one, end_quickly
 
 READERS = {
     ".parquet": "read_parquet",
@@ -445,13 +445,6 @@ def predict(
     rows = streamed.row_counts(streamed.parquet_files(location, "--output"))
     seconds = time.time() - started
     return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
-
-
-def at_least_one(text: str) -> int:
-    """An option's whole number >= 1, else argparse's one-line refusal naming it."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
-    return int(text)
 
 
 def main() -> None:

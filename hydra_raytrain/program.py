@@ -1,9 +1,10 @@
-"""What every command of the package does about its own end: ``python -m hydra_raytrain`` (``hydra-raytrain``) and
-its ``.predict``, ``.evaluate``, ``.export`` and ``.serve``, ``hydra-raytrain-check``. Import-light (nothing but the
-standard library)."""
+"""What every command of the package does about its own options and its end: ``python -m hydra_raytrain``
+(``hydra-raytrain``) and its ``.predict``, ``.evaluate``, ``.export`` and ``.serve``, ``hydra-raytrain-check``.
+Import-light (nothing but the standard library)."""
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import gc
 
@@ -24,3 +25,11 @@ def end_quickly() -> None:
     if not _ending_quickly:
         atexit.register(gc.freeze)
         _ending_quickly = True
+
+
+def at_least_one(text: str) -> int:
+    """An option's whole number >= 1 (``type=`` of argparse), else argparse's one-line refusal naming the option,
+    before anything starts."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number >= 1")
+    return int(text)

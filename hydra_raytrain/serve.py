@@ -37,7 +37,7 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.evaluate import check_config, check_finished, load_config
-from hydra_raytrain.program import end_quickly
+from hydra_raytrain.program import at_least_one, end_quickly
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SERVE_EXTRA = "pip install 'hydra_raytrain[serve]' (Ray Serve: ray[serve], with FastAPI and uvicorn)"
@@ -275,12 +275,14 @@ def parse_options() -> argparse.Namespace:
     parser.add_argument("run", help="a finished run dir (a classification, regression or Lightning run)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
-    parser.add_argument("--num-replicas", type=int, default=1, help="model replicas answering at once")
+    parser.add_argument("--num-replicas", type=at_least_one, default=1, help="model replicas answering at once")
     parser.add_argument("--num-cpus", type=float, default=1, help="CPUs per replica")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per replica (0: CPU)")
-    parser.add_argument("--max-batch-size", type=int, default=16, help="requests one model call answers at most")
+    parser.add_argument(
+        "--max-batch-size", type=at_least_one, default=16, help="requests one model call answers at most"
+    )
     parser.add_argument("--batch-wait-timeout-s", type=float, default=0.001, help="how long a batch waits to fill")
-    parser.add_argument("--max-samples", type=int, default=1024, help="samples one request may hold")
+    parser.add_argument("--max-samples", type=at_least_one, default=1024, help="samples one request may hold")
     parser.add_argument(
         "--log-level", default="WARNING", help="Serve's log level (INFO: a line per request; default WARNING)"
     )
@@ -288,9 +290,6 @@ def parse_options() -> argparse.Namespace:
     options = parser.parse_args()
     if not os.path.isdir(options.run):
         parser.error(f"{options.run}: no such folder")
-    for name in ("num_replicas", "max_batch_size", "max_samples"):
-        if getattr(options, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} {getattr(options, name)}: at least 1")
     return options
 
 

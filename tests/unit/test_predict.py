@@ -114,16 +114,6 @@ def test_an_actor_is_handed_whole_batches_up_to_a_size_and_the_model_sees_batch_
     assert predictor.forward(x[:0]).shape == (0, 1) and seen == [0]  # an empty batch, as the model answers it
 
 
-def test_a_batch_size_below_one_is_refused_by_name_before_anything_starts(tmp_path):
-    import subprocess
-    import sys
-
-    command = [sys.executable, "-m", "hydra_raytrain.predict", "run", "rows.parquet", "--output", "out"]
-    done = subprocess.run([*command, "--batch-size", "0"], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode == 2 and "argument --batch-size: '0': a whole number >= 1" in done.stderr, done.stderr
-    assert not os.listdir(tmp_path)  # nothing written
-
-
 def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one_elsewhere():
     from hydra_raytrain.predict import actor_cpus
 

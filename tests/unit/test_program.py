@@ -42,3 +42,14 @@ def test_every_command_ends_frozen_and_keeps_its_exit_code():
     [asked] = [line[len("ASKED ") :] for line in done.stdout.splitlines() if line.startswith("ASKED ")]
     assert json.loads(asked) == dict.fromkeys(COMMANDS, True)
     assert done.stdout.rstrip().endswith("FROZEN True"), done.stdout[-2000:]
+
+
+def test_a_count_below_one_is_refused_by_name_before_anything_starts(tmp_path):
+    """predict's --batch-size and serve's counts: argparse's one line and exit 2, before the run dir is looked at."""
+    for module, option in (("hydra_raytrain.predict", "--batch-size"), ("hydra_raytrain.serve", "--max-batch-size")):
+        extra = ["rows.parquet", "--output", "out"] if module.endswith("predict") else []
+        command = [sys.executable, "-m", module, "run", *extra, option, "0"]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert f"argument {option}: '0': a whole number >= 1" in done.stderr.splitlines()[-1], done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
