@@ -230,12 +230,15 @@ def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
             "local mode runs in the driver's process: it cannot be a concurrent trial.",
             "scaling.num_workers >= 1",
         )
+    ray_cfg, stops = plan.probes[0].cfg.ray, settings.scheduler in ("asha", *PAUSING)
+    if stops:  # what the config alone tells, before a cluster starts
+        _check_asha_can_free_stopped_trials(ray_cfg, settings.scheduler, asked=False)
     # A new local cluster gets one CPU per core (or the largest trial's CPUs, oversubscribed as for one run):
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
-    cluster.connect(plan.probes[0].cfg.ray, largest)
+    cluster.connect(ray_cfg, largest)
     cluster.check_fits(largest, ray.cluster_resources(), "the Ray cluster")
-    if settings.scheduler in ("asha", *PAUSING):
-        _check_asha_can_free_stopped_trials(plan.probes[0].cfg.ray, settings.scheduler)
+    if stops:
+        _check_asha_can_free_stopped_trials(ray_cfg, settings.scheduler, asked=True)
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
@@ -442,16 +445,18 @@ def _check_asha(grace_period: int, probes: list[Job]) -> None:
         )
 
 
-def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig, scheduler: str = "asha") -> None:
+def _check_asha_can_free_stopped_trials(ray_cfg: RayConfig, scheduler: str = "asha", asked: bool = True) -> None:
     """ASHA stops a trial (PBT restarts one) by ending its process; Ray Train then frees that run's placement
     group (its workers' CPUs) through Ray's state API. Where the cluster's processes cannot reach it (no dashboard),
-    every stopped trial would keep its CPUs and the sweep would wait forever: refused before any trial starts."""
+    every stopped trial would keep its CPUs and the sweep would wait forever: refused before any trial starts.
+    A local cluster started without its dashboard is refused from the config, before it starts; otherwise, once
+    connected (``asked``), the cluster's state API is probed."""
     from hydra_raytrain.driver import cluster
 
-    problem: str | None
+    problem: str | None = None
     if not ray_cfg.address and ray_cfg.include_dashboard is False:
         problem = "ray.include_dashboard=false"  # (another cluster's dashboard on this machine may answer a probe)
-    else:
+    elif asked:
         problem = cluster.state_api_problem()
     if problem is not None:
         where = f"the cluster at ray.address={ray_cfg.address}" if ray_cfg.address else "the local cluster"

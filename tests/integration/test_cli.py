@@ -406,11 +406,10 @@ BAD_INPUTS = [
         ["optimizer.lr=abc", "trainer.max_epochs=0", "scaling.num_workers=64"],
         ["3 problems", "optimizer.lr='abc'", "trainer.max_epochs=0", "scaling.num_workers=64"],
     ),
-    # Sweeps (hydra/sweeper=ray_tune), refused before any trial; last, as checking a sweep may start Ray in this
-    # process (the cases above would then be checked against that cluster, not this machine). ASHA where stopped
-    # trials' CPUs could not be freed (without the dashboard, Ray's state API, the sweep used to wait forever
-    # after ASHA's first stop); one bad trial (every trial is composed and checked on the driver first); a search
-    # algorithm with nothing to search.
+    # Sweeps (hydra/sweeper=ray_tune), refused before any trial and before Ray starts (as every case here). ASHA
+    # where stopped trials' CPUs could not be freed (without the dashboard, Ray's state API, the sweep used to wait
+    # forever after ASHA's first stop); one bad trial (every trial is composed and checked on the driver first); a
+    # search algorithm with nothing to search.
     (
         [
             "-m",
@@ -499,8 +498,16 @@ BAD_INPUTS = [
 # after another in one fresh process, each in its own folder: one start-up (imports) instead of one per case.
 CLI_CASES = r"""
 import contextlib, io, json, os, signal, sys
+import ray
 from hydra.core.global_hydra import GlobalHydra
 from hydra_raytrain import cli
+
+inits = []  # every ray.init call of the cases: a refusal must come before any cluster is started or joined
+real_init = ray.init
+def counted_init(*args, **kwargs):
+    inits.append(kwargs.get("address"))
+    return real_init(*args, **kwargs)
+ray.init = counted_init
 
 def hung(signum, frame):  # a case that hangs (Ray's retries, a download) fails alone, after 60 s
     raise TimeoutError("no answer within 60 s")
@@ -512,6 +519,7 @@ for folder, overrides in json.loads(sys.argv[1]):
     sys.argv = ["hydra_raytrain", *overrides, "hydra.run.dir=run"]
     stderr = io.StringIO()
     signal.alarm(60)
+    started = len(inits)
     with contextlib.redirect_stderr(stderr):
         try:
             cli.main()
@@ -523,7 +531,7 @@ for folder, overrides in json.loads(sys.argv[1]):
             print(f"Traceback: the case raised {type(error).__name__}: {error}", file=sys.stderr)
     signal.alarm(0)
     GlobalHydra.instance().clear()
-    results.append({"code": code, "stderr": stderr.getvalue()})
+    results.append({"code": code, "stderr": stderr.getvalue(), "ray": inits[started:], "up": ray.is_initialized()})
 print("RESULTS " + json.dumps(results))
 """
 
@@ -553,6 +561,8 @@ def bad_input_results(ray_address, tmp_path_factory):  # the session cluster up:
 @pytest.mark.parametrize("overrides, named", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_fails_fast_with_one_clear_message(overrides, named, bad_input_results):
     folder, done = bad_input_results[" ".join(overrides)]
+    # Refused before Ray: no cluster started or joined (ray.init never called), none left up in the process
+    assert done["ray"] == [] and not done["up"], (done["ray"], done["up"])
     assert done["code"] not in (0, None), done["stderr"][-3000:]  # 2 for ours; Hydra's composition errors exit 1
     if "-m" in overrides:  # a sweep refused before any trial: exit 2, as for a run
         assert done["code"] == 2, done["stderr"][-3000:]
