@@ -72,6 +72,14 @@ def runs(ray_address, ddp_float64_run, tmp_path_factory):
     return results
 
 
+def assert_resumed_from_step_30(run_dir):
+    """The sharded mid-epoch checkpoint loaded: the resume started there, no checkpoint skipped as unloadable (an
+    older one would reach the same float64 result, so the result alone cannot show it)."""
+    log = (run_dir / "driver.log").read_text()
+    assert "Resuming from checkpoint step_00000030: epoch 2, after batch 1/29, optimizer step 30" in log, log[-3000:]
+    assert "cannot be loaded" not in log, log[-3000:]
+
+
 def _compared(runs, a, b):
     return _difference((runs[a]["metrics"], runs[a]["model"]), (runs[b]["metrics"], runs[b]["model"]))
 
@@ -84,6 +92,7 @@ def test_fsdp_trains_to_ddps_result_and_resumes_exactly_after_a_killed_worker(ru
     [failure] = killed["summary"]["failures"]
     assert failure["retried"] is True and failure["why"] == "a worker process died", failure
     assert [m["epoch"] for m in killed["metrics"]] == [1, 2]
+    assert_resumed_from_step_30(killed["dir"])
     metrics, weights = _compared(runs, ("FSDP, a worker killed", "64"), ("DDP", "64"))
     print(f"FSDP float64 (killed, resumed) vs DDP: metrics {metrics:.1e}, weights {weights:.1e}")
     assert metrics <= 1e-9 and weights <= 1e-9
@@ -146,6 +155,7 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(runs, tmp_pat
         train(compose_config(*shared, "scaling.num_workers=2"), run_dir=str(tmp_path / "two"))
     assert (tmp_path / "crashed").exists()
     train(compose_config(*shared, "scaling.num_workers=3"), run_dir=str(tmp_path / "three"))
+    assert_resumed_from_step_30(tmp_path / "three")
     history = read_metrics(tmp_path / "two") + read_metrics(tmp_path / "three")  # each run dir: its own epochs
     assert [(m["epoch"], m["world_size"]) for m in history] == [(1, 2), (2, 3)]
     model = torch.load(tmp_path / "three" / "model.pt", weights_only=True)
