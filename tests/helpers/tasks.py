@@ -80,7 +80,7 @@ class Slow(Classification):
 
 
 class Probe(Classification):
-    """On its first batch, rank 0 writes what the runner gave it to ``<run dir>/probe.json``: the worker's
+    """On its first batch, rank 0 writes what the runner gave it to ``path``: its process id, the worker's
     environment variable ``variable``, the model's wrapper and DDP options, the input's memory format."""
 
     def __init__(self, path: str, variable: str, label_smoothing: float = 0.0):
@@ -93,6 +93,7 @@ class Probe(Classification):
             with open(self.path, "w") as file:
                 json.dump(
                     {
+                        "pid": os.getpid(),
                         "env": os.environ.get(self.variable),
                         "wrapper": type(model).__name__,
                         "find_unused_parameters": getattr(model, "find_unused_parameters", None),

@@ -1,6 +1,7 @@
 """Training switches on the session's real local Ray cluster: each one correct under DDP, not just present."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -36,6 +37,9 @@ RUNS = {
 # result, where 1 worker stayed within 1.2e-7 (on the Intel machines that wrote the old 1e-4 test, 3 workers stayed
 # within it). The float32 bound, 2e-2, is 50x that weight gap and 7 images; the exactness claim is float64's.
 TOLERANCE = {"64": 1e-9, "32": 2e-2}
+# The reference's validation accuracy after its 58 steps at least (measured 0.3955: SGD still warming up, and what
+# the exactness needs is weights that move, not a good model); weights that never moved score chance, 0.1.
+TRAINED = 0.3
 
 
 def _difference(run, reference):
@@ -68,8 +72,18 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
 
     reference_history, reference_weights = results["1 worker", "64"]
     assert [m["epoch"] for m in reference_history] == [1, 2]
-    assert reference_history[-1]["val_accuracy"] > reference_history[0]["val_accuracy"] - 0.05  # it trains
+    # It trains: a recipe whose weights never moved would agree with itself to the last bit, and score ~0.1.
+    first, last = reference_history
+    assert last["val_accuracy"] >= TRAINED and last["val_loss"] < first["val_loss"], reference_history
     assert all(w.dtype == torch.float64 for w in reference_weights.values())
+    # The negative control: another seed (in-process, 1 worker) ends far from the reference, where the agreements
+    # below are to 1e-9: a comparison that cannot tell runs apart would pass those as well.
+    another_seed = [*(o for o in SAME_RESULT if not o.startswith("trainer.seed=")), "trainer.seed=4", *GLOBAL_48]
+    train(compose_config(*another_seed, "scaling.num_workers=0", "trainer.precision=64"), run_dir=str(tmp_path / "4"))
+    other = (read_metrics(tmp_path / "4"), torch.load(tmp_path / "4" / "model.pt", weights_only=True))
+    metrics, weights = _difference(other, (reference_history, reference_weights))
+    print(f"another seed: max difference from the reference's metrics {metrics:.2e}, weights {weights:.2e}")
+    assert metrics > 1e-3 and weights > 1e-2, (metrics, weights)
     for (label, precision), (history, weights) in results.items():
         assert [m["world_size"] for m in history] == [int(label[0])] * 2, label
         reference = results["1 worker" if precision == "64" else "3 workers", "64"]
@@ -108,6 +122,7 @@ def test_bf16_with_the_speed_worker_and_profiling_switches(ray_address, tmp_path
     history = read_metrics(tmp_path)
     assert history[-1]["train_loss"] < history[0]["train_loss"] and summary["final"]["val_accuracy"] >= 0.95
     seen = json.loads(probe.read_text())
+    assert seen.pop("pid") != os.getpid()  # in a Ray worker
     assert seen == {
         "env": "from-the-config",
         "wrapper": "DistributedDataParallel",
