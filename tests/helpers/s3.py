@@ -49,6 +49,7 @@ class CuttableProxy:
         self.connections: list[socket.socket] = []
         self.listener: socket.socket | None = None
         self.refusal: bytes | None = None  # throttle(): the answer to every request
+        self.refused = 0  # the requests answered with it since throttle()
         self.restore()
 
     def restore(self) -> None:
@@ -69,11 +70,17 @@ class CuttableProxy:
         """From now on every request is answered ``status`` with S3's error ``code`` (as S3 throttles), until
         ``restore()``."""
         self.cut()
+        self.refused = 0
         self.refusal = (
             f"HTTP/1.1 {status}\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: "
             f"{len(_error_xml(code))}\r\n\r\n{_error_xml(code)}"
         ).encode()
         self._listen()
+
+    def _refuse(self, client: socket.socket, answer: bytes) -> None:
+        if _refuse(client, answer):
+            with self.lock:
+                self.refused += 1
 
     def cut(self) -> None:
         with self.lock:
@@ -91,7 +98,7 @@ class CuttableProxy:
             except OSError:  # cut
                 return
             if self.refusal is not None:
-                threading.Thread(target=_refuse, args=(client, self.refusal), daemon=True).start()
+                threading.Thread(target=self._refuse, args=(client, self.refusal), daemon=True).start()
                 continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
@@ -131,16 +138,18 @@ def _error_xml(code: str) -> str:
     return f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{code}</Message></Error>'
 
 
-def _refuse(client: socket.socket, answer: bytes) -> None:
+def _refuse(client: socket.socket, answer: bytes) -> bool:
     """Read one request (its head, and its body unless the client waits for "100 Continue"), answer it, close: a
-    body left unread would make the kernel reset the connection, which the client reports instead of the answer."""
+    body left unread would make the kernel reset the connection, which the client reports instead of the answer.
+    Whether a request was answered."""
+    answered = False
     try:
         client.settimeout(5)
         head = b""
         while b"\r\n\r\n" not in head:
             data = client.recv(65536)
             if not data:
-                return
+                return False
             head += data
         head, _, body = head.partition(b"\r\n\r\n")
         fields = dict(line.split(b":", 1) for line in head.lower().split(b"\r\n")[1:] if b":" in line)
@@ -151,6 +160,7 @@ def _refuse(client: socket.socket, answer: bytes) -> None:
                 break
             body += data
         client.sendall(answer)
+        answered = True
         client.shutdown(socket.SHUT_WR)
         while client.recv(65536):  # whatever the client still sends, until it closes
             pass
@@ -158,3 +168,4 @@ def _refuse(client: socket.socket, answer: bytes) -> None:
         pass
     finally:
         _close(client)
+    return answered

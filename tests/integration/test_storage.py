@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 
 import pyarrow.fs
 import pytest
@@ -111,12 +110,12 @@ def test_a_worker_killed_during_an_asynchronous_upload_resumes_from_the_previous
 
 
 def test_a_missing_bucket_is_refused_before_anything_starts(ray_address, s3_endpoint, tmp_path, capfd):
-    started = time.monotonic()
     with pytest.raises(ConfigError, match="storage.path='s3://no-such-bucket/x': cannot be written"):
         train(compose_config("storage.path=s3://no-such-bucket/x", "debug=smoke"), run_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
-    # A permanent error: refused at once, not retried for storage.retry_window_s (600 s by default).
-    assert time.monotonic() - started < 60 and "is not answering" not in capfd.readouterr().out
+    # A permanent error: refused at once, not retried for storage.retry_window_s (600 s by default). The first
+    # failure a retry would wait out is said at once ("is not answering"): none was.
+    assert "is not answering" not in capfd.readouterr().out
 
 
 MULTI_NODE = r"""

@@ -95,7 +95,6 @@ def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_
     try:
         with pytest.raises(TrainingFailed) as failed:
             train(compose_config(*overrides), run_dir=run_dir)
-        ended = time.monotonic()
     finally:
         stop.set()
         watcher.join(timeout=60)
@@ -104,7 +103,9 @@ def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_
     message = str(failed.value)
     assert f"storage {bucket}/away did not answer for" in message and "storage.retry_window_s=8" in message, message
     assert "Could not connect to server" in message, message  # the last error
-    assert ended - cut_at[0] < 8 + 40  # the window, the calls in flight, Ray's shutdown
+    # The call that gave up had retried for the window, once: not the window again after each of Ray's restarts.
+    lasted = int(message.split(f"storage {bucket}/away did not answer for ")[1].split(" s ")[0])
+    assert 8 <= lasted < 2 * 8, message
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and f"storage {bucket}/away did not answer for" in summary["error"]
     # The window was the retry, not Ray's three restarts too. A worker's call or the controller's (writing its
@@ -137,19 +138,20 @@ def test_a_throttling_or_failing_server_is_waited_for_and_a_refusal_is_not(
     s3_network.throttle(status, code)
     back = threading.Timer(10, s3_network.restore)
     back.start()
-    started = time.monotonic()
     try:
         if not waits:
             with pytest.raises(OSError, match=reported):
                 with fs.open_output_stream(f"{path}/{code}/file.bin") as out:
                     out.write(data)
-            assert time.monotonic() - started < 9  # at once, not once the server came back
+            assert s3_network.refused == 1  # asked once: not retried
             back.cancel()
             s3_network.restore()
             return
         with fs.open_output_stream(f"{path}/{code}/file.bin") as out:
             out.write(data)
-        assert time.monotonic() - started >= 9.5  # sent once the server answered again
+        # Every request was answered with the error until the server came back: the write is stored (read back
+        # below), so it was sent again after several refusals.
+        assert s3_network.refused >= 2, s3_network.refused
     finally:
         back.join()
     with fs.open_input_stream(f"{path}/{code}/file.bin") as stream:

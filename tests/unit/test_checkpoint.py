@@ -4,7 +4,7 @@ import logging
 import os
 import random
 import tempfile
-import time
+import types
 
 import numpy as np
 import pytest
@@ -87,7 +87,13 @@ def test_a_checkpoint_waiting_for_the_previous_upload_warns_once_and_only_past_a
     more is storage slower than the checkpoints: said once."""
     uploads = checkpoint.Uploads("ASYNC", str(tmp_path / "staging"))
     waits = iter([0.05, checkpoint.WAIT_WARNING_S + 0.05, checkpoint.WAIT_WARNING_S + 0.05])
-    monkeypatch.setattr(checkpoint.ray.train, "get_all_reported_checkpoints", lambda **_: time.sleep(next(waits)))
+    clock = [0.0]  # the module's clock, moved by the waits alone: no sleep, no dependence on the machine's pace
+
+    def wait(**_):
+        clock[0] += next(waits)
+
+    monkeypatch.setattr(checkpoint, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(checkpoint.ray.train, "get_all_reported_checkpoints", wait)
     for name in ("epoch_0002", "epoch_0003", "epoch_0004"):
         uploads.uploading = str(tmp_path / name)  # the previous upload still in flight
         os.makedirs(uploads.uploading)
