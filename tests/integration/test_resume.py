@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import ray
 import torch
 
 from hydra_raytrain import load_model, train
@@ -18,7 +19,7 @@ from hydra_raytrain.data import digits
 from hydra_raytrain.driver.run import TrainingFailed
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.sampler import ShardedSampler
-from tests.conftest import ROOT, compose_config, run_cli
+from tests.conftest import ROOT, TEST_CLUSTER_CPUS, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -189,6 +190,17 @@ def step_checkpoints(tmp_path):
     return sorted(int(p.name.split("_")[1]) for p in tmp_path.glob("outputs/runs/*/ray_storage/*/step_*"))
 
 
+def counted_when_the_run_ended(run_dir, timeout=60):
+    """The step of the newest checkpoint Ray had counted for a run whose driver was killed, read from Ray's own
+    record in storage once the run's workers have gone (their CPUs free again): what a resume must start from."""
+    deadline = time.time() + timeout
+    while ray.available_resources().get("CPU", 0) < TEST_CLUSTER_CPUS and time.time() < deadline:
+        time.sleep(0.2)
+    [snapshot] = run_dir.glob("ray_storage/*/checkpoint_manager_snapshot.json")
+    latest = json.loads(snapshot.read_text())["latest_checkpoint_result"]
+    return int(latest["checkpoint_dir_name"].removeprefix("step_"))
+
+
 def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_command_runs_again(
     ray_address, tmp_path, capsys
 ):
@@ -220,6 +232,8 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
         wait_for(lambda: [s for s in step_checkpoints(tmp_path) if s >= 52], driver)  # epoch 3: steps 47-69
         driver.send_signal(signal.SIGKILL)
         driver.wait()
+    killed_at = counted_when_the_run_ended(run_dir)
+    assert 46 < killed_at <= 69 and killed_at % 4 == 0, killed_at  # a checkpoint of epoch 3's
     printed = (tmp_path / "killed.txt").read_text()
     assert f"Resuming from checkpoint step_{preempted_at:08d}: epoch 2, after batch {preempted_at - 23}/23" in printed
     assert epochs(run_dir) == [1, 2] and json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
@@ -227,8 +241,7 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
     done = run_cli(args, cwd=str(tmp_path))  # the identical command
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Run dir: {run_dir}" in done.stdout  # the same run dir, found from the config alone
-    resumed = done.stdout.split("Resuming from checkpoint step_")[1]
-    assert int(resumed[:8]) in (48, 52) and resumed[8:].startswith(": epoch 3, after batch ")
+    assert f"Resuming from checkpoint step_{killed_at:08d}: epoch 3, after batch {killed_at - 46}/23" in done.stdout
     assert "epoch 1/3" not in done.stdout and "epoch 2/3" not in done.stdout
     assert epochs(run_dir) == [1, 2, 3]
     summary = json.loads((run_dir / "summary.json").read_text())
