@@ -75,3 +75,25 @@ class HookLog:
 
     def on_run_end(self, run, status):
         self._write(run, f"run_end {status}")
+
+
+class WeightsMoved:
+    """Reports, after each epoch's validation, how far the models' parameters have moved since the run started
+    (``moved``: the largest absolute change) and the optimizer steps it saw (``steps_seen``): that training steps
+    happened and changed the weights, not just that a run completed."""
+
+    def __init__(self):
+        self.start, self.steps = None, 0
+
+    def on_run_start(self, run):
+        self.start = {
+            (model, name): p.detach().clone() for model, m in run.models.items() for name, p in m.named_parameters()
+        }
+
+    def on_after_optimizer_step(self, run, sums):
+        self.steps += 1
+
+    def on_validation_end(self, run, metrics):
+        now = {(model, name): p.detach() for model, m in run.models.items() for name, p in m.named_parameters()}
+        moved = max((now[key].float() - start.float()).abs().max().item() for key, start in self.start.items())
+        return {"moved": moved, "steps_seen": self.steps}

@@ -255,6 +255,12 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
     assert all(row["status"] == "completed" and row["epochs"] == 4 for row in rows.values()), rows
     exploited = [row for row in rows.values() if row.get("exploits")]
     assert exploited and "PBT: " in done.stdout, summary
+    # The hopeless trial was the weaker one when both first had a score: its first exploit continued the good one
+    by_lr = {row["overrides"]: row for row in rows.values()}
+    weak, good = by_lr["optimizer.lr=1e-07"], by_lr["optimizer.lr=0.003"]
+    first = json.loads((Path(weak["run_dir"]) / "pbt.jsonl").read_text().splitlines()[0])
+    assert (first["generation"], first["donor"]) == (1, good["index"]), first
+    assert float(first["donor_values"]["optimizer.lr"]) == 3e-3 and float(first["before"]["optimizer.lr"]) == 1e-7
     for row in exploited:
         run_dir = Path(row["run_dir"])
         lineage = [json.loads(line) for line in (run_dir / "pbt.jsonl").read_text().splitlines()]
@@ -270,9 +276,10 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
         assert (run_dir / "ray_storage" / f"{run_dir.name}-g{last['generation']}").is_dir()
         for record in lineage:
             assert Path(record["checkpoint"]).is_dir() and record["donor"] != row["index"]
-    best_config = (tmp_path / "sweep" / "best_config.yaml").read_text()
-    if summary["best"].get("exploits"):
-        assert "# The best trial of this PBT sweep" in best_config and summary["best"]["exploits"][-1] in best_config
+    # best_config.yaml gives the best trial's schedule of exploits exactly when it has one (either trial may end best)
+    best_config, exploits = (tmp_path / "sweep" / "best_config.yaml").read_text(), summary["best"].get("exploits", [])
+    assert ("# The best trial of this PBT sweep" in best_config) == bool(exploits), best_config
+    assert all(exploit in best_config for exploit in exploits[-1:]), best_config
 
 
 def test_hyperband_stops_the_weaker_trial_of_a_bracket_and_continues_the_others(ray_address, tmp_path):

@@ -14,7 +14,18 @@ from tests.conftest import compose_config, run_cli
 pytestmark = pytest.mark.integration
 
 FAKE = ("dataset=fake", "dataset.train_size=64", "dataset.val_size=32", "trainer.batch_size=16")
-RUN = ("scaling.num_workers=2", "trainer.max_epochs=1")
+# One epoch of 4 optimizer steps (a global batch of 16), watched by a callback that reports how far they moved the
+# weights: a zoo model must train, not only build and run forward.
+MOVED = "+callbacks.moved._target_=tests.helpers.callbacks.WeightsMoved"
+RUN = ("scaling.num_workers=2", "trainer.max_epochs=1", MOVED)
+
+
+def assert_trained_4_steps(summary):
+    final = summary["final"]
+    assert summary["status"] == "completed" and final["world_size"] == 2, summary
+    assert final["step"] == final["steps_seen"] == 4 and final["moved"] > 0, final
+
+
 SMALL_VIT = ("patch_size=8", "hidden_size=64", "num_hidden_layers=2", "num_attention_heads=2", "intermediate_size=128")
 
 
@@ -41,8 +52,7 @@ def test_a_zoo_target_on_the_command_line_trains_with_the_zoos_own_argument_name
     assert "takes **kwargs without naming input_shape, num_outputs: whether it consumes them cannot be told" in (
         done.stderr
     )
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["final"]["world_size"] == 2
+    assert_trained_4_steps(json.loads((tmp_path / "run" / "summary.json").read_text()))
 
 
 def test_the_shipped_zoo_options_take_the_datasets_classes_and_channels(ray_address, tmp_path):
@@ -59,7 +69,7 @@ def test_the_shipped_zoo_options_take_the_datasets_classes_and_channels(ray_addr
     for zoo in zoos:
         run_dir = tmp_path / zoo[0].split("=")[1]
         summary = train(compose_config(*FAKE, "dataset.input_shape=[1,32,32]", *RUN, *zoo), run_dir=str(run_dir))
-        assert summary["status"] == "completed" and summary["final"]["world_size"] == 2, zoo
+        assert_trained_4_steps(summary)
         # The driver rebuilds the zoo model from the run's config, with the run's weights: grey images in, 10 classes
         # out; it scores it as the workers did (to 1e-3: each worker validates with its own BatchNorm statistics).
         model = load_model(str(run_dir))
