@@ -233,7 +233,8 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
         driver.send_signal(signal.SIGKILL)
         driver.wait()
     killed_at = counted_when_the_run_ended(run_dir)
-    print(f"killed at step {killed_at}")
+    with capsys.disabled():  # shown in the test's output (this test reads what the commands print through capsys)
+        print(f"killed at step {killed_at}")
     assert 46 < killed_at <= 69 and killed_at % 4 == 0, killed_at  # a checkpoint of epoch 3's
     printed = (tmp_path / "killed.txt").read_text()
     assert f"Resuming from checkpoint step_{preempted_at:08d}: epoch 2, after batch {preempted_at - 23}/23" in printed
