@@ -130,7 +130,7 @@ def main() -> None:
         run = train(folder, table, options.hidden)
         small = os.path.join(folder, "small.parquet")
         write_rows(small, 1000)
-        from hydra_raytrain.recipe.loaders import machine_cores
+        from hydra_raytrain.host import machine_cores
 
         threads = max(1, machine_cores() - 1)  # what one model actor gets on a local cluster of this machine
         on = f"{threads} thread{'s' if threads > 1 else ''}"

@@ -20,8 +20,8 @@ from hydra_raytrain.lazy import lazy_exports
 _EXPORTS = {
     "train": "driver.run",
     "TrainingFailed": "driver.run",
-    "evaluate": "evaluate",
-    "load_model": "evaluate",
+    "evaluate": "inference.evaluate",
+    "load_model": "inference.evaluate",
     "ConfigError": "config",
     "Task": "tasks.base",
     "StepOutput": "tasks.base",

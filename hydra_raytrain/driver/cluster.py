@@ -23,8 +23,8 @@ from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import RAY_ADDRESS_ENV, RayConfig, ScalingConfig
 from hydra_raytrain.data import streamed
 from hydra_raytrain.driver.builders import scaling_config
+from hydra_raytrain.host import machine_cores
 from hydra_raytrain.internals import resources_per_worker
-from hydra_raytrain.recipe.loaders import machine_cores
 
 # A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
 WORKER_MEMORY_BYTES = 700 * 2**20

@@ -34,10 +34,11 @@ from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.epoch_log import EpochLog
 from hydra_raytrain.driver.preflight import preflight
 from hydra_raytrain.driver.provenance import provenance
-from hydra_raytrain.driver.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.driver.storage import outages as storage_outages
+from hydra_raytrain.host import import_path
+from hydra_raytrain.inference.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.loggers.base import replay, server_problem
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
@@ -57,12 +58,6 @@ RAY_TRAIN_ENV = {
 
 class TrainingFailed(RuntimeError):
     """The run started and failed; summary.json in the run dir holds the full error."""
-
-
-def import_path() -> str:
-    """The driver's folder and PYTHONPATH: where a config's ``_target_`` (a task in the user's folder) imports
-    from. Ray's processes do not inherit the folder, so workers (and sweep trials) get it in PYTHONPATH."""
-    return os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
 
 
 def hydra_run_dir() -> str | None:

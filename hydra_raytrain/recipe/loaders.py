@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -14,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import DataLoaderConfig
+from hydra_raytrain.host import machine_cores
 from hydra_raytrain.recipe.sampler import SeededSamples, ShardedSampler
 
 
@@ -75,11 +75,6 @@ def sharded_sampler(
     return ShardedSampler(
         size, world_size, rank, shuffle=train, seed=seed, pad=train if pad is None else pad, seeds=seeds
     )
-
-
-def machine_cores() -> int:
-    """The cores this command may run on (its CPU affinity, as ``taskset`` or a container's cpuset limit it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def worker_cpus() -> int:

@@ -344,7 +344,7 @@ def _trainable(
     import ray
     from ray import tune
 
-    from hydra_raytrain.driver.run import import_path
+    from hydra_raytrain.host import import_path
 
     node = f"node:{ray.util.get_node_ip_address()}"
     trial = tune.with_parameters(

@@ -50,7 +50,7 @@ def test_the_default_run_exports_and_each_export_computes_what_the_model_does(de
 
     from hydra_raytrain import load_model
     from hydra_raytrain.config import ConfigError
-    from hydra_raytrain.export import ExportRefused, export
+    from hydra_raytrain.inference.export import ExportRefused, export
 
     _, run_dir = default_run
     done = subprocess.run(

@@ -9,8 +9,8 @@ from hydra.utils import instantiate
 
 from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.driver.run import TrainingFailed
-from hydra_raytrain.export import export
-from hydra_raytrain.predict import Predictor
+from hydra_raytrain.inference.export import export
+from hydra_raytrain.inference.predict import Predictor
 from tests.conftest import compose_config, run_cli
 from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 from tests.integration.test_training_features import _difference, read_metrics

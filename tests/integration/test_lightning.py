@@ -14,9 +14,9 @@ from hydra.utils import instantiate
 
 from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.driver.run import TrainingFailed
-from hydra_raytrain.driver.scoring import score
-from hydra_raytrain.export import export
-from hydra_raytrain.predict import Predictor
+from hydra_raytrain.inference.export import export
+from hydra_raytrain.inference.predict import Predictor
+from hydra_raytrain.inference.scoring import score
 from hydra_raytrain.sweep.space import start_order
 from tests.conftest import compose_config, run_cli
 from tests.helpers.loggers import read_scalars

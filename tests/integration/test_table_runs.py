@@ -18,7 +18,7 @@ from torchmetrics.functional.classification import multiclass_auroc, multiclass_
 
 from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
-from hydra_raytrain.recipe.loaders import machine_cores
+from hydra_raytrain.host import machine_cores
 from tests.conftest import ROOT, run_cli
 from tests.helpers.loggers import read_scalars
 

@@ -25,13 +25,16 @@ SOURCES["hydra_plugins"] = "hydra_plugins"
 # From the ground up; a module belongs to the floor of the longest prefix that names it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "ground: the schema, errors, path markers, run names; run outcomes; Ray's private names; lazy exports; notices",
+        "ground: the schema, errors, path markers, run names; run outcomes; Ray's private names; lazy exports; notices;"
+        " the host's facts; what every command does about its options and its end",
         (
             "hydra_raytrain.config",
             "hydra_raytrain.outcome",
             "hydra_raytrain.internals",
             "hydra_raytrain.lazy",
             "hydra_raytrain.notice",
+            "hydra_raytrain.host",
+            "hydra_raytrain.program",
         ),
     ),
     (
@@ -50,20 +53,19 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ),
     ("the recipe: what every Ray Train worker runs", ("hydra_raytrain.recipe",)),
     ("preflight: the config's checks, which build what the floors below define", ("hydra_raytrain.preflight",)),
+    (
+        "inference: a finished run read, scored, exported, predicted with and served",
+        ("hydra_raytrain.inference",),
+    ),
     ("the driver: train(cfg)", ("hydra_raytrain.driver",)),
     ("sweeps: Hydra multirun as Ray Tune trials", ("hydra_raytrain.sweep",)),
     (
-        "entry points: the CLI, check, evaluate, export, predict, serve, the config files, Hydra's plugin, the "
-        "package's face",
+        "entry points: the CLI, check, the config files, Hydra's plugin, the package's face",
         (
             "hydra_raytrain",
             "hydra_raytrain.__main__",
             "hydra_raytrain.cli",
             "hydra_raytrain.check",
-            "hydra_raytrain.evaluate",
-            "hydra_raytrain.export",
-            "hydra_raytrain.predict",
-            "hydra_raytrain.serve",
             "hydra_raytrain.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",
@@ -181,7 +183,8 @@ def test_a_run_dirs_composed_config_resolves_outside_hydra(tmp_path):
     resolvers: they are registered there too, in a process that never composed a config."""
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text("dataset:\n  name: ${sweep_name:[a]}\n")
-    code = f"from hydra_raytrain.evaluate import load_config; print(load_config({str(tmp_path)!r})['dataset']['name'])"
+    code = "from hydra_raytrain.inference.evaluate import load_config; "
+    code += f"print(load_config({str(tmp_path)!r})['dataset']['name'])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().startswith("sweep-"), done.stdout

@@ -11,7 +11,7 @@ import pytest
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data.streamed import normalize
-from hydra_raytrain.predict import Predictor, input_columns
+from hydra_raytrain.inference.predict import Predictor, input_columns
 
 TABLE = {"_target_": "hydra_raytrain.data.table", "features": ["f*", "size"], "label": "kind", "input_shape": [3]}
 NAMES = ["key", "f1", "size", "f0", "kind", "note"]
@@ -58,7 +58,7 @@ def test_an_image_is_decoded_as_the_runs_dataset_decoded_it_in_training(tmp_path
     """The bytes of a training image, decoded for predict, equal the sample training read: an image folder's
     (torchvision transforms, normalized), a streamed images run's (read_images' resize, then its transform)."""
     from hydra_raytrain.data import imagefolder, images
-    from hydra_raytrain.predict import ImageDecoder, class_names, image_builder
+    from hydra_raytrain.inference.predict import ImageDecoder, class_names, image_builder
     from tests.helpers.data import write_images
 
     write_images(tmp_path / "pets", ["cat", "dog"], 3, size=(11, 13))
@@ -79,7 +79,7 @@ def test_an_image_is_decoded_as_the_runs_dataset_decoded_it_in_training(tmp_path
 
 
 def test_an_output_that_exists_is_refused(tmp_path):
-    from hydra_raytrain.predict import check_output
+    from hydra_raytrain.inference.predict import check_output
 
     assert check_output(str(tmp_path / "new")) == str(tmp_path / "new")
     (tmp_path / "old").mkdir()
@@ -90,7 +90,7 @@ def test_an_output_that_exists_is_refused(tmp_path):
 def test_an_actor_is_handed_whole_batches_up_to_a_size_and_the_model_sees_batch_size_rows_at_a_time():
     import torch
 
-    from hydra_raytrain.predict import CALL_BATCHES, CALL_BYTES, call_rows
+    from hydra_raytrain.inference.predict import CALL_BATCHES, CALL_BYTES, call_rows
 
     assert (CALL_BYTES, CALL_BATCHES) == (2**20, 16)
     assert call_rows(1024, {**TABLE, "input_shape": [64]}) == 4096  # 4 batches of 256 KiB in one call
@@ -115,7 +115,7 @@ def test_an_actor_is_handed_whole_batches_up_to_a_size_and_the_model_sees_batch_
 
 
 def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one_elsewhere():
-    from hydra_raytrain.predict import actor_cpus
+    from hydra_raytrain.inference.predict import actor_cpus
 
     assert actor_cpus(16, 1, 0, local=True) == 15  # one actor: the machine, but a CPU for Ray Data's reads
     assert actor_cpus(16, 2, 0, local=True) == 7 and actor_cpus(16, 4, 0, local=True) == 3
@@ -125,7 +125,7 @@ def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one
 
 
 def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_allocator(monkeypatch, tmp_path):
-    from hydra_raytrain.predict import JEMALLOC_CONF, model_actor_env
+    from hydra_raytrain.inference.predict import JEMALLOC_CONF, model_actor_env
 
     for name in ("LD_PRELOAD", "MALLOC_CONF", "RAY_JEMALLOC_LIB_PATH"):
         monkeypatch.delenv(name, raising=False)
@@ -150,7 +150,7 @@ def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_alloc
 
 
 def test_an_actor_says_its_allocator_and_a_preloaded_one_missing_on_its_node(monkeypatch):
-    from hydra_raytrain.predict import allocator
+    from hydra_raytrain.inference.predict import allocator
 
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     assert allocator() == "malloc"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.serve import BadRequest, answer, parse_inputs, served
+from hydra_raytrain.inference.serve import BadRequest, answer, parse_inputs, served
 
 SHAPE = (1, 2, 2)
 SAMPLE = [[[0.0, 1.0], [2.0, 3.0]]]

@@ -13,7 +13,7 @@ from hydra_raytrain.config.identity import run_name
 from hydra_raytrain.data import digits, fake, imagefolder, images, parquet, torchvision_builtin
 from hydra_raytrain.data.splits import split_indices
 from hydra_raytrain.driver.report import summary_table
-from hydra_raytrain.driver.scoring import has_test_split, split_loader
+from hydra_raytrain.inference.scoring import has_test_split, split_loader
 from hydra_raytrain.preflight.resolvers import register_resolvers
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet, write_images, write_mnist

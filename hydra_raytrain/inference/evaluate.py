@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
-from hydra_raytrain.driver.scoring import SPLITS, load_weights, score, shown
+from hydra_raytrain.inference.scoring import SPLITS, load_weights, score, shown
 from hydra_raytrain.preflight.resolvers import register_resolvers
 from hydra_raytrain.preflight.targets import check_targets
 from hydra_raytrain.program import end_quickly

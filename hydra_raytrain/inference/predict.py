@@ -30,7 +30,7 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
-from hydra_raytrain.evaluate import check_config, check_finished, load_config
+from hydra_raytrain.inference.evaluate import check_config, check_finished, load_config
 from hydra_raytrain.program import at_least_one, end_quickly
 
 READERS = {
@@ -229,8 +229,8 @@ class Predictor:
         import torch
         from hydra.utils import instantiate
 
-        from hydra_raytrain.evaluate import load_model
-        from hydra_raytrain.export import Exported
+        from hydra_raytrain.inference.evaluate import load_model
+        from hydra_raytrain.inference.export import Exported
 
         if threads is not None:  # predict's actors: their CPUs, as a training worker's (serve's: Ray's default)
             torch.set_num_threads(threads)
@@ -406,7 +406,7 @@ def predict(
     many torch threads) each; write ``output`` (Parquet). The plan is printed."""
     from ray.data import ActorPoolStrategy
 
-    from hydra_raytrain.driver.run import import_path  # the driver's: not in the actors' imports
+    from hydra_raytrain.host import import_path
 
     cfg = load_config(run)
     check_config(cfg, run, "predict")
@@ -468,7 +468,7 @@ def main() -> None:
         parser.error(f"{options.run}: no such folder")
     import ray
 
-    from hydra_raytrain.recipe.loaders import machine_cores
+    from hydra_raytrain.host import machine_cores
 
     try:
         address = options.address or os.environ.get("RAY_ADDRESS")

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
-from hydra_raytrain.evaluate import check_config, check_finished, load_config
+from hydra_raytrain.inference.evaluate import check_config, check_finished, load_config
 from hydra_raytrain.program import at_least_one, end_quickly
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -102,7 +102,7 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
             "samples (a GAN's generator is exported: python -m hydra_raytrain.export RUN_DIR).",
             "a run of a classification, regression or Lightning task",
         )
-    from hydra_raytrain.predict import class_names, image_builder
+    from hydra_raytrain.inference.predict import class_names, image_builder
 
     dataset = cfg["dataset"]
     classes = dataset.get("classes") or (class_names(dataset) if image_builder(dataset) else None)
@@ -122,8 +122,8 @@ def application(run: str, description: dict[str, Any], options: argparse.Namespa
     from fastapi.responses import JSONResponse
     from ray import serve
 
-    from hydra_raytrain.driver.run import import_path  # the driver's: not in the replicas' imports
-    from hydra_raytrain.predict import Predictor
+    from hydra_raytrain.host import import_path
+    from hydra_raytrain.inference.predict import Predictor
 
     app = FastAPI(title=f"hydra_raytrain: {description['run']}")
     shape, limit = tuple(description["input_shape"]), options.max_samples

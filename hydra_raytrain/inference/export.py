@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.evaluate import check_config, check_finished, load_config, load_model
+from hydra_raytrain.inference.evaluate import check_config, check_finished, load_config, load_model
 from hydra_raytrain.program import end_quickly
 from hydra_raytrain.rundir import write_json
 
