@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.inference.evaluate import check_config, check_finished, load_config, load_model
+from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.program import end_quickly
 from hydra_raytrain.rundir import write_json
 
@@ -55,10 +55,9 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
     """Write the run's model in ``format``, check it, and write its ``.json``; returns that description."""
     if format not in FORMATS:
         raise ConfigError("--format", format, "is no export format.", " | ".join(FORMATS))
-    cfg = load_config(run)
-    check_config(cfg, run, "export")
-    check_finished(run)
-    model, sample_shape, role = _exported_model(cfg, run)
+    finished = FinishedRun.read(run).checked("export")
+    cfg = finished.config
+    model, sample_shape, role = _exported_model(finished)
     path = os.path.abspath(output or os.path.join(run, EXPORT_DIR, FORMATS[format]))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     example, other = (torch.randn(n, *sample_shape, generator=torch.Generator().manual_seed(n)) for n in (2, 3))
@@ -98,14 +97,14 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
     return description
 
 
-def _exported_model(cfg: dict[str, Any], run: str) -> tuple[torch.nn.Module, list[int], str]:
+def _exported_model(run: FinishedRun) -> tuple[torch.nn.Module, list[int], str]:
     """The module to export, the shape of one of its samples, and what it is (the model, or a GAN's generator)."""
-    loaded = load_model(run)
+    loaded = run.load_model()
     if isinstance(loaded, dict):
         if "generator" not in loaded:
             raise ConfigError("model", sorted(loaded), "has several models and no generator to export.")
-        return Exported(loaded["generator"]).eval(), [int(cfg["task"]["latent_dim"])], "generator"
-    return Exported(loaded).eval(), [int(n) for n in cfg["dataset"]["input_shape"]], "model"
+        return Exported(loaded["generator"]).eval(), [int(run.config["task"]["latent_dim"])], "generator"
+    return Exported(loaded).eval(), [int(n) for n in run.dataset["input_shape"]], "model"
 
 
 def _output_description(cfg: dict[str, Any], role: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
-from hydra_raytrain.inference.evaluate import check_config, check_finished, load_config
+from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.program import at_least_one, end_quickly
 
 READERS = {
@@ -408,9 +408,7 @@ def predict(
 
     from hydra_raytrain.host import import_path
 
-    cfg = load_config(run)
-    check_config(cfg, run, "predict")
-    check_finished(run)
+    cfg = FinishedRun.read(run).checked("predict").config
     location = check_output(output)
     images = image_builder(cfg["dataset"]) is not None
     check_pool(num_workers, num_gpus, num_cpus)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
-from hydra_raytrain.inference.evaluate import check_config, check_finished, load_config
+from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.program import at_least_one, end_quickly
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -114,7 +114,7 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
     }
 
 
-def application(run: str, description: dict[str, Any], options: argparse.Namespace) -> Any:
+def application(run: FinishedRun, description: dict[str, Any], options: argparse.Namespace) -> Any:
     """The Ray Serve app: a FastAPI ingress, the run's model in each replica, requests batched across clients."""
     import asyncio
 
@@ -126,7 +126,7 @@ def application(run: str, description: dict[str, Any], options: argparse.Namespa
     from hydra_raytrain.inference.predict import Predictor
 
     app = FastAPI(title=f"hydra_raytrain: {description['run']}")
-    shape, limit = tuple(description["input_shape"]), options.max_samples
+    shape, limit, path = tuple(description["input_shape"]), options.max_samples, os.path.abspath(run.path)
 
     @serve.deployment(
         num_replicas=options.num_replicas,
@@ -142,7 +142,7 @@ def application(run: str, description: dict[str, Any], options: argparse.Namespa
     class Model:
         def __init__(self, dataset: dict[str, Any]) -> None:
             device = "cuda" if options.num_gpus else "cpu"
-            self.predictor = Predictor(os.path.abspath(run), [], dataset, device, classes=description["classes"])
+            self.predictor = Predictor(path, [], dataset, device, classes=description["classes"])
 
         @app.get("/health")
         def health(self) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def application(run: str, description: dict[str, Any], options: argparse.Namespa
             split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
             return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
 
-    return Model.bind(load_config(run)["dataset"])  # type: ignore[attr-defined]  # serve.deployment's
+    return Model.bind(run.dataset)  # type: ignore[attr-defined]  # serve.deployment's
 
 
 def check_resources(options: argparse.Namespace) -> None:
@@ -213,10 +213,8 @@ def serve_run(options: argparse.Namespace, address: str | None, started: Started
     import ray
     from ray import serve
 
-    cfg = load_config(options.run)
-    check_config(cfg, options.run, "serve")
-    check_finished(options.run)
-    description = served(cfg, options.run)
+    finished = FinishedRun.read(options.run).checked("serve")
+    description = served(finished.config, options.run)
     if not address:
         check_port(options.host, options.port)
     cpus = math.ceil(max(os.cpu_count() or 1, options.num_replicas * options.num_cpus))  # Ray counts whole CPUs
@@ -242,9 +240,7 @@ def serve_run(options: argparse.Namespace, address: str | None, started: Started
             )
     started.app = description["run"]
     try:
-        serve.run(
-            application(options.run, description, options), name=started.app, route_prefix="/", logging_config=logs
-        )
+        serve.run(application(finished, description, options), name=started.app, route_prefix="/", logging_config=logs)
     except Exception as error:  # a replica that cannot start (Serve's DEPLOY_FAILED), a route taken meanwhile
         raise ServeFailed(f"the app did not start: {one_line(error)}") from None
 

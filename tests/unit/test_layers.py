@@ -60,12 +60,17 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("the driver: train(cfg)", ("hydra_raytrain.driver",)),
     ("sweeps: Hydra multirun as Ray Tune trials", ("hydra_raytrain.sweep",)),
     (
-        "entry points: the CLI, check, the config files, Hydra's plugin, the package's face",
+        "entry points: the CLI, check, the commands' addresses (evaluate, export, predict, serve), the config files, "
+        "Hydra's plugin, the package's face",
         (
             "hydra_raytrain",
             "hydra_raytrain.__main__",
             "hydra_raytrain.cli",
             "hydra_raytrain.check",
+            "hydra_raytrain.evaluate",
+            "hydra_raytrain.export",
+            "hydra_raytrain.predict",
+            "hydra_raytrain.serve",
             "hydra_raytrain.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",
@@ -183,7 +188,7 @@ def test_a_run_dirs_composed_config_resolves_outside_hydra(tmp_path):
     resolvers: they are registered there too, in a process that never composed a config."""
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text("dataset:\n  name: ${sweep_name:[a]}\n")
-    code = "from hydra_raytrain.inference.evaluate import load_config; "
+    code = "from hydra_raytrain.inference.finished import load_config; "
     code += f"print(load_config({str(tmp_path)!r})['dataset']['name'])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
