@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 
 def start_moto_server(port: int) -> subprocess.Popen:
@@ -78,9 +79,19 @@ class CuttableProxy:
         self._listen()
 
     def _refuse(self, client: socket.socket, answer: bytes) -> None:
-        if _refuse(client, answer):
-            with self.lock:
-                self.refused += 1
+        _refuse(client, answer, self._count_refusal)
+
+    def _count_refusal(self) -> None:
+        with self.lock:
+            self.refused += 1
+
+    def refused_once_seen(self, timeout: float = 10) -> int:
+        """``refused`` once at least one refusal is counted (its thread may count a moment after the client has
+        read the answer), ``timeout`` seconds at most."""
+        deadline = time.monotonic() + timeout
+        while self.refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.refused
 
     def cut(self) -> None:
         with self.lock:
@@ -138,18 +149,17 @@ def _error_xml(code: str) -> str:
     return f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{code}</Message></Error>'
 
 
-def _refuse(client: socket.socket, answer: bytes) -> bool:
-    """Read one request (its head, and its body unless the client waits for "100 Continue"), answer it, close: a
-    body left unread would make the kernel reset the connection, which the client reports instead of the answer.
-    Whether a request was answered."""
-    answered = False
+def _refuse(client: socket.socket, answer: bytes, answered: Callable[[], None]) -> None:
+    """Read one request (its head, and its body unless the client waits for "100 Continue"), answer it (and call
+    ``answered`` at once: the client may keep the connection open a while), close: a body left unread would make the
+    kernel reset the connection, which the client reports instead of the answer."""
     try:
         client.settimeout(5)
         head = b""
         while b"\r\n\r\n" not in head:
             data = client.recv(65536)
             if not data:
-                return False
+                return
             head += data
         head, _, body = head.partition(b"\r\n\r\n")
         fields = dict(line.split(b":", 1) for line in head.lower().split(b"\r\n")[1:] if b":" in line)
@@ -160,7 +170,7 @@ def _refuse(client: socket.socket, answer: bytes) -> bool:
                 break
             body += data
         client.sendall(answer)
-        answered = True
+        answered()
         client.shutdown(socket.SHUT_WR)
         while client.recv(65536):  # whatever the client still sends, until it closes
             pass
@@ -168,4 +178,3 @@ def _refuse(client: socket.socket, answer: bytes) -> bool:
         pass
     finally:
         _close(client)
-    return answered
