@@ -34,7 +34,7 @@ class FinishedRun:
             config=load_config(path),
             status=summary.get("status") if summary is not None else None,
             has_weights=os.path.exists(os.path.join(path, MODEL_FILE)),
-            launched_from=_launched_from(path),
+            launched_from=summary.get("launched_from") if summary is not None else _launched_from(path),
         )
 
     @property
@@ -118,7 +118,8 @@ def _summary(folder: str) -> dict[str, Any] | None:
 
 
 def _launched_from(path: str) -> str | None:
-    """The folder the run was started from (summary.json's ``launched_from``), for a run dir or a checkpoint in it."""
+    """The folder the run was started from (summary.json's ``launched_from``), for a checkpoint folder: its run
+    dir's."""
     folder = os.path.abspath(path)
     for _ in range(4):  # <run dir>/ray_storage/<name>/<checkpoint>
         summary = _summary(folder)
