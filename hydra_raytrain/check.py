@@ -1,4 +1,4 @@
-"""Check configs without training: ``python -m hydra_raytrain.check [overrides]``, for CI.
+"""Check configs without training: ``hydra-raytrain check [overrides]`` (``python -m hydra_raytrain.check``), for CI.
 
     python -m hydra_raytrain.check model=resnet18 scaling.num_workers=4
     python -m hydra_raytrain.check -m 'experiment=glob(*)'          # every shipped experiment
@@ -27,7 +27,7 @@ from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.overrides import check_command_line
 from hydra_raytrain.preflight.replaced import apply_command_line_targets
-from hydra_raytrain.program import end_quickly
+from hydra_raytrain.program import BAD_INPUT, end_quickly, refuse
 
 FAILED: list[str] = []
 
@@ -72,14 +72,13 @@ def main() -> None:
     try:
         check_command_line(args)
     except ConfigError as error:
-        print(error, file=sys.stderr)
-        sys.exit(2)
+        refuse(error)
     with tempfile.TemporaryDirectory(prefix="hydra_raytrain_check_") as folder:
         sys.argv = [sys.argv[0], *args, *_quiet_hydra(folder)]
         _hydra_check()
     if FAILED:
         print(f"{len(FAILED)} config(s) invalid.", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(BAD_INPUT)
 
 
 if __name__ == "__main__":

@@ -1,35 +1,78 @@
-"""The command line: ``python -m hydra_raytrain [overrides]`` (or ``hydra-raytrain``). A thin wrapper on ``train``."""
+"""The command line: ``hydra-raytrain [COMMAND] ...`` (or ``python -m hydra_raytrain``), one console script for
+every command; without a command word it trains (``hydra-raytrain model=mlp`` is ``hydra-raytrain train
+model=mlp``). Each command also has its own address (``python -m hydra_raytrain.predict ...``), and they share one
+shell (``program.py``): its refusals, its exit codes (bad input 2, refused or failed 1, preempted 75), its end.
+Nothing heavy is imported before the command is known."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sys
+from typing import Any
 
-import hydra
-from omegaconf import DictConfig
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.program import FAILED, end_quickly, refuse
 
-from hydra_raytrain.config import ConfigError
-from hydra_raytrain.driver.run import TrainingFailed, hydra_run_dir, train
-from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
-from hydra_raytrain.overrides import check_command_line
-from hydra_raytrain.program import end_quickly
+# The commands, by the word that names them: (module, function called with the rest of the command line, what it does)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("hydra_raytrain.cli", "train_main", "train a config (Hydra overrides; -m: a sweep), the default"),
+    "check": ("hydra_raytrain.check", "main", "check configs without training (CI)"),
+    "evaluate": ("hydra_raytrain.inference.evaluate", "main", "score a finished run on its validation or test split"),
+    "export": ("hydra_raytrain.inference.export", "main", "write a finished run's model as ONNX, torch.export, ..."),
+    "predict": ("hydra_raytrain.inference.predict", "main", "predict a file's rows with Ray Data"),
+    "serve": ("hydra_raytrain.inference.serve", "main", "serve a finished run over HTTP with Ray Serve"),
+}
 
 # What Hydra itself writes into a run dir before our code runs.
 HYDRA_FILES = {".hydra", "train.log"}
 
 
-@hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")
-def _hydra_main(cfg: DictConfig) -> float | None:
+def main() -> None:
+    """``hydra-raytrain [COMMAND] ...``: the command named by the first word (train when it names none)."""
+    args = sys.argv[1:]
+    name = args[0] if args and args[0] in COMMANDS else "train"
+    rest = args[1:] if args and args[0] == name else args
+    module, function, _ = COMMANDS[name]
+    if name in ("train", "check"):  # Hydra reads sys.argv itself
+        sys.argv = [sys.argv[0], *rest]
+        _load(module, function)()
+    else:
+        _load(module, function)(rest, f"{os.path.basename(sys.argv[0])} {name}")
+
+
+def _load(module: str, function: str) -> Any:
+    import importlib
+
+    return getattr(importlib.import_module(module), function)
+
+
+def train_main() -> None:
+    """``hydra-raytrain [train] [overrides]``: the command line checked, then ``train`` under Hydra."""
+    import hydra
+
+    from hydra_raytrain.overrides import check_command_line
+
+    end_quickly()
+    try:
+        check_command_line(sys.argv[1:])
+    except ConfigError as error:
+        refuse(error)
+    hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")(_train)()
+
+
+def _train(cfg: Any) -> float | None:
+    from hydra_raytrain.driver.run import TrainingFailed, train
+    from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
+
     try:
         summary = train(cfg)
     except ConfigError as error:
         _remove_untouched_run_dir()
-        print(error, file=sys.stderr)
-        sys.exit(2)
+        refuse(error)
     except TrainingFailed as error:
         print(error, file=sys.stderr)
-        sys.exit(1)
+        sys.exit(FAILED)
     if summary["status"] == "preempted":
         sys.exit(PREEMPTED_EXIT_CODE)
     monitor = summary["monitor"]
@@ -38,19 +81,11 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def _remove_untouched_run_dir() -> None:
     """A refused config leaves nothing behind: drop the run dir if it holds only what Hydra wrote."""
+    from hydra_raytrain.driver.run import hydra_run_dir
+
     run_dir = hydra_run_dir()
     if run_dir and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= HYDRA_FILES:
         shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def main() -> None:
-    end_quickly()
-    try:
-        check_command_line(sys.argv[1:])
-    except ConfigError as error:
-        print(error, file=sys.stderr)
-        sys.exit(2)
-    _hydra_main()
 
 
 if __name__ == "__main__":

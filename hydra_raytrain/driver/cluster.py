@@ -11,20 +11,17 @@ An existing cluster (``ray.address``) is never oversubscribed: the run must fit 
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import ray
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.config.schema import RAY_ADDRESS_ENV, RayConfig, ScalingConfig
-from hydra_raytrain.data import streamed
+from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver.builders import scaling_config
 from hydra_raytrain.host import machine_cores
 from hydra_raytrain.internals import resources_per_worker
+from hydra_raytrain.reach import address_key, check_reachable, reach_ray, started_here
 
 # A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
 WORKER_MEMORY_BYTES = 700 * 2**20
@@ -125,36 +122,6 @@ def check_fits(request: ResourceRequest, available: Mapping[str, float], where: 
             )
 
 
-RAY_ADDRESS_VALID = (
-    "the HOST:PORT of a running cluster's head (what `ray start --head` prints), auto for the cluster "
-    "started on this machine, local for a local cluster of the run's own, or null (the cluster RAY_ADDRESS names, "
-    "else a local cluster)"
-)
-
-
-def address_key(address: str) -> str:
-    """Where a joined cluster's address came from, for messages: the environment's RAY_ADDRESS, or ray.address."""
-    return RAY_ADDRESS_ENV if os.environ.get(RAY_ADDRESS_ENV) == address else "ray.address"
-
-
-def check_reachable(address: str, timeout_s: float = 3.0) -> None:
-    """A HOST:PORT (or ray://HOST:PORT) where nothing listens is refused in seconds: ray.init itself retries the
-    connection for minutes, printing Ray's GCS errors. "auto" and "local" are Ray's own words, left to it."""
-    host, _, port = address.split("://")[-1].rpartition(":")
-    host = host.strip("[]")  # [::1]:6379
-    if address in ("auto", "local") or not host or not port.isdigit():
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as error:
-        raise ConfigError(
-            address_key(address),
-            address,
-            f"no Ray cluster answers there ({error.strerror or error}).",
-            RAY_ADDRESS_VALID,
-        ) from None
-
-
 def local_gpu_count() -> int:
     import torch
 
@@ -167,13 +134,25 @@ def free_memory_bytes() -> int:
     return psutil.virtual_memory().available
 
 
-_started_here: str | None = None  # the GCS address of the last local cluster this process started
-
-
-def started_here() -> bool:
-    """Whether the Ray this process is connected to is a local cluster it started (for an earlier job of a
-    sequential multirun), not one that user code started or joined since: its runs are sized like the first."""
-    return ray.is_initialized() and _started_here == ray.get_runtime_context().gcs_address
+def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
+    """Start or join Ray (``reach_ray``), then check the run fits. A Ray already initialised in this process is
+    reused (notebooks, tests, and every job of a sequential multirun share one cluster)."""
+    if ray.is_initialized():
+        check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
+        return
+    num_cpus = check_request(ray_cfg, request)
+    joined = reach_ray(
+        ray_cfg.address,
+        num_cpus,
+        None if ray_cfg.address else local_gpu_count(),
+        logging_level=ray_cfg.logging_level,
+        include_dashboard=ray_cfg.include_dashboard,
+        runtime_env=dict(ray_cfg.runtime_env) or None,
+    )
+    if joined:
+        where = f"the cluster at {address_key(joined)}={joined}"
+        check_fits(request, ray.cluster_resources(), where)
+        print(f"Ray: joined {where}: {describe_cluster()}", flush=True)
 
 
 def local_cpus(ray_cfg: RayConfig, data_cpus: int = 0) -> int:
@@ -184,43 +163,6 @@ def local_cpus(ray_cfg: RayConfig, data_cpus: int = 0) -> int:
     if started_here():
         return max(1, min(int(ray.cluster_resources().get("CPU", 1)) - data_cpus, cores))
     return max(1, min(ray_cfg.num_cpus - data_cpus, cores)) if ray_cfg.num_cpus else cores
-
-
-def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
-    """Start or join Ray, then check the run fits. A Ray already initialised in this process is reused
-    (notebooks, tests, and every job of a sequential multirun share one cluster)."""
-    global _started_here
-    if ray.is_initialized():
-        check_fits(request, ray.cluster_resources(), "the connected Ray cluster")
-        return
-    runtime_env = dict(ray_cfg.runtime_env) or None
-    common = dict(logging_level=ray_cfg.logging_level, include_dashboard=ray_cfg.include_dashboard)
-    num_cpus = check_request(ray_cfg, request)
-    if ray_cfg.address:
-        joined_cluster_environment()
-        _started_here = None
-        try:
-            ray.init(address=ray_cfg.address, runtime_env=runtime_env, **common)
-        except ConnectionError as error:  # "auto" with no cluster on this machine, or one that went away
-            raise ConfigError(
-                address_key(ray_cfg.address), ray_cfg.address, f"no Ray cluster to join: {error}", RAY_ADDRESS_VALID
-            ) from None
-        where = f"the cluster at {address_key(ray_cfg.address)}={ray_cfg.address}"
-        check_fits(request, ray.cluster_resources(), where)
-        print(f"Ray: joined {where}: {describe_cluster()}", flush=True)
-        return
-    gpus = local_gpu_count()
-    runtime_env = local_runtime_env(runtime_env, ray_cfg.include_dashboard)
-    local = dict(address="local", num_cpus=num_cpus, num_gpus=gpus, runtime_env=runtime_env, **common)
-    options = local_cluster_environment(ray_cfg.include_dashboard)
-    started = ray.init(**local, **options)
-    if options and not started.dashboard_url:
-        # Another process took the port between the check and the dashboard's start (two commands started
-        # together): Ray then runs on without a dashboard, so without the state API this cluster's processes are
-        # pointed at. Start again on a port taken now.
-        ray.shutdown()
-        ray.init(**local, **local_cluster_environment(ray_cfg.include_dashboard, port=free_port()))
-    _started_here = ray.get_runtime_context().gcs_address
 
 
 def describe_cluster() -> str:
@@ -244,80 +186,6 @@ def check_request(ray_cfg: RayConfig, request: ResourceRequest) -> int | None:
             "this machine",
         )
     return plan_local_cpus(request, machine_cores(), free_memory_bytes(), ray_cfg)
-
-
-def local_cluster_environment(include_dashboard: bool | None, port: int | None = None) -> dict[str, Any]:
-    """What a new local cluster's processes inherit from this one's environment, and its dashboard port.
-
-    - Ray's state API (Ray Train's placement-group cleaner calls it in every run) finds "the" cluster by looking
-      for Ray processes on this machine, and fails with "Found multiple active Ray instances" (a traceback per
-      run on the console, and no clean-up) when another Ray instance runs here: a second training command, a
-      `ray start --head`. The dashboard, which serves that API, gets ``port`` or a port chosen here (Ray's 8265
-      when free), and RAY_API_SERVER_ADDRESS names it.
-    - One node and no autoscaler: nothing drains a node, so Ray Train's PreemptionWatcher has nothing to watch
-      (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
-      RAY_TRAIN_ENABLE_PREEMPTION_WATCHER. Ray Train reads the variable from this process's environment at each
-      run; a cluster joined later in the same process gets the watcher back (``connect``).
-    - Ray Data logs at WARNING (RAY_DATA_LOG_LEVEL), unless the environment sets it, and lists a Parquet read's
-      files with one footer-reading actor, not 32 (``streamed.few_footer_readers``).
-    - Ray starts worker processes at niceness 15 (RAY_worker_niceness): on a busy machine the driver, Ray's own
-      processes and anything else running there take the cores before the training workers do (measured on 2
-      cores: a hand-written Ray Train loop 9% slower than at 0). The cluster is this run's: workers at 0, unless
-      the environment sets the variable.
-    """
-    global _watcher_turned_off
-    if WATCHER_ENV not in os.environ:
-        os.environ[WATCHER_ENV], _watcher_turned_off = "0", True
-    os.environ.setdefault(NICENESS_ENV, "0")
-    # Ray Data's tasks and actors (a streamed dataset) log two INFO lines per split and epoch to the console.
-    os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
-    streamed.few_footer_readers()
-    if include_dashboard is False:
-        return {}
-    port = port or (DASHBOARD_PORT if port_is_free(DASHBOARD_PORT) else free_port())
-    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
-    return {"dashboard_port": port}
-
-
-def joined_cluster_environment() -> None:
-    """A joined cluster has nodes to drain: Ray Train's PreemptionWatcher back on where a local cluster started
-    earlier in this process turned it off (a notebook, a multirun), not where the user did."""
-    global _watcher_turned_off
-    if _watcher_turned_off:
-        os.environ.pop(WATCHER_ENV, None)
-        _watcher_turned_off = False
-
-
-def local_runtime_env(runtime_env: dict[str, Any] | None, include_dashboard: bool | None) -> dict[str, Any] | None:
-    """A new local cluster's job runtime_env: the user's ``ray.runtime_env``, and without the dashboard (so without
-    Ray's state API, which Ray Train's placement-group cleaner asks every few seconds, warning each time) a
-    ``worker_process_setup_hook`` that keeps that cleaner to errors: it has nothing to clean on a cluster that
-    ends with the command. A hook of the user's own wins."""
-    if include_dashboard is not False:
-        return runtime_env
-    return {"worker_process_setup_hook": QUIET_CLEANER_HOOK, **(runtime_env or {})}
-
-
-DASHBOARD_PORT = 8265  # Ray's default
-WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet when it starts
-_watcher_turned_off = False  # this process set WATCHER_ENV for a local cluster (not the user)
-QUIET_CLEANER_HOOK = "hydra_raytrain.logfiles.quiet_placement_group_cleaner"
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def state_api_problem(timeout_s: float = 60) -> str | None:

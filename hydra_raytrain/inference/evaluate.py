@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 import torch
 
-from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.scoring import SPLITS, score, shown
-from hydra_raytrain.program import end_quickly
+from hydra_raytrain.program import Command
 from hydra_raytrain.rundir import write_json
 
 EVALUATION_FILE = "evaluation.json"
@@ -47,22 +45,19 @@ def evaluation_file(split: str) -> str:
     return EVALUATION_FILE if split == "val" else EVALUATION_FILE.replace(".json", f"_{split}.json")
 
 
-def main() -> None:
-    end_quickly()
-    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="a run dir, or one checkpoint folder inside its Ray storage")
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="path", help="a run dir, or one checkpoint folder inside its Ray storage")
     parser.add_argument("--split", default="val", choices=SPLITS, help="the split to score (default: val)")
-    options = parser.parse_args()
-    path = options.path
-    if not os.path.isdir(path):
-        parser.error(f"{path}: no such folder")
-    try:
-        metrics = evaluate(path, options.split)
-    except ConfigError as error:
-        print(str(error).replace("Invalid config", "Cannot evaluate this run here", 1), file=sys.stderr)
-        sys.exit(2)
+
+
+def _evaluate(options: argparse.Namespace) -> None:
+    metrics = evaluate(options.run, options.split)
     print(shown(metrics))
-    print(f"Written: {os.path.join(path, evaluation_file(options.split))}")
+    print(f"Written: {os.path.join(options.run, evaluation_file(options.split))}")
+
+
+COMMAND = Command("evaluate", __doc__, _options, _evaluate, refused="Cannot evaluate this run here")
+main = COMMAND.run
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.inference.finished import FinishedRun
-from hydra_raytrain.program import end_quickly
+from hydra_raytrain.program import Command
 from hydra_raytrain.rundir import write_json
 
 FORMATS = {"onnx": "model.onnx", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
@@ -169,28 +168,25 @@ WRITERS: dict[str, Callable[[torch.nn.Module, torch.Tensor, str, list[str]], Cal
 }
 
 
-def main() -> None:
-    end_quickly()
-    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.export", description=__doc__.split("\n\n")[0])
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a finished run dir, or one checkpoint folder inside its Ray storage")
     parser.add_argument("--format", choices=list(FORMATS), default="onnx")
     parser.add_argument("--output", help="the file to write (default: <run>/export/model.<format's suffix>)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="the largest difference from the model allowed")
-    options = parser.parse_args()
-    if not os.path.isdir(options.run):
-        parser.error(f"{options.run}: no such folder")
-    try:
-        description = export(options.run, options.format, options.output, options.tolerance)
-    except ConfigError as error:
-        print(str(error).replace("Invalid config", "Cannot export this run", 1), file=sys.stderr)
-        sys.exit(2)
-    except ExportRefused as error:
-        print(f"Export refused: {error}", file=sys.stderr)
-        sys.exit(1)
+
+
+def _export(options: argparse.Namespace) -> None:
+    description = export(options.run, options.format, options.output, options.tolerance)
     folder = os.path.dirname(os.path.abspath(options.output or os.path.join(options.run, EXPORT_DIR, "x")))
     path = os.path.join(folder, description["file"])
     print(f"{description['format']}: {path} (max abs diff from the model {description['max_abs_diff']:.2e})")
     print(f"Written: {path}.json")
+
+
+COMMAND = Command(
+    "export", __doc__, _options, _export, "Cannot export this run", "Export refused", failures=(ExportRefused,)
+)
+main = COMMAND.run
 
 
 if __name__ == "__main__":

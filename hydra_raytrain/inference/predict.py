@@ -31,7 +31,7 @@ import numpy as np
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.inference.finished import FinishedRun
-from hydra_raytrain.program import at_least_one, end_quickly
+from hydra_raytrain.program import Command, at_least_one
 
 READERS = {
     ".parquet": "read_parquet",
@@ -445,9 +445,7 @@ def predict(
     return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
 
 
-def main() -> None:
-    end_quickly()
-    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.predict", description=__doc__.split("\n\n")[0])
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a finished run dir (trained on a table, or on images)")
     parser.add_argument("input", help=f"{INPUTS}; for an image run: {IMAGE_INPUTS}")
     parser.add_argument("--output", required=True, help="the folder of Parquet files to write (a path or s3://)")
@@ -461,25 +459,23 @@ def main() -> None:
         "divided among the actors; on a joined cluster or GPUs, 1)",
     )
     parser.add_argument("--address", help="the Ray cluster to run on (default: RAY_ADDRESS, else a local cluster)")
-    options = parser.parse_args()
-    if not os.path.isdir(options.run):
-        parser.error(f"{options.run}: no such folder")
+
+
+def _predict(options: argparse.Namespace) -> None:
     import ray
 
     from hydra_raytrain.host import machine_cores
+    from hydra_raytrain.reach import reach_ray
 
+    # A local cluster of its own: the cores this command may use, or a CPU for every actor and one for the reads
+    local_cpus = max(machine_cores(), options.num_workers + 1)
     try:
-        address = options.address or os.environ.get("RAY_ADDRESS")
-        # A local cluster of its own: the cores this command may use, or a CPU for every actor and one for the reads
-        local = {} if address else {"num_cpus": max(machine_cores(), options.num_workers + 1)}
-        if not address:
-            streamed.few_footer_readers()
-        ray.init(address=address or "local", logging_level="WARNING", **local)
+        joined = reach_ray(options.address, local_cpus, given_as="--address")
         if not sys.stderr.isatty():  # Ray Data's progress, logged every few seconds where no bar can be drawn
             logging.getLogger("ray.data").setLevel(logging.WARNING)
         cpus = options.num_cpus
         if cpus is None:
-            cpus = actor_cpus(local.get("num_cpus", 1), options.num_workers, options.num_gpus, not address)
+            cpus = actor_cpus(1 if joined else local_cpus, options.num_workers, options.num_gpus, not joined)
         done = predict(
             options.run,
             options.input,
@@ -489,13 +485,14 @@ def main() -> None:
             options.num_gpus,
             cpus,
         )
-    except ConfigError as error:
-        print(str(error).replace("Invalid config", "Cannot predict", 1), file=sys.stderr)
-        sys.exit(2)
     finally:
         ray.shutdown()
     rate = done["rows"] / max(done["seconds"], 1e-9)
     print(f"Predicted {done['rows']:,} rows in {done['seconds']:.1f} s ({rate:,.0f} rows/s): {done['output']}")
+
+
+COMMAND = Command("predict", __doc__, _options, _predict, refused="Cannot predict")
+main = COMMAND.run
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
+from hydra_raytrain.config.schema import cluster_address
 from hydra_raytrain.inference.finished import FinishedRun
-from hydra_raytrain.program import at_least_one, end_quickly
+from hydra_raytrain.program import BAD_INPUT, Command, at_least_one
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SERVE_EXTRA = "pip install 'hydra_raytrain[serve]' (Ray Serve: ray[serve], with FastAPI and uvicorn)"
@@ -207,18 +208,21 @@ class Started:
     shared: bool = False  # Serve was running already: its proxies' host and port stand
 
 
-def serve_run(options: argparse.Namespace, address: str | None, started: Started) -> None:
+def serve_run(options: argparse.Namespace, started: Started) -> None:
     """Start Serve (unless it runs on the cluster already) and the app, recording in ``started`` what to take
     down; a ConfigError for what the cluster cannot do, ``ServeFailed`` when the app does not start."""
     import ray
     from ray import serve
 
+    from hydra_raytrain.reach import reach_ray
+
     finished = FinishedRun.read(options.run).checked("serve")
     description = served(finished.config, options.run)
+    address = cluster_address(options.address, os.environ)
     if not address:
         check_port(options.host, options.port)
     cpus = math.ceil(max(os.cpu_count() or 1, options.num_replicas * options.num_cpus))  # Ray counts whole CPUs
-    ray.init(address=address or "local", logging_level="WARNING", **({} if address else {"num_cpus": cpus}))
+    reach_ray(address, cpus, given_as="--address")
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets a handler of its own
     check_resources(options)
     logs = {"log_level": options.log_level}
@@ -266,8 +270,7 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def parse_options() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m hydra_raytrain.serve", description=__doc__.split("\n\n")[0])
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a finished run dir (a classification, regression or Lightning run)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
@@ -283,37 +286,24 @@ def parse_options() -> argparse.Namespace:
         "--log-level", default="WARNING", help="Serve's log level (INFO: a line per request; default WARNING)"
     )
     parser.add_argument("--address", help="the Ray cluster to serve on (default: RAY_ADDRESS, else a local cluster)")
-    options = parser.parse_args()
-    if not os.path.isdir(options.run):
-        parser.error(f"{options.run}: no such folder")
-    return options
 
 
-def main() -> None:
-    end_quickly()
-    options = parse_options()
+def _serve(options: argparse.Namespace) -> int | None:
     try:
         import fastapi  # noqa: F401
         import ray.serve  # noqa: F401
     except ImportError as error:
         print(f"Cannot serve: {error}. {SERVE_EXTRA}", file=sys.stderr)
-        sys.exit(2)
+        return BAD_INPUT
     import ray
     from ray import serve
 
-    address = options.address or os.environ.get("RAY_ADDRESS")
     started = Started()
     try:
-        serve_run(options, address, started)
+        serve_run(options, started)
         print(serving_line(options, started.shared), flush=True)
         while True:
             time.sleep(3600)
-    except ConfigError as error:
-        print(str(error).replace("Invalid config", "Cannot serve this run", 1), file=sys.stderr)
-        sys.exit(2)
-    except ServeFailed as error:
-        print(f"Cannot serve this run: {error}", file=sys.stderr)
-        sys.exit(1)
     except KeyboardInterrupt:
         print("Stopping.", flush=True)
     finally:
@@ -325,6 +315,13 @@ def main() -> None:
                 with contextlib.suppress(Exception):  # an app that never deployed
                     serve.delete(started.app)
             ray.shutdown()
+    return None
+
+
+COMMAND = Command(
+    "serve", __doc__, _options, _serve, "Cannot serve this run", "Cannot serve this run", failures=(ServeFailed,)
+)
+main = COMMAND.run
 
 
 if __name__ == "__main__":

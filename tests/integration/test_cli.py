@@ -177,6 +177,44 @@ def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, r
         ask(port, "GET", "/health")
 
 
+def test_one_console_script_runs_every_command_and_reaches_ray_by_one_rule(default_run, tmp_path):
+    """`hydra-raytrain COMMAND ...` (the installed console script) runs each command in its own words: evaluate
+    and check succeed, a missing folder is refused as `hydra-raytrain evaluate`; predict and serve reach Ray by the
+    training command's rule: `--address`, else RAY_ADDRESS, each named when no cluster answers there (exit 2,
+    within seconds: no Ray started)."""
+    _, run_dir = default_run
+    script = os.path.join(os.path.dirname(sys.executable), "hydra-raytrain")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("RAY_ADDRESS", None)
+
+    def command(*args, **extra):
+        return subprocess.run(
+            [script, *args], capture_output=True, text=True, cwd=str(tmp_path), env={**env, **extra}, timeout=180
+        )
+
+    evaluated = command("evaluate", str(run_dir))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    written = json.loads((run_dir / "evaluation.json").read_text())
+    assert written["val_accuracy"] == pytest.approx(summary["final"]["val_accuracy"], abs=1e-6)
+    missing = command("evaluate", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and f"hydra-raytrain evaluate: error: {tmp_path / 'nowhere'}: no such folder" in (
+        missing.stderr
+    )
+    checked = command("check", "model=mlp")
+    assert checked.returncode == 0 and checked.stdout.startswith("ok   model=mlp"), checked.stderr[-3000:]
+    port = unused_port()  # nothing listens there
+    rows = tmp_path / "rows.parquet"
+    rows.write_bytes(b"")
+    predicted = command("predict", str(run_dir), str(rows), "--output", "out", "--address", f"127.0.0.1:{port}")
+    assert predicted.returncode == 2, predicted.stderr[-3000:]
+    assert predicted.stderr.startswith(f"Cannot predict: --address='127.0.0.1:{port}': no Ray cluster answers there")
+    served = command("serve", str(run_dir), RAY_ADDRESS=f"127.0.0.1:{port}")
+    assert served.returncode == 2, served.stderr[-3000:]
+    assert served.stderr.startswith(f"Cannot serve this run: RAY_ADDRESS='127.0.0.1:{port}': no Ray cluster answers")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_run_writes_the_output_contract(default_run):
     done, run_dir = default_run
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -14,9 +14,10 @@ pytestmark = pytest.mark.integration
 # process holds it by the time this cluster's dashboard starts.
 RACE = """
 import os, socket, ray
+from hydra_raytrain import reach
 from hydra_raytrain.driver import cluster
 
-holder, checked, real = socket.socket(), [], cluster.port_is_free
+holder, checked, real = socket.socket(), [], reach.port_is_free
 def racy(port):
     checked.append(port)
     if len(checked) == 1:
@@ -26,12 +27,12 @@ def racy(port):
             pass  # already held (the test session's cluster's dashboard): the same situation
         return True
     return real(port)
-cluster.port_is_free = racy
+reach.port_is_free = racy
 from hydra_raytrain.config.schema import RayConfig
 cluster.connect(RayConfig(logging_level="ERROR"), cluster.ResourceRequest(1, {"CPU": 1}))
 url = ray._private.worker.get_dashboard_url()
 assert url and os.environ["RAY_API_SERVER_ADDRESS"] == "http://" + url, (url, os.environ["RAY_API_SERVER_ADDRESS"])
-assert url.rsplit(":", 1)[1] != str(cluster.DASHBOARD_PORT)
+assert url.rsplit(":", 1)[1] != str(reach.DASHBOARD_PORT)
 from ray.util.state import list_nodes
 print("state API nodes:", len(list_nodes(limit=5)))
 """

@@ -3,8 +3,8 @@
 import pytest
 
 from hydra_raytrain import train
-from hydra_raytrain.driver.cluster import free_port
 from hydra_raytrain.preflight.validate import validate
+from hydra_raytrain.reach import free_port
 from tests.conftest import WANDB_TEST_KEY, compose_config
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import run_record, wandb_runs

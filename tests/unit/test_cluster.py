@@ -77,7 +77,7 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
 ):
     import socket
 
-    from hydra_raytrain.driver.cluster import DASHBOARD_PORT, joined_cluster_environment, local_cluster_environment
+    from hydra_raytrain.reach import DASHBOARD_PORT, joined_cluster_environment, local_cluster_environment
 
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
@@ -100,12 +100,12 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
 
 
 def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_environment_says(monkeypatch):
+    from hydra_raytrain import reach
     from hydra_raytrain.data.streamed import FOOTER_READERS_ENV
-    from hydra_raytrain.driver import cluster
-    from hydra_raytrain.driver.cluster import local_cluster_environment
+    from hydra_raytrain.reach import local_cluster_environment
 
     monkeypatch.setattr(os, "environ", dict(os.environ))  # what else it sets stays in this test
-    monkeypatch.setattr(cluster, "_watcher_turned_off", cluster._watcher_turned_off)
+    monkeypatch.setattr(reach, "_watcher_turned_off", reach._watcher_turned_off)
     monkeypatch.delenv(FOOTER_READERS_ENV, raising=False)
     local_cluster_environment(include_dashboard=False)
     assert os.environ[FOOTER_READERS_ENV] == "1"  # Ray Data's 32 are for a large cluster's thousands of files
@@ -118,7 +118,7 @@ def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleane
     import importlib
     import logging
 
-    from hydra_raytrain.driver.cluster import QUIET_CLEANER_HOOK, local_runtime_env
+    from hydra_raytrain.reach import QUIET_CLEANER_HOOK, local_runtime_env
 
     user = {"env_vars": {"A": "1"}}
     assert local_runtime_env(None, None) is None and local_runtime_env(user, True) is user

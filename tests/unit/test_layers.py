@@ -39,7 +39,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files and logs, storage "
-        "that retries",
+        "that retries; the one door to Ray",
         (
             "hydra_raytrain.data",
             "hydra_raytrain.models",
@@ -49,6 +49,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.rundir",
             "hydra_raytrain.logfiles",
             "hydra_raytrain.storage_retry",
+            "hydra_raytrain.reach",
         ),
     ),
     ("the recipe: what every Ray Train worker runs", ("hydra_raytrain.recipe",)),

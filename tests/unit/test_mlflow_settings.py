@@ -3,7 +3,6 @@
 import pytest
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.driver.cluster import free_port
 from hydra_raytrain.loggers.mlflow import (
     MlflowLogger,
     absolute_store,
@@ -13,6 +12,7 @@ from hydra_raytrain.loggers.mlflow import (
     plan,
     resolve,
 )
+from hydra_raytrain.reach import free_port
 
 EMPTY = {"tracking_uri": None, "experiment_name": None, "run_id": None, "sweep_dir": None}
 

@@ -53,3 +53,48 @@ def test_a_count_below_one_is_refused_by_name_before_anything_starts(tmp_path):
         assert done.returncode == 2, done.stderr
         assert f"argument {option}: '0': a whole number >= 1" in done.stderr.splitlines()[-1], done.stderr
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def _command(body, **fields):
+    from hydra_raytrain.program import Command
+
+    def options(parser):
+        parser.add_argument("run")
+
+    return Command("demo", "Demo a run.\n\nMore.", options, body, refused="Cannot demo this run", **fields)
+
+
+def test_the_command_shell_maps_refusals_and_failures_to_their_exit_codes(tmp_path, capsys):
+    """One shell for every command: a missing run folder (argparse's refusal, 2), a config error in the command's
+    own words (2), a failure it declares (1), a body's own exit code, and success (no exit)."""
+    import pytest
+
+    from hydra_raytrain.config import ConfigError
+
+    class Refused(Exception):
+        pass
+
+    def refuse(options):
+        raise ConfigError("--format", "x", "is no format.", "onnx")
+
+    def fail(options):
+        raise Refused("differs by 1e-3")
+
+    with pytest.raises(SystemExit) as stop:
+        _command(lambda options: None).run([str(tmp_path / "nowhere")], prog="hydra-raytrain demo")
+    assert stop.value.code == 2
+    assert f"hydra-raytrain demo: error: {tmp_path / 'nowhere'}: no such folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        _command(refuse).run([str(tmp_path)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == "Cannot demo this run: --format='x': is no format. Valid: onnx\n"
+    with pytest.raises(SystemExit) as stop:
+        _command(fail, failed="Demo refused", failures=(Refused,)).run([str(tmp_path)])
+    assert (stop.value.code, capsys.readouterr().err) == (1, "Demo refused: differs by 1e-3\n")
+    with pytest.raises(Refused):  # an exception it does not declare is no refusal: its traceback shows
+        _command(fail).run([str(tmp_path)])
+    with pytest.raises(SystemExit) as stop:
+        _command(lambda options: 75).run([str(tmp_path)])
+    assert stop.value.code == 75
+    assert _command(lambda options: print("done", options.run)).run([str(tmp_path)]) is None
+    assert capsys.readouterr().out == f"done {tmp_path}\n"

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hydra_raytrain.driver.cluster import free_port
+from hydra_raytrain.reach import free_port
 from hydra_raytrain.recipe.metrics import should_stop
 from hydra_raytrain.recipe.step import Precision, TrainStep
 
