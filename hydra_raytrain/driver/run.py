@@ -40,7 +40,8 @@ from hydra_raytrain.driver.storage import outages as storage_outages
 from hydra_raytrain.host import import_path
 from hydra_raytrain.inference.scoring import has_test_split, scalars, score, shown
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
-from hydra_raytrain.loggers.base import replay, server_problem
+from hydra_raytrain.loggers import base as trackers
+from hydra_raytrain.loggers.base import replay
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import build_dataset
@@ -85,7 +86,7 @@ def train(
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     resolved = _checked(cfg, run_dir, rehearse)
-    with _multirun_parent(resolved, run_dir):
+    with _multirun_parent(resolved, run_dir) as resolved:
         return _train(resolved, cfg, run_dir, started, extra_callbacks, show_summary)
 
 
@@ -112,7 +113,7 @@ def _train(
     check_storage(storage, nodes, resolved.storage.shared_filesystem, min(resolved.storage.retry_window_s, 60))
     if resolved.run.resume == "never":
         _discard_previous_state(run_dir, storage, name, resolved.storage.retry_window_s)
-        _retire_mlflow_run(resolved, run_dir, name)
+        trackers.restart_all(resolved.logger, name, run_dir)
     _write_config(run_dir, cfg, resolved)
     quiet_ray_train(resolved.ray.logging_level)
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
@@ -172,13 +173,15 @@ def _fit(
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
     origin = provenance(str(resolved.model.get("_target_") or ""))
+    tracked, tracker_env = trackers.prepare_all(resolved.logger)  # a tracker that cannot be reached: dropped
+    resolved = dataclasses.replace(resolved, logger=tracked)
     summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin, name)
     epoch_log = EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
     # The user's before FailureLog, which raises at a failure that is not retried: they see that one too.
     callbacks = [epoch_log, *driver_callbacks(resolved.callbacks), failures.FailureLog(run_dir, resolved.failure)]
     callbacks += extra_callbacks
-    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin)
+    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin, tracker_env)
     try:
         if local_mode:  # nothing persists a checkpoint: no notice to act on
             result = trainer_for(None).fit()
@@ -205,12 +208,14 @@ def _trainer_factory(
     stream: Streamed | None,
     callbacks: list[Any],
     origin: dict[str, Any] | None = None,
+    tracker_env: dict[str, str] | None = None,
 ) -> Callable[[str | None], TorchTrainer]:
     """The run's ``TorchTrainer`` for a preemption notice's name (None: no notice): the workers' loop (ours, or
-    Lightning's), its config, Ray Data's datasets, and Ray's config objects (``builders.py``)."""
+    Lightning's), its config, Ray Data's datasets, and Ray's config objects (``builders.py``); ``tracker_env``: the
+    trackers' variables for the workers (``prepare_all``)."""
     for variable, value in RAY_TRAIN_ENV.items():
         os.environ.setdefault(variable, value)
-    worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **_tracker_env(resolved.logger)}, import_path())
+    worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **(tracker_env or {})}, import_path())
     loop_config: dict[str, Any] = {"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name}
     loop_config["provenance"] = origin  # the loggers record it
     data: dict[str, Any] = {}
@@ -294,10 +299,15 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
     tested = test if test and "error" not in test else {}
     name = summarize.name
+    history = rundir.read_history(run_dir)
+    tested = {k: v for k, v in scalars(tested).items() if k.startswith("test_")}
+    config = {"cfg": resolved.to_dict(), "run_name": name}
     if tested:
-        _log_test(resolved, run_dir, name, tested)
+        trackers.replay_test(resolved.logger, config, run_dir, {**tested, "epoch": len(history)})
     summary = summarize("completed", test=test) if test else summarize("completed")
-    _complete_mlflow(resolved, run_dir, name, tested, best[0] if best else None)
+    logs = [*history, {**tested, "epoch": len(history)}] if tested else history
+    ending = trackers.Ending(config, run_dir, logs, best[0] if best else None, lambda model: _run_files(run_dir, model))
+    trackers.complete_all(resolved.logger, ending)
     print(f"Run dir: {run_dir}", flush=True)
     return summary
 
@@ -334,22 +344,6 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
     return {**metrics, "checkpoint": where, "epoch": epoch, "monitor": monitor}
 
 
-def _log_test(resolved: Resolved, run_dir: str, name: str, test: dict[str, Any]) -> None:
-    """The test metrics to the run's loggers, at the last epoch's step (the same W&B run: its id is the run's);
-    MLflow's with the rest of what the driver logs there (``_complete_mlflow``)."""
-    loggers = {key: node for key, node in resolved.logger.items() if key != "mlflow"}
-    if not loggers:
-        return
-    metrics = {key: value for key, value in scalars(test).items() if key.startswith("test_")}
-    epochs = len(rundir.read_history(run_dir))
-    replay(
-        loggers,
-        {"cfg": resolved.to_dict(), "run_name": name},
-        run_dir,
-        [{**metrics, "epoch": epochs}],
-    )
-
-
 def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
     """The dataset as the driver built it when Ray Data streams it (``data/streamed.py``), else None."""
     if not roads.streams(node):
@@ -372,7 +366,7 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
     missing = {key: node for key, node in resolved.logger.items() if key not in summary["loggers"]}
     if not missing:
         return summary
-    _tracker_env(missing)
+    missing, _ = trackers.prepare_all(missing)
     history = rundir.read_history(run_dir)
     tested = {k: v for k, v in scalars(summary.get("test") or {}).items() if k.startswith("test_")}
     logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
@@ -384,52 +378,6 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
     return summary
 
 
-def _tracker_env(loggers: dict[str, Any]) -> dict[str, str]:
-    """On the driver, before the workers start: W&B's mode decided (offline, with a warning, when its server cannot
-    be reached), MLflow's store, experiment and run resolved (MLflow dropped, with a warning, when it cannot be
-    reached), and the trackers' variables forwarded to the workers, which on a joined cluster do not inherit the
-    driver's environment."""
-    env: dict[str, str] = {}
-    if "wandb" in loggers:
-        from hydra_raytrain.loggers import wandb
-
-        wandb.plan_mode(loggers["wandb"], os.environ, server_problem, warn=_warn)
-        env.update(wandb.forwarded_env(os.environ))
-    if "mlflow" in loggers:
-        from hydra_raytrain.loggers import mlflow
-
-        if mlflow.plan(loggers["mlflow"], os.environ, os.getcwd(), warn=_warn):
-            env.update(mlflow.forwarded_env(os.environ))
-        else:
-            del loggers["mlflow"]  # summary.json does not list it: the same command later logs the run
-    return env
-
-
-def _complete_mlflow(resolved: Resolved, run_dir: str, name: str, test: dict[str, Any], best: Any = None) -> None:
-    """On the driver once the run's files are written, into the run's MLflow run (``replay``): the epochs of
-    metrics.jsonl it lacks (rank 0 logged them as they came, unless MLflow was away for some), the test split's
-    figures at the last epoch's step, and the run's files (``_run_files``; with ``log_artifacts: best``, the model
-    of the best checkpoint Ray kept). A failure warns; the run stands."""
-    node = resolved.logger.get("mlflow")
-    if node is None:
-        return
-    history = rundir.read_history(run_dir)
-    tested = {k: v for k, v in scalars(test).items() if k.startswith("test_")}
-    logs = [*history, {**tested, "epoch": len(history)}] if tested else history
-    with contextlib.ExitStack() as stack:
-        model = None
-        if node.get("log_artifacts") == "best" and best is not None:
-            try:
-                kept = os.path.join(stack.enter_context(best.as_directory()), rundir.MODEL_FILE)
-            except Exception as error:  # noqa: BLE001  (the final model is logged instead)
-                _warn(f"logger.mlflow: the best checkpoint could not be read ({one_line(error)}): the final model")
-                kept = ""
-            model = kept if os.path.exists(kept) else None  # a sharded checkpoint: the final model
-        replay(
-            {"mlflow": node}, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs, _run_files(run_dir, model)
-        )
-
-
 def _run_files(run_dir: str, model: str | None = None) -> list[str]:
     """What a tracker keeps of a completed run: ``model.pt`` (``model``, else the run dir's), ``curves.png``,
     ``config.json``, ``summary.json``."""
@@ -439,39 +387,23 @@ def _run_files(run_dir: str, model: str | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def _multirun_parent(resolved: Resolved, run_dir: str) -> Iterator[None]:
-    """A job of Hydra's basic sweeper (``-m``, jobs one after another, each in ``<sweep dir>/<run name>``): its
-    MLflow run nested in the sweep's, which each job marks running while it lasts (``hydra/sweeper=ray_tune`` opens
-    its own: the node names its sweep). The sweep dir is the run dir's parent: ``${sweep_name:...}`` is cached, and
-    Hydra hands the sweep's cache to each job it composes."""
-    node = resolved.logger.get("mlflow")
+def _multirun_parent(resolved: Resolved, run_dir: str) -> Iterator[Resolved]:
+    """A job of Hydra's basic sweeper (``-m``, jobs one after another, each in ``<sweep dir>/<run name>``): each
+    tracker's sweep record (MLflow's parent run) opened while the job lasts, the job's run in it; a tracker that
+    cannot be reached is dropped from the job. ``hydra/sweeper=ray_tune`` opens its own: its trials' nodes say so.
+    The sweep dir is the run dir's parent: ``${sweep_name:...}`` is cached, and Hydra hands the sweep's cache to
+    each job it composes."""
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    if node is None or not multirun or node.get("sweep_dir"):
-        yield
+    opening = {n: node for n, node in resolved.logger.items() if not trackers.driver_side(node).in_sweep(node)}
+    if not multirun or not opening:
+        yield resolved
         return
-    from hydra_raytrain.loggers import mlflow
-
-    parent = mlflow.open_sweep(node, os.path.dirname(run_dir), os.environ, os.getcwd())
-    if parent is None:  # said why: the job trains without MLflow, as a run does
-        del resolved.logger["mlflow"]
+    opened, handles = trackers.open_sweeps(opening, os.path.dirname(run_dir))
+    logger = {n: opened.get(n, node) for n, node in resolved.logger.items() if n in opened or n not in opening}
     try:
-        yield
+        yield dataclasses.replace(resolved, logger=logger)
     finally:
-        if parent is not None:
-            mlflow.close_sweep(node, parent, {}, failed=False)
-
-
-def _retire_mlflow_run(resolved: Resolved, run_dir: str, name: str) -> None:
-    """``run.resume=never`` starts the run over: a new MLflow run too, the earlier one kept (``mlflow.retire``)."""
-    node = resolved.logger.get("mlflow")
-    if node is None:
-        return
-    from hydra_raytrain.loggers import mlflow
-
-    try:
-        mlflow.retire(mlflow.resolve(node, os.environ, os.getcwd()), name, run_dir)
-    except Exception as error:  # noqa: BLE001  (plan() says so if MLflow cannot be used)
-        _warn(f"logger.mlflow: the run dir's earlier MLflow run was not set aside ({type(error).__name__}: {error})")
+        trackers.close_sweeps(opened, handles, {}, failed=False)
 
 
 def _warn(message: str) -> None:

@@ -1,4 +1,4 @@
-"""The logger protocol and the one place loggers are built, started, fed and finished.
+"""The logger protocol and the one place loggers are built, started, fed and finished; the trackers' driver side.
 
 A tracker is a helper: one that cannot start or log warns once and is dropped; training goes on, and the run's
 own files (metrics.jsonl, summary.json, TensorBoard's) are still written.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
@@ -121,3 +122,123 @@ def server_problem(url: str, timeout_s: float = 3.0) -> str | None:
     except OSError as error:
         return error.strerror or type(error).__name__
     return None
+
+
+# A tracker's driver side, beside its worker side (``Logger``): what the driver (``driver/run.py``) and a sweep
+# (``sweep/tuner.py``) ask of every tracker of a config's ``logger`` section. They loop over the trackers and name
+# none; a tracker's class names its driver side (``driver_side = ...``), and one that names none needs nothing here.
+
+
+class DriverSide:
+    """What the driver asks of a tracker, by default nothing. Each method takes the tracker's config node and
+    returns a new one where it changes it: a run's ``Resolved`` is never mutated."""
+
+    test_with_completion = False  # the test split's figures go in with ``complete`` (else they are replayed)
+
+    def prepare(self, node: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
+        """Before the workers start: the node as the workers will use it, and the variables to forward to them (on a
+        joined cluster they do not inherit the driver's environment). None drops the tracker from this run, after
+        one warning: the same command run again later logs the finished run to it."""
+        return node, {}
+
+    def for_trial(self, node: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
+        """The node of one trial of the sweep in ``sweep_dir``: how the tracker groups a sweep's runs."""
+        return node
+
+    def in_sweep(self, node: dict[str, Any]) -> bool:
+        """Whether the node is a trial's of a sweep whose record is open already (``for_trial``)."""
+        return False
+
+    def open_sweep(self, node: dict[str, Any], sweep_dir: str) -> tuple[dict[str, Any], Any] | None:
+        """Before a sweep's trials start: the sweep's own record opened (a handle for ``close_sweep``) and the node
+        its trials use; None when the tracker cannot be reached (warned)."""
+        return node, None
+
+    def close_sweep(self, node: dict[str, Any], handle: Any, figures: Mapping[str, float], failed: bool) -> None:
+        """The sweep's record ended, with its figures (the best trial's)."""
+
+    def restart(self, node: dict[str, Any], run_name: str, run_dir: str) -> None:
+        """``run.resume=never``: the run dir's earlier record set aside, so the new run starts its own."""
+
+    def complete(self, node: dict[str, Any], ending: Ending) -> None:
+        """Once a run completed and its files are written: what the tracker lacks of it."""
+
+
+NOTHING_ON_THE_DRIVER = DriverSide()
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A completed run as the driver hands it to the trackers."""
+
+    config: dict[str, Any]  # {"cfg": the resolved config, "run_name": ...}: what a Logger's start takes
+    run_dir: str
+    logs: list[dict[str, Any]]  # metrics.jsonl's epochs, then the test split's figures at the last epoch's step
+    best: Any  # Ray's best checkpoint (None where Ray kept none)
+    files: Callable[[str | None], list[str]]  # the run's files to keep, given the model file to keep (None: final)
+
+
+def driver_side(node: Mapping[str, Any]) -> DriverSide:
+    """The driver side of the tracker a ``logger`` node builds (its ``_target_``'s ``driver_side``)."""
+    from hydra.utils import get_object
+
+    return getattr(get_object(node["_target_"]), "driver_side", NOTHING_ON_THE_DRIVER)
+
+
+def prepare_all(nodes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every tracker prepared before the workers start: the nodes kept (as prepared), and the variables to forward."""
+    kept, env = {}, {}
+    for name, node in nodes.items():
+        prepared = driver_side(node).prepare(dict(node))
+        if prepared is not None:
+            kept[name], forwarded = prepared
+            env.update(forwarded)
+    return kept, env
+
+
+def for_trial(nodes: Mapping[str, Any], sweep_dir: str) -> dict[str, Any]:
+    return {name: driver_side(node).for_trial(dict(node), sweep_dir) for name, node in nodes.items()}
+
+
+def open_sweeps(nodes: Mapping[str, Any], sweep_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each tracker's sweep record opened: the nodes its trials use (a tracker that cannot be reached dropped), and
+    the handles to close."""
+    kept, handles = {}, {}
+    for name, node in nodes.items():
+        opened = driver_side(node).open_sweep(dict(node), sweep_dir)
+        if opened is not None:
+            kept[name], handles[name] = opened
+    return kept, handles
+
+
+def close_sweeps(
+    nodes: Mapping[str, Any], handles: Mapping[str, Any], figures: Mapping[str, float], failed: bool
+) -> None:
+    for name, handle in handles.items():
+        if handle is not None:
+            driver_side(nodes[name]).close_sweep(dict(nodes[name]), handle, figures, failed)
+
+
+def restart_all(nodes: Mapping[str, Any], run_name: str, run_dir: str) -> None:
+    for node in nodes.values():
+        driver_side(node).restart(dict(node), run_name, run_dir)
+
+
+def complete_all(nodes: Mapping[str, Any], ending: Ending) -> None:
+    """What each tracker lacks of a completed run, once its files are written."""
+    for node in nodes.values():
+        driver_side(node).complete(dict(node), ending)
+
+
+def replay_test(nodes: Mapping[str, Any], config: dict[str, Any], run_dir: str, test: dict[str, Any]) -> None:
+    """The test split's figures (at the last epoch's step) to the trackers that do not take them with ``complete``."""
+    replayed = {name: node for name, node in nodes.items() if not driver_side(node).test_with_completion}
+    if replayed:
+        replay(replayed, config, run_dir, [test])
+
+
+def warn(message: str) -> None:
+    """A tracker's warning on the driver's console: training goes on."""
+    import sys
+
+    print(f"WARNING: {message}", file=sys.stderr, flush=True)

@@ -13,18 +13,20 @@ by the driver when the run ends (``log_artifacts``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlparse
 
-from hydra_raytrain.config.errors import redacted
-from hydra_raytrain.loggers.base import server_problem
+from hydra_raytrain.config.errors import one_line, redacted
+from hydra_raytrain.loggers.base import DriverSide, Ending, replay, server_problem
 from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.rundir import MODEL_FILE
 
 ARTIFACTS = ("none", "best", "last")  # log_artifacts: no files, the best checkpoint's model, the final model
 DEFAULT_EXPERIMENT = "hydra_raytrain"
@@ -41,6 +43,8 @@ EXTRA = "pip install 'hydra_raytrain[mlflow]'"
 
 
 class MlflowLogger:
+    driver_side: ClassVar[DriverSide]  # MlflowDriverSide, below
+
     def __init__(
         self,
         tracking_uri: str | None = None,
@@ -304,6 +308,58 @@ def close_sweep(node: Mapping[str, Any], parent_id: str, figures: Mapping[str, f
             client.set_terminated(parent_id, "FAILED" if failed else "FINISHED")
     except Exception as error:  # noqa: BLE001  (the sweep's own results stand)
         _warn(f"logger.mlflow: the sweep's MLflow run {parent_id} was not ended ({type(error).__name__}: {error})")
+
+
+class MlflowDriverSide(DriverSide):
+    """MLflow on the driver: the store, experiment and run resolved and checked before the workers start (dropped,
+    with a warning, when MLflow cannot be reached); a sweep's parent run with its trials nested; ``run.resume=never``
+    sets the earlier run aside; a completed run's missing epochs, test figures and files logged at its end."""
+
+    test_with_completion = True
+
+    def prepare(self, node: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
+        if not plan(node, os.environ, os.getcwd(), warn=_warn):
+            return None  # summary.json does not list it: the same command later logs the run
+        return node, forwarded_env(os.environ)
+
+    def for_trial(self, node: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
+        return resolve({**node, "sweep_dir": sweep_dir}, os.environ, os.getcwd())  # nested in the sweep's run
+
+    def in_sweep(self, node: dict[str, Any]) -> bool:
+        return bool(node.get("sweep_dir"))
+
+    def open_sweep(self, node: dict[str, Any], sweep_dir: str) -> tuple[dict[str, Any], Any] | None:
+        parent = open_sweep(node, sweep_dir, os.environ, os.getcwd())
+        return None if parent is None else (node, parent)
+
+    def close_sweep(self, node: dict[str, Any], handle: Any, figures: Mapping[str, float], failed: bool) -> None:
+        close_sweep(node, handle, figures, failed)
+
+    def restart(self, node: dict[str, Any], run_name: str, run_dir: str) -> None:
+        try:
+            retire(resolve(node, os.environ, os.getcwd()), run_name, run_dir)
+        except Exception as error:  # noqa: BLE001  (plan() says so if MLflow cannot be used)
+            _warn(
+                f"logger.mlflow: the run dir's earlier MLflow run was not set aside ({type(error).__name__}: {error})"
+            )
+
+    def complete(self, node: dict[str, Any], ending: Ending) -> None:
+        """Into the run's MLflow run (``replay``): the epochs it lacks (rank 0 logged them as they came, unless MLflow
+        was away for some), the test split's figures, and the run's files (with ``log_artifacts: best``, the model
+        of the best checkpoint Ray kept). A failure warns; the run stands."""
+        with contextlib.ExitStack() as stack:
+            model = None
+            if node.get("log_artifacts") == "best" and ending.best is not None:
+                try:
+                    kept = os.path.join(stack.enter_context(ending.best.as_directory()), MODEL_FILE)
+                except Exception as error:  # noqa: BLE001  (the final model is logged instead)
+                    _warn(f"logger.mlflow: the best checkpoint could not be read ({one_line(error)}): the final model")
+                    kept = ""
+                model = kept if os.path.exists(kept) else None  # a sharded checkpoint: the final model
+            replay({"mlflow": node}, ending.config, ending.run_dir, ending.logs, ending.files(model))
+
+
+MlflowLogger.driver_side = MlflowDriverSide()
 
 
 class quick_failure:

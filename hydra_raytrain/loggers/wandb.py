@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from hydra_raytrain.loggers.base import DriverSide, server_problem, warn
 from hydra_raytrain.outcome import RunStatus
 
 MODES = ("online", "offline", "disabled")
@@ -23,6 +24,8 @@ NOT_FORWARDED = ("WANDB_API_KEY", "WANDB_SERVICE")  # the key stays out of Ray; 
 
 
 class WandbLogger:
+    driver_side: ClassVar[DriverSide]  # WandbDriverSide, below
+
     def __init__(
         self,
         project: str | None = None,
@@ -108,3 +111,18 @@ def plan_mode(
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """W&B's variables from the driver's environment, for the workers (on a joined cluster they do not inherit it)."""
     return {name: value for name, value in environ.items() if name.startswith("WANDB_") and name not in NOT_FORWARDED}
+
+
+class WandbDriverSide(DriverSide):
+    """W&B on the driver: an online run whose server does not answer logs offline (``plan_mode``), W&B's variables
+    forwarded to the workers; a sweep's trials are W&B runs grouped by the sweep (unless the config names a group)."""
+
+    def prepare(self, node: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
+        plan_mode(node, os.environ, server_problem, warn=warn)
+        return node, forwarded_env(os.environ)
+
+    def for_trial(self, node: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
+        return node if node.get("group") else {**node, "group": os.path.basename(sweep_dir)}
+
+
+WandbLogger.driver_side = WandbDriverSide()

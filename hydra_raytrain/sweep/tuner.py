@@ -27,7 +27,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
-from hydra_raytrain.loggers import mlflow
+from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning_setup import is_lightning
@@ -69,13 +69,8 @@ def compose_job(
         trial = f"trial {index}" if index >= 0 else "the search space"
         raise error.within(f"{trial}: {' '.join(overrides)}") from None
     name = resolved.run_name()
-    wandb = resolved.logger.get("wandb")
-    if wandb is not None and not wandb.get("group"):  # each trial its own W&B run, grouped by sweep
-        logger = {**resolved.logger, "wandb": {**wandb, "group": os.path.basename(sweep_dir)}}
-        resolved = dataclasses.replace(resolved, logger=logger)
-    if "mlflow" in resolved.logger:  # each trial its own MLflow run, nested in the sweep's, in the sweep's store
-        node = mlflow.resolve({**resolved.logger["mlflow"], "sweep_dir": sweep_dir}, os.environ, os.getcwd())
-        resolved = dataclasses.replace(resolved, logger={**resolved.logger, "mlflow": node})
+    # each trial its own tracker run, grouped by the sweep (W&B's group, MLflow's parent run in the sweep's store)
+    resolved = dataclasses.replace(resolved, logger=trackers.for_trial(resolved.logger, sweep_dir))
     return Job(index, list(overrides), params or {}, resolved, name, os.path.join(sweep_dir, name))
 
 
@@ -164,8 +159,8 @@ def run_sweep(
         )
     concurrent = size_cluster(plan, settings, sweep_dir)
     jobs, errors, interrupted = plan.jobs, {}, set()  # nothing left to run: the earlier runs' trials
-    tracked = dict(plan.probes[0].cfg.logger.get("mlflow") or {})  # the sweep's own MLflow run, its trials nested
-    parent = mlflow.open_sweep(tracked, sweep_dir, os.environ, os.getcwd()) if tracked and plan.budget else None
+    tracked = plan.probes[0].cfg.logger  # the sweep's own tracker records (MLflow's parent run), its trials in them
+    tracked, opened = trackers.open_sweeps(tracked, sweep_dir) if plan.budget else ({}, {})
     summary: dict[str, Any] = {}
     try:
         if plan.budget > 0:
@@ -173,10 +168,9 @@ def run_sweep(
         summary = results.collect(jobs, errors, previous, metric, mode, sweep_dir, settings.scheduler, interrupted)
         results.write_all(summary, jobs, sweep_dir, settings.keep_checkpoints)
     finally:
-        if parent is not None:
-            best = (summary.get("best") or {}).get("best")
-            figures = {f"best_{metric}": best} if isinstance(best, (int, float)) else {}
-            mlflow.close_sweep(tracked, parent, figures, failed=not summary)
+        best = (summary.get("best") or {}).get("best")
+        figures = {f"best_{metric}": best} if isinstance(best, (int, float)) else {}
+        trackers.close_sweeps(tracked, opened, figures, failed=not summary)
     return summary
 
 
