@@ -34,7 +34,7 @@ FAILED: list[str] = []
 
 def check(cfg: DictConfig, cwd: str | None = None) -> Resolved:
     """Every check ``train(cfg)`` makes before Ray starts; returns the resolved config. Raises ``ConfigError``."""
-    from hydra_raytrain.driver.preflight import preflight
+    from hydra_raytrain.driver.plan import preflight
 
     return preflight(cfg, cwd or os.getcwd())
 

@@ -32,7 +32,7 @@ from hydra_raytrain.data import roads, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.epoch_log import EpochLog
-from hydra_raytrain.driver.preflight import preflight
+from hydra_raytrain.driver.plan import preflight
 from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage

@@ -8,7 +8,7 @@
     resolvers.py  ${run_name:} (the run dir's identity of a composed config) and the dataset resolvers
 
 It stands above what it builds (``data``, ``models``, ``tasks``, ``recipe``) and below the driver, which adds the
-resource checks (``driver/preflight.py``). ``python -m hydra_raytrain.check`` runs the same checks without Ray.
+resource checks (``driver/plan.py``). ``python -m hydra_raytrain.check`` runs the same checks without Ray.
 
 Nothing is imported here: ``hydra_raytrain.conf`` imports ``resolvers.py`` (which loads neither torch nor Ray) to
 register them, and ``from hydra_raytrain.preflight.validate import validate`` names the function, not a module.
