@@ -26,24 +26,23 @@ from omegaconf import DictConfig
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.overrides import check_command_line
-from hydra_raytrain.preflight.replaced import apply_command_line_targets
 from hydra_raytrain.program import BAD_INPUT, end_quickly, refuse
 
 FAILED: list[str] = []
 
 
 def check(cfg: DictConfig, cwd: str | None = None) -> Resolved:
-    """Every check ``train(cfg)`` makes before Ray starts; returns the resolved config. Raises ``ConfigError``."""
+    """Every check ``train(cfg)`` makes before Ray starts (its plan: ``driver/plan.py``); returns the resolved
+    config. Raises ``ConfigError``."""
     from hydra_raytrain.driver.plan import preflight
 
-    return preflight(cfg, cwd or os.getcwd())
+    return preflight(cfg, cwd or os.getcwd()).resolved
 
 
 @hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")
 def _hydra_check(cfg: DictConfig) -> None:
     label = " ".join(HydraConfig.get().overrides.task) or "(the default config)"
     try:
-        apply_command_line_targets(cfg)
         check(cfg)
     except Exception as error:  # a ConfigError, or a check that itself broke: the other configs are still checked
         FAILED.append(label)

@@ -28,11 +28,10 @@ from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.data import roads, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.epoch_log import EpochLog
-from hydra_raytrain.driver.plan import preflight
+from hydra_raytrain.driver.plan import Plan, preflight
 from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
@@ -44,8 +43,6 @@ from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.loggers.base import replay
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
-from hydra_raytrain.preflight.rehearsal import build_dataset
-from hydra_raytrain.preflight.replaced import apply_command_line_targets
 from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.recipe.loop import train_loop_per_worker
 from hydra_raytrain.storage_retry import StorageUnavailable
@@ -85,30 +82,31 @@ def train(
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
-    resolved = _checked(cfg, run_dir, rehearse)
-    with _multirun_parent(resolved, run_dir) as resolved:
-        return _train(resolved, cfg, run_dir, started, extra_callbacks, show_summary)
+    plan = _checked(cfg, run_dir, rehearse)
+    with _multirun_parent(plan.resolved, run_dir) as resolved:
+        return _train(
+            dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
+        )
 
 
 def _train(
-    resolved: Resolved,
+    plan: Plan,
     cfg: DictConfig,
     run_dir: str,
     started: float,
     extra_callbacks: Sequence[Any],
     show_summary: bool,
 ) -> dict[str, Any]:
+    resolved, name, stream = plan.resolved, plan.name, plan.stream  # name: the run dir's ${run_name:} too
     storage = resolved.storage.path or os.path.join(run_dir, "ray_storage")
-    name = resolved.run_name()  # the run dir's ${run_name:} too (preflight.resolvers.run_identity)
     finished = rundir.finished_summary(run_dir) if resolved.run.resume == "auto" else None
     if finished is not None:
         print(rundir.already_complete(finished), flush=True)
         return _log_finished_run(resolved, run_dir, name, finished)
 
-    stream = streamed_dataset(resolved.dataset)
-    if get_object(resolved.dataset["_target_"]) is tables.table:
-        print(tables.reading_line(resolved.dataset), flush=True)
-    resolved, nodes = _size_and_connect(resolved, stream)
+    for note in plan.notes:
+        print(note, flush=True)
+    resolved, nodes = _size_and_connect(resolved, plan.request)
     # A storage that does not answer before the run: waited for a minute at most (a mistyped endpoint looks alike).
     check_storage(storage, nodes, resolved.storage.shared_filesystem, min(resolved.storage.retry_window_s, 60))
     if resolved.run.resume == "never":
@@ -130,29 +128,29 @@ def _train(
         )
 
 
-def _checked(cfg: DictConfig, run_dir: str, rehearse: bool) -> Resolved:
-    """The command line's replaced targets applied, every check before Ray starts (``preflight``), and the
-    progress bar's default: on for a terminal (bars in a log file or CI output are noise)."""
-    replaced = apply_command_line_targets(cfg)
-    resolved = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
-    if replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
+def _checked(cfg: DictConfig, run_dir: str, rehearse: bool) -> Plan:
+    """The run's plan (every check before Ray starts: ``preflight``), and the progress bar's default: on for a
+    terminal (bars in a log file or CI output are noise)."""
+    plan = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
+    if plan.replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
         _save_composed(run_dir, cfg)
+    resolved = plan.resolved
     if resolved.trainer.progress_bar is None:
         trainer = dataclasses.replace(resolved.trainer, progress_bar=sys.stderr.isatty())
-        resolved = dataclasses.replace(resolved, trainer=trainer)
-    return resolved
+        plan = dataclasses.replace(plan, resolved=dataclasses.replace(resolved, trainer=trainer))
+    return plan
 
 
-def _size_and_connect(resolved: Resolved, stream: Streamed | None) -> tuple[Resolved, int]:
+def _size_and_connect(resolved: Resolved, request: cluster.ResourceRequest) -> tuple[Resolved, int]:
     """The workers' share of a local cluster, then the cluster started or joined; the config as sized and the
-    number of live nodes (0: Ray Train's local mode, no cluster at all)."""
-    data_cpus = stream.cpus if stream is not None else 0  # CPUs kept free for Ray Data's tasks
+    number of live nodes (0: Ray Train's local mode, no cluster at all). ``request``: the plan's."""
+    data_cpus = request.data_cpus  # CPUs kept free for Ray Data's tasks
     if not resolved.ray.address and (not ray.is_initialized() or cluster.started_here()):
         # A local cluster of this command (this run's, or an earlier job's of a sequential multirun): each worker
         # gets its share of the cores (less the CPUs Ray Data's tasks keep, where the cluster's CPUs are set).
         cpus = cluster.local_cpus(resolved.ray, data_cpus)
         resolved = dataclasses.replace(resolved, scaling=cluster.machine_share(resolved.scaling, cpus))
-    request = cluster.resource_request(resolved.scaling, data_cpus)
+        request = cluster.resource_request(resolved.scaling, data_cpus)
     if not request.num_workers:
         return resolved, 0
     cluster.connect(resolved.ray, request)
@@ -342,20 +340,6 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
     chosen = f"the checkpoint of epoch {epoch}, best {monitor}" if best is not None else "the final model"
     print(f"Test ({chosen}): {shown(metrics)}", flush=True)
     return {**metrics, "checkpoint": where, "epoch": epoch, "monitor": monitor}
-
-
-def streamed_dataset(node: dict[str, Any]) -> Streamed | None:
-    """The dataset as the driver built it when Ray Data streams it (``data/streamed.py``), else None."""
-    if not roads.streams(node):
-        return None
-    built = build_dataset(node)
-    return built if isinstance(built, Streamed) else None
-
-
-def streamed_cpus(node: dict[str, Any]) -> int:
-    """The CPUs a run keeps free of its workers for Ray Data's tasks: 0 unless Ray Data streams its dataset."""
-    stream = streamed_dataset(node)
-    return stream.cpus if stream is not None else 0
 
 
 def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:

@@ -56,14 +56,18 @@ WEIGHT_ARGUMENTS = ("weights", "pretrained")
 
 
 def rehearse(
-    cfg: Mapping[str, Any], schedule: bool = True, warm_start: bool = True, named: Mapping[str, str] | None = None
+    cfg: Mapping[str, Any],
+    schedule: bool = True,
+    warm_start: bool = True,
+    named: Mapping[str, str] | None = None,
+    datasets: Datasets | None = None,
 ) -> set[str] | None:
     """Build and run what a worker would; return the metric names a run reports (None when the step could not be
     rehearsed here, with a warning). Raises ``ConfigError``. ``schedule``: also build the LR schedule (not when the
     optimizer's or the schedule's arguments were refused); ``warm_start``: also load ``run.init_from``'s weights
-    (not when that setting was refused)."""
+    (not when that setting was refused). ``datasets``: where the dataset is built (and kept for the run)."""
     on_gpu = cfg["scaling"]["use_gpu"]  # the workers' device is not the driver's CPU: what fails here may work there
-    splits, models, task = _build_parts(cfg, on_gpu)
+    splits, models, task = _build_parts(cfg, on_gpu, datasets)
     if splits is None or models is None:
         return None
     check_module_classes(cfg, models)
@@ -102,7 +106,9 @@ def rehearse(
     return names
 
 
-def rehearse_lightning(cfg: Mapping[str, Any], named: Mapping[str, str] | None = None) -> set[str] | None:
+def rehearse_lightning(
+    cfg: Mapping[str, Any], named: Mapping[str, str] | None = None, datasets: Datasets | None = None
+) -> set[str] | None:
     """``task=lightning``: the module (a LightningModule) and the datamodule are built here. With the dataset
     group's splits, Lightning's ``fast_dev_run`` then runs one training and one validation batch of
     REHEARSED_SAMPLES samples on the driver's CPU (nothing is kept): what the module logs is what the settings
@@ -121,7 +127,7 @@ def rehearse_lightning(cfg: Mapping[str, Any], named: Mapping[str, str] | None =
         return None
     loaders: list[Any] = []  # dataset=module: the module's own (one batch each)
     if cfg["dataset"]["_target_"] != MODULE_LOADERS:
-        splits = build_dataset(cfg["dataset"])
+        splits = build_dataset(cfg["dataset"], datasets)
         if splits is None:
             return None
         count = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val))
@@ -161,13 +167,15 @@ def rehearse_lightning(cfg: Mapping[str, Any], named: Mapping[str, str] | None =
     return names
 
 
-def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> tuple[Any, dict[str, Any] | None, Any]:
+def _build_parts(
+    cfg: Mapping[str, Any], on_gpu: bool, datasets: Datasets | None
+) -> tuple[Any, dict[str, Any] | None, Any]:
     """The dataset's splits (None when its files are not on the driver and the workers download them), the models
     by name (None when not built here, with a warning) and the task."""
     problems = Problems()
     splits = models = task = None
     with problems.collect():
-        splits = build_dataset(cfg["dataset"])
+        splits = build_dataset(cfg["dataset"], datasets)
     # The models are built from dataset.input_shape / num_outputs: when the dataset refused those, their failure
     # would only repeat the problem.
     if not any(error.key in ("dataset.input_shape", "dataset.num_outputs") for error in problems.errors):
@@ -183,38 +191,53 @@ def _build_parts(cfg: Mapping[str, Any], on_gpu: bool) -> tuple[Any, dict[str, A
     return splits, models, task
 
 
-_DATASETS: dict[str, Any] = {}  # the last dataset built, by its node: a sweep's trials share it
+class Datasets:
+    """The datasets the checks built, by their node, held by whoever plans (a run, a sweep) and handed down: a run
+    trains on the stream its rehearsal built, a sweep's trials share the one they name. The last one only."""
 
+    def __init__(self) -> None:
+        self.built: dict[str, Any] = {}
 
-def build_dataset(node: Mapping[str, Any]) -> Any:
-    """The splits, built as a worker builds them but never downloading: a dataset whose files are not here while
-    ``download`` is true is left to the workers (None, with a warning)."""
-    key = json.dumps(node, sort_keys=True, default=str)
-    if key not in _DATASETS:
-        local = {**node, "download": False} if node.get("download") else dict(node)
-        try:
-            splits = _build("dataset", local)
-        except ConfigError as error:
-            if node.get("download") and error.key == "dataset.root":
-                warn(
-                    f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
-                    "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked "
-                    "when they do."
-                )
+    def build(self, node: Mapping[str, Any]) -> Any:
+        """The splits, built as a worker builds them but never downloading: a dataset whose files are not here
+        while ``download`` is true is left to the workers (None, with a warning)."""
+        key = json.dumps(node, sort_keys=True, default=str)
+        if key not in self.built:
+            splits = _built_here(node)
+            if splits is None:
                 return None
-            raise
-        if isinstance(splits, Streamed):
-            counts = splits.rows
-        else:  # a test split only where one was asked for
-            counts = {s: len(getattr(splits, s)) for s in ("train", "val", "test") if getattr(splits, s) is not None}
-        for split in counts:
-            if counts[split] == 0:
-                raise ConfigError(
-                    "dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits"
-                )
-        _DATASETS.clear()
-        _DATASETS[key] = splits
-    return _DATASETS[key]
+            self.built = {key: splits}
+        return self.built[key]
+
+
+def build_dataset(node: Mapping[str, Any], datasets: Datasets | None = None) -> Any:
+    """The dataset of ``node`` (``Datasets.build``), from ``datasets`` when it holds it."""
+    return (datasets or Datasets()).build(node)
+
+
+def _built_here(node: Mapping[str, Any]) -> Any:
+    local = {**node, "download": False} if node.get("download") else dict(node)
+    try:
+        splits = _build("dataset", local)
+    except ConfigError as error:
+        if node.get("download") and error.key == "dataset.root":
+            warn(
+                f"dataset.root={node.get('root')}: no data on the driver, and the workers download it "
+                "(dataset.download=true): the dataset, the models' fit to it and the metrics are checked "
+                "when they do."
+            )
+            return None
+        raise
+    if isinstance(splits, Streamed):
+        counts = splits.rows
+    else:  # a test split only where one was asked for
+        counts = {s: len(getattr(splits, s)) for s in ("train", "val", "test") if getattr(splits, s) is not None}
+    for split in counts:
+        if counts[split] == 0:
+            raise ConfigError(
+                "dataset", node["_target_"], f"its {split} split is empty.", "a dataset with samples in both splits"
+            )
+    return splits
 
 
 def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> dict[str, Any] | None:

@@ -63,6 +63,7 @@ class Sections:
     problems: Problems
     rehearse: bool
     named: Mapping[str, str]  # settings from outside the config that name a metric (a sweep's metric)
+    datasets: rehearsal.Datasets  # where the rehearsal builds the dataset, kept for whoever plans the run
 
     @functools.cached_property
     def trainer(self) -> TrainerConfig:
@@ -92,16 +93,23 @@ class Check:
     applies: Callable[[Sections], bool] = lambda cfg: True
 
 
-def validate(cfg: DictConfig, cwd: str, rehearse: bool = True, named: Mapping[str, str] | None = None) -> Resolved:
+def validate(
+    cfg: DictConfig,
+    cwd: str,
+    rehearse: bool = True,
+    named: Mapping[str, str] | None = None,
+    datasets: rehearsal.Datasets | None = None,
+) -> Resolved:
     """Every check that can run on the driver, each independent one run even when another failed: the error
     (``ConfigErrors`` when there are several) lists every problem found. The last check, only for a config
     that passed the others, rehearses one validation step on the driver (``rehearsal.rehearse``); the metrics
-    that ``named`` settings name (``{"hydra.sweeper.metric": "val_loss"}``) must be among those it reports."""
+    that ``named`` settings name (``{"hydra.sweeper.metric": "val_loss"}``) must be among those it reports; the
+    dataset it builds is kept in ``datasets`` (the caller's: a run's plan, a sweep)."""
     problems = Problems()
     resolved = check_sections(cfg, cwd, problems)
     if any(section not in resolved for section in CROSS_SECTION):  # the checks below read these sections whole
         problems.raise_any()
-    sections = Sections(resolved, problems, rehearse, named or {})
+    sections = Sections(resolved, problems, rehearse, named or {}, datasets or rehearsal.Datasets())
     for check in CHECKS:
         if not problems.failed(*check.needs) and check.applies(sections):
             with problems.collect():
@@ -157,7 +165,7 @@ def check_batch_split(trainer: TrainerConfig, scaling: ScalingConfig) -> None:
 
 def _rehearse_step(cfg: Sections) -> None:
     schedule, warm_start = not cfg.problems.failed("scheduler", "optimizer"), not cfg.problems.failed("run")
-    rehearsal.rehearse(cfg.plain, schedule=schedule, warm_start=warm_start, named=cfg.named)
+    rehearsal.rehearse(cfg.plain, schedule=schedule, warm_start=warm_start, named=cfg.named, datasets=cfg.datasets)
 
 
 CHECKS = (
@@ -169,7 +177,7 @@ CHECKS = (
     Check(("trainer", "scaling", "fsdp"), _trainer),
     Check(
         ("model", "dataset", "task", "trainer", "datamodule"),
-        lambda cfg: rehearsal.rehearse_lightning(cfg.plain, named=cfg.named),
+        lambda cfg: rehearsal.rehearse_lightning(cfg.plain, named=cfg.named, datasets=cfg.datasets),
         applies=lambda cfg: cfg.rehearse and cfg.lightning,
     ),
     Check(

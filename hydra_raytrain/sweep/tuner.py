@@ -28,6 +28,7 @@ from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.loggers import base as trackers
+from hydra_raytrain.preflight.rehearsal import Datasets
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning_setup import is_lightning
@@ -41,7 +42,15 @@ from hydra_raytrain.sweep.trial import run_trial
 # Tune's console output off (with verbose=0 its new output still prints a "Configuration for experiment" box and
 # a TensorBoard hint into Ray's temp folder): the sweep prints its own plan line and summary table.
 TUNE_ENV = {"RAY_AIR_NEW_OUTPUT": "0"}
-SAID: set = set()  # a note about a replaced _target_ is printed once for the sweep, not once per trial
+
+
+@dataclass
+class Shared:
+    """What a sweep's trials share as they are composed and checked: the datasets built (each once), and the notes
+    said (once for the sweep, not once per trial)."""
+
+    datasets: Datasets = field(default_factory=Datasets)
+    said: set[str] = field(default_factory=set)
 
 
 def compose_job(
@@ -52,6 +61,7 @@ def compose_job(
     index: int,
     params: dict[str, Any] | None = None,
     metric: str | None = None,
+    shared: Shared | None = None,
 ) -> Job:
     """One trial's config, composed by Hydra as the basic launcher would, resolved and checked here (the sweep's
     ``metric`` too: one the trial reports): a config error stops the sweep before the trial starts, naming the
@@ -59,12 +69,14 @@ def compose_job(
     composed = config_loader.load_sweep_config(sweep_config, list(overrides))
     with open_dict(composed):
         del composed["hydra"]
+    said = shared.said if shared is not None else set()
     for note in apply_overrides(composed, list(overrides)):
-        if note not in SAID:
-            SAID.add(note)
+        if note not in said:  # said once for the sweep, not once per trial
+            said.add(note)
             print(note, file=sys.stderr, flush=True)
     try:
-        resolved = validate(composed, cwd=os.getcwd(), named={"hydra.sweeper.metric": metric} if metric else None)
+        named = {"hydra.sweeper.metric": metric} if metric else None
+        resolved = validate(composed, os.getcwd(), named=named, datasets=shared.datasets if shared else None)
     except ConfigError as error:
         trial = f"trial {index}" if index >= 0 else "the search space"
         raise error.within(f"{trial}: {' '.join(overrides)}") from None
@@ -114,7 +126,7 @@ def probe_jobs(compose: Callable[..., Job], fixed: list[str], space: dict[str, P
 
 
 @dataclass
-class Plan:
+class Trials:
     """The sweep's trials: every one known (``jobs``), the finished ones of earlier runs of this sweep (``done``),
     those to run again first (``todo``: interrupted or failed), how many to start (``budget``), and the configs
     that size the cluster (``probes``: every trial of a grid; for a search algorithm, configs spanning its space)."""
@@ -138,7 +150,10 @@ def run_sweep(
     interrupted: set[int]
     settings.check()
     sweep_dir = os.path.abspath(str(sweep_config.hydra.sweep.dir))
-    compose = functools.partial(compose_job, sweep_config, config_loader, sweep_dir, metric=settings.metric)
+    shared = Shared()
+    compose = functools.partial(
+        compose_job, sweep_config, config_loader, sweep_dir, metric=settings.metric, shared=shared
+    )
     previous = results.read_previous(sweep_dir)
     plan = plan_trials(compose, arguments, settings, sweep_dir, previous)
     trainer = plan.probes[0].cfg.trainer
@@ -157,7 +172,7 @@ def run_sweep(
             "cannot continue a Lightning module's checkpoint in a trial it restarts.",
             "fifo or asha",
         )
-    concurrent = size_cluster(plan, settings, sweep_dir)
+    concurrent = size_cluster(plan, settings, sweep_dir, shared.datasets)
     jobs, errors, interrupted = plan.jobs, {}, set()  # nothing left to run: the earlier runs' trials
     tracked = plan.probes[0].cfg.logger  # the sweep's own tracker records (MLflow's parent run), its trials in them
     tracked, opened = trackers.open_sweeps(tracked, sweep_dir) if plan.budget else ({}, {})
@@ -180,12 +195,12 @@ def plan_trials(
     settings: SweepSettings,
     sweep_dir: str,
     previous: dict[str, dict[str, Any]],
-) -> Plan:
+) -> Trials:
     """The basic search's grid, composed up front; a search algorithm's earlier trials and probes of its space."""
     if settings.search_alg == "basic":
         jobs = compose_jobs(compose, arguments, settings)
         done, todo = _finished(jobs, lambda job: previous.get(job.name, {}).get("status"))
-        return Plan(jobs, done, todo, len(todo), len(jobs), probes=jobs, arguments=list(arguments))
+        return Trials(jobs, done, todo, len(todo), len(jobs), probes=jobs, arguments=list(arguments))
     fixed, space = parameter_space(arguments)
     if any(results.key_of(key) == results.FOLD_KEY for key in space):
         raise ConfigError(
@@ -204,18 +219,21 @@ def plan_trials(
     jobs = [compose(job.overrides, job.index, job.params) for job in earlier_jobs(sweep_dir)]
     done, todo = _finished(jobs, lambda job: _status(job, previous))  # todo: interrupted or failed, suggested first
     budget = settings.num_samples - len(done)
-    return Plan(jobs, done, todo, budget, settings.num_samples, probe_jobs(compose, fixed, space), fixed, space)
+    return Trials(jobs, done, todo, budget, settings.num_samples, probe_jobs(compose, fixed, space), fixed, space)
 
 
-def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
+def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets: Datasets | None = None) -> int:
     """Start or join the cluster for the largest trial; how many trials run at once (printed with the plan)."""
     import ray
 
     from hydra_raytrain.driver import cluster
-    from hydra_raytrain.driver.run import RAY_TRAIN_ENV, streamed_cpus
+    from hydra_raytrain.driver.plan import streamed_cpus
+    from hydra_raytrain.driver.run import RAY_TRAIN_ENV
 
     # A dataset Ray Data streams keeps a CPU per trial free of the trial's workers (its tasks stall without one).
-    requests = [cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset)) for job in plan.probes]
+    requests = [
+        cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset, datasets)) for job in plan.probes
+    ]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
     if largest.num_workers == 0:
         raise ConfigError(
@@ -243,7 +261,7 @@ def size_cluster(plan: Plan, settings: SweepSettings, sweep_dir: str) -> int:
 
 
 def run_trials(
-    plan: Plan,
+    plan: Trials,
     settings: SweepSettings,
     compose: Callable[..., Job],
     sweep_dir: str,
@@ -316,7 +334,7 @@ class EndedTrials(Callback):
         self.indices.add(trial.config["index"])
 
 
-def _scheduler(plan: Plan, settings: SweepSettings, space: dict[str, Parameter]) -> Any:
+def _scheduler(plan: Trials, settings: SweepSettings, space: dict[str, Parameter]) -> Any:
     """Tune's scheduler of ``hydra.sweeper.scheduler`` (None: fifo)."""
     if settings.scheduler == "asha":
         return asha_scheduler(settings, max(job.cfg.trainer.max_epochs for job in (plan.todo or plan.probes)))
@@ -484,7 +502,7 @@ def _status(job: Job, previous: dict[str, dict[str, Any]]) -> str:
 
 
 def _search(
-    plan: Plan, settings: SweepSettings, compose: Callable[..., Job], objective: tuple[str, str], concurrent: int
+    plan: Trials, settings: SweepSettings, compose: Callable[..., Job], objective: tuple[str, str], concurrent: int
 ) -> HydraSearch | None:
     """The search algorithm's suggestions as Hydra jobs (None: the basic search's grid)."""
     if settings.search_alg == "basic":
