@@ -1,35 +1,49 @@
-"""Parquet read with Ray Data: streamed from a folder or an ``s3://`` URI, sharded across the workers.
+"""Parquet and images read with Ray Data: streamed from a folder or an ``s3://`` URI, sharded across the workers.
 
-``dataset=parquet`` builds a :class:`Streamed` on the driver: the files of each split, their row counts and the
-settings of the pipeline. Nothing is read then but the files' footers (schema, row counts, label statistics).
-The runner hands ``Streamed.ray_datasets()`` to ``TorchTrainer(datasets=...)``: Ray Data reads and decodes on
-the cluster's CPUs (its tasks, not the training loop), and each worker iterates its shard of every epoch with
-``iter_torch_batches`` (``recipe/streaming.py``).
+``dataset=parquet`` and ``dataset=images`` build a :class:`Streamed` on the driver: the files of each split, their
+row counts and the settings of the pipeline. Nothing is read then but the files' footers (schema, row counts, label
+statistics). The runner hands ``Streamed.ray_datasets()`` to ``TorchTrainer(datasets=...)``: Ray Data reads and
+decodes on the cluster's CPUs (its tasks, not the training loop), and each worker iterates its shard of every epoch
+with ``iter_torch_batches`` (``recipe/streaming.py``).
 
-``conf/dataset/parquet.yaml`` infers the shape of a sample and the number of outputs with the resolvers below
-(``parquet_shape``, ``parquet_outputs``), so ``dataset=parquet dataset.path=PATH model=mlp`` needs nothing else.
-No torch or Ray at import: the config's resolvers (``preflight/resolvers.py``) import this module.
+This module holds the builders (``parquet``, ``images``: the ``_target_`` of ``conf/dataset/*.yaml``), the
+``Streamed`` pipeline and the ``normalize`` transform. Where the files are and how they split: ``data/files.py``;
+rows and images to batches: ``data/decode.py``; the shape of a sample and the number of outputs, which
+``conf/dataset/parquet.yaml`` infers so that ``dataset=parquet dataset.path=PATH model=mlp`` needs nothing else:
+``data/sizing.py``. No torch or Ray at import: the config's resolvers (``preflight/resolvers.py``) import it,
+through ``data/tables.py``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import random
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from hydra_raytrain.config.errors import ConfigError, did_you_mean
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.paths import LocalPath, OptionalPath
+from hydra_raytrain.data.decode import FEATURES, LABELS, Decode, DecodeImages, load_image, numpy_column
+from hydra_raytrain.data.files import (
+    PARQUET_LAYOUT,
+    check_classes,
+    check_columns,
+    class_of,
+    filesystem_of,
+    fold_files,
+    image_files,
+    parquet_files,
+    pq_file,
+    split_files,
+    split_rows,
+    test_split,
+)
+from hydra_raytrain.data.sizing import check_sample_values, label_is_class
 
 SHUFFLES = ("files", "blocks", "full", "none")
-PARQUET_LAYOUT = "a .parquet file, or a folder (or s3:// prefix) holding .parquet files"
-FEATURES = "x"  # the columns of the decoded batches each worker receives
-LABELS = "y"
 FOOTER_READERS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
 
 
@@ -148,98 +162,7 @@ class Streamed:
             fs, location = filesystem_of(path)
             with pq_file(location, fs) as file:
                 for batch in file.iter_batches(batch_size=batch_size, columns=decode.columns):
-                    yield decode({name: _numpy(batch.column(name)) for name in decode.columns})
-
-
-@dataclass(frozen=True)
-class DecodeImages:
-    """Images to training batches, in Ray Data's decode tasks: ``read_images`` resized them to ``input_shape``'s
-    height and width, in its channels (1: grayscale, 3: RGB); here float32 in 0..1, channels first, and the label
-    the index of the class folder the file is in; then the configured ``transform``."""
-
-    classes: dict[str, int]
-    input_shape: tuple[int, ...]
-    transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
-
-    @property
-    def size_and_mode(self) -> tuple[tuple[int, int], str]:
-        channels, height, width = self.input_shape
-        return (height, width), "L" if channels == 1 else "RGB"
-
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        images = np.asarray(batch["image"], dtype=np.float32) / 255.0
-        x = images[:, None] if images.ndim == 3 else images.transpose(0, 3, 1, 2)
-        y = np.array([self.classes[class_of(str(path))] for path in batch["path"]], dtype=np.int64)
-        decoded = {FEATURES: np.ascontiguousarray(x), LABELS: y}
-        return self.transform(decoded) if self.transform is not None else decoded
-
-
-def class_of(path: str) -> str:
-    """The class of an image: the name of the folder it is in."""
-    return os.path.basename(os.path.dirname(path))
-
-
-def load_image(path: str, size: tuple[int, int], mode: str) -> np.ndarray:
-    """An image as ``read_images(size=, mode=)`` loads it (ray/data/_internal/datasource/image_datasource.py)."""
-    import io
-
-    from PIL import Image
-
-    fs, location = filesystem_of(path)
-    with fs.open_input_file(location) as file:
-        return resized(Image.open(io.BytesIO(file.readall())), size, mode)
-
-
-def resized(image: Any, size: tuple[int, int], mode: str) -> np.ndarray:
-    """A PIL image at ``size`` (height, width) in ``mode``, as ``read_images`` makes it."""
-    from PIL import Image
-
-    if image.size != tuple(reversed(size)):
-        image = image.resize((size[1], size[0]), resample=Image.Resampling.BILINEAR)
-    if image.mode != mode:
-        image = image.convert(mode)
-    return np.asarray(image)
-
-
-@dataclass(frozen=True)
-class Decode:
-    """Rows to training batches, in Ray Data's decode tasks: the feature column(s) as one float32 array of
-    ``input_shape`` per sample, the label as int64 (classes) or float32 ``[n, 1]`` (a value), then the
-    configured ``transform`` (a function of the numpy batch ``{"x": ..., "y": ...}``)."""
-
-    features: str | tuple[str, ...]
-    label: str
-    input_shape: tuple[int, ...]
-    classes: bool
-    transform: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
-    class_names: tuple[str, ...] | None = None  # a label of strings: these, in this order, are the classes
-
-    @property
-    def columns(self) -> list[str]:
-        names = [self.features] if isinstance(self.features, str) else list(self.features)
-        return [*names, self.label]
-
-    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if isinstance(self.features, str):
-            values = dense(batch[self.features])
-        else:
-            values = np.stack([batch[name] for name in self.features], axis=1)
-        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.input_shape)
-        labels = np.asarray(batch[self.label])
-        if self.class_names is not None:
-            index = {name: position for position, name in enumerate(self.class_names)}
-            labels = np.array([index[str(value)] for value in labels], dtype=np.int64)
-        y = labels.astype(np.int64) if self.classes else labels.astype(np.float32).reshape(len(labels), 1)
-        decoded = {FEATURES: x, LABELS: y}
-        return self.transform(decoded) if self.transform is not None else decoded
-
-
-def dense(column: np.ndarray) -> np.ndarray:
-    """A column of lists as one float32 array: lists arrive as object arrays of rows, and nested lists as object
-    arrays of object arrays (Ray Data's and pyarrow's ``to_numpy(zero_copy_only=False)``)."""
-    if column.dtype != object:
-        return np.asarray(column, dtype=np.float32)
-    return np.stack([dense(np.asarray(row)) for row in column]) if len(column) else np.zeros((0,), np.float32)
+                    yield decode({name: numpy_column(batch.column(name)) for name in decode.columns})
 
 
 def normalize(batch: dict[str, np.ndarray], mean: Sequence[float], std: Sequence[float]) -> dict[str, np.ndarray]:
@@ -370,119 +293,6 @@ def images(
     )
 
 
-def check_sample_values(path: str, file: str, features: str | Sequence[str], shape: tuple[int, ...]) -> None:
-    """``dataset.input_shape`` holds as many values as a sample of the files."""
-    found = sample_shape(file, features)
-    if math.prod(shape) != math.prod(found):
-        raise ConfigError(
-            "dataset.input_shape",
-            list(shape),
-            f"a sample of {path} holds {math.prod(found)} values ({'x'.join(map(str, found))}).",
-            f"a shape of {math.prod(found)} values, e.g. {list(found)}".replace(" ", ""),
-        )
-
-
-def split_rows(splits: dict[str, list[str]]) -> dict[str, int]:
-    """Each split's rows, from its Parquet files' footers (read at once); a split without files is left out."""
-    every = [file for files in splits.values() for file in files]
-    counted = iter(row_counts(every))
-    return {split: sum(next(counted) for _ in files) for split, files in splits.items() if files}
-
-
-def check_classes(files: list[str], classes: list[str], key: str, value: str, path: str) -> None:
-    unknown = sorted({class_of(file) for file in files} - set(classes))
-    if unknown:
-        raise ConfigError(key, value, f"has class folders that {path} has not: {', '.join(unknown)}.", LAYOUT)
-
-
-def test_split(
-    train_files: list[str],
-    test_path: str | None,
-    test_fraction: float,
-    seed: int,
-    listing: Callable[[str, str], list[str]],
-) -> tuple[list[str], list[str]]:
-    """The training files, and the test split's: ``test_path``'s (listed by ``listing``), or a seeded
-    ``test_fraction`` of the training files (whole files, as validation's), or none."""
-    if test_path is not None and test_fraction:
-        raise ConfigError(
-            "dataset.test_fraction", test_fraction, f"dataset.test_path ({test_path}) is the test split already.", "0"
-        )
-    if test_path is not None:
-        return train_files, listing(test_path, "dataset.test_path")
-    if not test_fraction:
-        return train_files, []
-    if not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
-        raise ConfigError("dataset.test_fraction", test_fraction, "must be at least 0 and below 1.", "e.g. 0.1")
-    if len(train_files) < 2:
-        raise ConfigError(
-            "dataset.test_fraction",
-            test_fraction,
-            f"one training file is left ({train_files[0]}), and a streamed split takes whole files.",
-            "dataset.test_path=PATH (the test files), or the data written as more files",
-        )
-    order = list(train_files)
-    random.Random(seed + 1).shuffle(order)  # another draw than validation's
-    n_test = min(len(order) - 1, max(1, round(len(order) * test_fraction)))
-    return sorted(order[n_test:]), sorted(order[:n_test])
-
-
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".gif")  # what read_images reads
-LAYOUT = "a folder (or s3:// prefix) of class folders of images: path/<class>/<image>"
-
-
-def image_files(path: str, key: str = "dataset.path") -> list[str]:
-    """The images in the class folders under ``path``, sorted (by class, then name)."""
-    import pyarrow.fs
-
-    root = absolute_location(path)
-    files = _listing(root, key, LAYOUT)
-    fs, location = filesystem_of(root)
-    found = [
-        file
-        for file in files
-        if file.lower().endswith(IMAGE_EXTENSIONS) and os.path.dirname(os.path.dirname(file)) == root.rstrip("/")
-    ]
-    if not found:
-        kind = fs.get_file_info(location).type
-        problem = "no such folder." if kind != pyarrow.fs.FileType.Directory else "holds no images in class folders."
-        raise ConfigError(key, path, problem, LAYOUT)
-    return found
-
-
-def stream_classes(path: str) -> int:
-    """``num_outputs`` of ``dataset=images``: the class folders under ``path``."""
-    return len({class_of(file) for file in image_files(str(path))})
-
-
-def stream_image_shape(path: str) -> list[int]:
-    """``input_shape`` of ``dataset=images``: ``[channels, height, width]`` of the first image (1 channel for
-    grayscale modes)."""
-    import io
-
-    from PIL import Image
-
-    from hydra_raytrain.data.folders import GRAYSCALE_MODES
-
-    first = image_files(str(path))[0]
-    fs, location = filesystem_of(first)
-    try:
-        with fs.open_input_file(location) as file, Image.open(io.BytesIO(file.readall())) as image:
-            width, height = image.size
-            channels = 1 if image.mode in GRAYSCALE_MODES else 3
-    except OSError as error:
-        raise ConfigError(
-            "dataset.input_shape", None, f"cannot read {first} to infer it ({error}).", "dataset.input_shape=[C,H,W]"
-        ) from None
-    return [channels, height, width]
-
-
-def pq_file(location: str, fs: Any) -> Any:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(location, filesystem=fs)
-
-
 def check_stream_options(shuffle: str, local_shuffle_buffer_size: int | None, prefetch_batches: int) -> None:
     if shuffle not in SHUFFLES:
         raise ConfigError("dataset.shuffle", shuffle, "is no way to shuffle.", " | ".join(SHUFFLES))
@@ -492,218 +302,3 @@ def check_stream_options(shuffle: str, local_shuffle_buffer_size: int | None, pr
     ):
         if value is not None and (not isinstance(value, int) or value < 0):
             raise ConfigError(f"dataset.{key}", value, "must be a whole number >= 0.", "e.g. 1000, or null")
-
-
-def filesystem_of(path: str) -> tuple[Any, str]:
-    import pyarrow.fs
-
-    return pyarrow.fs.FileSystem.from_uri(path if "://" in path else f"file://{os.path.abspath(path)}")
-
-
-def absolute_location(path: str) -> str:
-    """A URI as given; a local path made absolute (from the folder the command runs in)."""
-    return str(path) if "://" in str(path) else os.path.abspath(os.path.expanduser(str(path)))
-
-
-def _listing(path: str, key: str, layout: str) -> list[str]:
-    """Every file at ``path`` (itself when a file, else every file below it), sorted; URIs stay URIs (Ray Data
-    reads them from every node). A ConfigError naming ``key`` when nothing is there or it cannot be listed."""
-    import pyarrow.fs
-
-    try:
-        fs, location = filesystem_of(path)
-        info = fs.get_file_info(location)
-        if info.type == pyarrow.fs.FileType.File:
-            found = [location]
-        elif info.type == pyarrow.fs.FileType.Directory:
-            found = sorted(
-                i.path for i in fs.get_file_info(pyarrow.fs.FileSelector(location, recursive=True)) if i.is_file
-            )
-        else:
-            raise ConfigError(key, path, "no such file or folder.", layout)
-    except ConfigError:
-        raise
-    except Exception as error:  # no credentials, no bucket, no endpoint
-        raise ConfigError(key, path, f"cannot be listed: {' '.join(str(error).split())}", layout) from None
-    scheme = path.split("://")[0] + "://" if "://" in path else ""
-    return [scheme + name for name in found]
-
-
-def parquet_files(path: str, key: str = "dataset.path") -> list[str]:
-    """The ``.parquet`` files at ``path``, sorted."""
-    found = [file for file in _listing(absolute_location(path), key, PARQUET_LAYOUT) if file.endswith(".parquet")]
-    if not found:
-        raise ConfigError(key, path, "holds no .parquet file.", PARQUET_LAYOUT)
-    return found
-
-
-def _schema(file: str) -> Any:
-    import pyarrow.parquet as pq
-
-    fs, location = filesystem_of(file)
-    return pq.read_schema(location, filesystem=fs)
-
-
-def check_columns(file: str, wanted: Sequence[str], key: str, path: str) -> None:
-    schema = _schema(file)
-    for name in wanted:
-        if name not in schema.names:
-            column_key = "dataset.label" if name == wanted[-1] else "dataset.features"
-            raise ConfigError(
-                column_key,
-                name,
-                f"{file} has no such column{did_you_mean(name, schema.names)}.",
-                f"one of its columns: {', '.join(schema.names)}",
-            )
-
-
-def row_counts(files: Sequence[str]) -> list[int]:
-    """Each file's rows, from its footer (read in parallel: a footer is one request to S3)."""
-    import pyarrow.parquet as pq
-
-    def rows(file: str) -> int:
-        fs, location = filesystem_of(file)
-        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
-            return parquet_file.metadata.num_rows
-
-    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        return list(pool.map(rows, files))
-
-
-def split_files(files: list[str], val_fraction: float, seed: int, what: str = "") -> tuple[list[str], list[str]]:
-    """Whole files to validation (a streamed split cannot pick rows without reading them all); ``what``: the
-    files are samples (images), and a split of one is no split."""
-    if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
-        raise ConfigError(
-            "dataset.val_fraction", val_fraction, "must be between 0 and 1 (exclusive).", "a fraction, e.g. 0.2"
-        )
-    if len(files) < 2:
-        if what:
-            raise ConfigError("dataset.path", files[0], f"is one of {what}: nothing to split.", LAYOUT)
-        raise ConfigError(
-            "dataset.val_fraction",
-            val_fraction,
-            f"the data is one file ({files[0]}), and a streamed split takes whole files.",
-            "dataset.val_path=PATH (the validation files), the data written as several files (e.g. "
-            "pyarrow.dataset.write_dataset(..., max_rows_per_file=N)), or dataset=table dataset.read=stream "
-            "(number columns, split by rows)",
-        )
-    order = list(files)
-    random.Random(seed).shuffle(order)
-    n_val = min(len(files) - 1, max(1, round(len(files) * val_fraction)))
-    return sorted(order[n_val:]), sorted(order[:n_val])
-
-
-def fold_files(
-    train_files: list[str], val_files: list[str], folds: int | None, fold: int, seed: int, val_path: str | None
-) -> tuple[list[str], list[str]]:
-    """Cross-validation over whole files (``folds=K``): the files outside the test split, in a seeded order, cut
-    into K near-equal folds, fold ``fold`` validating; so the K runs of ``fold=0..K-1`` validate on disjoint folds
-    that together hold every such file once, and the test split is the usual one. Without ``folds``: the files as
-    split."""
-    from hydra_raytrain.data.splits import fold_range
-
-    if folds is not None and val_path is not None:
-        raise ConfigError(
-            "dataset.folds",
-            folds,
-            f"dataset.val_path ({val_path}) holds the validation files: cross-validation cuts its folds from "
-            "dataset.path's files.",
-            "dataset.val_path=null (the folds from dataset.path), or dataset.folds=null",
-        )
-    pool = sorted(train_files + val_files)
-    cut = fold_range(len(pool), folds, fold)
-    if cut is None:
-        return train_files, val_files
-    random.Random(seed).shuffle(pool)
-    return sorted(pool[: cut[0]] + pool[cut[1] :]), sorted(pool[cut[0] : cut[1]])
-
-
-def sample_shape(file: str, features: str | Sequence[str]) -> list[int]:
-    """The shape of one sample's features: ``[n]`` for ``n`` scalar columns; for one column, a fixed-size list's
-    (nested lists: each level), a fixed-shape tensor's, or a variable list's first row length."""
-    import pyarrow as pa
-
-    schema = _schema(file)
-    if not isinstance(features, str):
-        return [len(features)]
-    kind = schema.field(features).type
-    if isinstance(kind, pa.FixedShapeTensorType):
-        return list(kind.shape)
-    shape: list[int] = []
-    while pa.types.is_fixed_size_list(kind):
-        shape.append(kind.list_size)
-        kind = kind.value_type
-    if shape:
-        return shape
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        import pyarrow.parquet as pq
-
-        fs, location = filesystem_of(file)
-        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
-            first = next(parquet_file.iter_batches(batch_size=1, columns=[features])).column(0)
-        return list(np.asarray(first.to_pylist()[0]).shape)
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        return [1]
-    raise ConfigError(
-        "dataset.features",
-        features,
-        f"its type ({kind}) is no array of numbers.",
-        "a column of numbers, of fixed-size lists or tensors of numbers, or a list of scalar columns",
-    )
-
-
-def label_is_class(file: str, label: str) -> bool:
-    import pyarrow as pa
-
-    kind = _schema(file).field(label).type
-    return pa.types.is_integer(kind) or pa.types.is_boolean(kind)
-
-
-def _numpy(column: Any) -> np.ndarray:
-    """A pyarrow column as Ray Data hands it to a numpy batch: tensors as one array, lists as object arrays of
-    rows, booleans and columns with nulls copied (``zero_copy_only=False``)."""
-    import pyarrow as pa
-
-    if isinstance(column.type, pa.FixedShapeTensorType):
-        return column.to_numpy_ndarray()
-    return column.to_numpy(zero_copy_only=False)
-
-
-# Resolvers of conf/dataset/parquet.yaml: run where the config is resolved (the driver).
-
-
-def parquet_shape(path: str, features: Any = "features") -> list[int]:
-    names = features if isinstance(features, str) else [str(name) for name in features]
-    files = parquet_files(str(path))
-    check_columns(files[0], [names] if isinstance(names, str) else names, "dataset.path", str(path))
-    return sample_shape(files[0], names)
-
-
-def parquet_outputs(path: str, label: str = "label", val_path: str | None = None) -> int:
-    """Classes (an integer label): its largest value + 1 over the training and validation files, from the row
-    groups' statistics where written, else read; 1 for a value (a float label: regression)."""
-    files = parquet_files(str(path)) + (parquet_files(str(val_path), "dataset.val_path") if val_path else [])
-    label = str(label)
-    check_columns(files[0], [label], "dataset.path", str(path))
-    if not label_is_class(files[0], label):
-        return 1
-
-    def largest(file: str) -> int:
-        fs, location = filesystem_of(file)
-        with pq_file(location, fs) as parquet_file:
-            meta = parquet_file.metadata
-            leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
-            index = leaves.index(label) if label in leaves else None
-            stats = (
-                [meta.row_group(g).column(index).statistics for g in range(meta.num_row_groups)]
-                if index is not None
-                else []
-            )
-            if index is not None and meta.num_row_groups and all(s is not None and s.has_min_max for s in stats):
-                return int(max(s.max for s in stats))
-            values = parquet_file.read(columns=[label]).column(0).to_numpy(zero_copy_only=False)
-            return int(values.max()) if len(values) else -1
-
-    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        return max(pool.map(largest, files)) + 1

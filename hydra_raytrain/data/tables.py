@@ -30,7 +30,9 @@ import numpy as np
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.paths import LocalPath
 from hydra_raytrain.data import streamed
-from hydra_raytrain.data.streamed import FEATURES, LABELS, Decode, Streamed, absolute_location, filesystem_of
+from hydra_raytrain.data.decode import FEATURES, LABELS, Decode
+from hydra_raytrain.data.files import absolute_location, filesystem_of
+from hydra_raytrain.data.streamed import Streamed
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
 FORMATS = "a .parquet, .csv or .jsonl (JSON lines) file, local or s3://"

@@ -30,6 +30,17 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
+from hydra_raytrain.data.decode import FEATURES, LABELS, dense, resized
+from hydra_raytrain.data.files import (
+    IMAGE_EXTENSIONS,
+    absolute_location,
+    class_of,
+    filesystem_of,
+    image_files,
+    listing,
+    parquet_files,
+    row_counts,
+)
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.program import Command, at_least_one
 
@@ -79,7 +90,7 @@ def class_names(dataset: dict[str, Any]) -> list[str] | None:
         folder = train_folder(dataset["root"]) if os.path.isdir(dataset["root"]) else None
         return sorted(e.name for e in os.scandir(folder) if e.is_dir()) if folder else None
     try:
-        return sorted({streamed.class_of(file) for file in streamed.image_files(dataset["path"])})
+        return sorted({class_of(file) for file in image_files(dataset["path"])})
     except ConfigError:
         return None
 
@@ -113,12 +124,12 @@ class ImageDecoder:
             return np.stack([self.transform(image).numpy() for image in opened]).astype(np.float32)  # type: ignore[misc]
         channels, height, width = self.shape
         mode = "L" if channels == 1 else "RGB"
-        loaded = [streamed.resized(image, (height, width), mode) for image in opened]
+        loaded = [resized(image, (height, width), mode) for image in opened]
         x = np.asarray(loaded, dtype=np.float32) / 255.0
         x = np.ascontiguousarray(x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2))
         if self.transform is None:
             return x
-        return self.transform({streamed.FEATURES: x, streamed.LABELS: np.zeros(len(x), np.int64)})[streamed.FEATURES]
+        return self.transform({FEATURES: x, LABELS: np.zeros(len(x), np.int64)})[FEATURES]
 
 
 def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, Any]) -> list[str]:
@@ -254,7 +265,7 @@ class Predictor:
         carried = {name: batch.column(name) for name in batch.column_names if name not in self.features}
         if self.images is not None:  # an image's path, and its class folder where it names one of the run's
             paths = [self.scheme + path for path in batch.column("path").to_pylist()]
-            folders = [streamed.class_of(path) for path in paths]
+            folders = [class_of(path) for path in paths]
             known = set(self.classes or ())
             carried = {"path": pa.array(paths), "label": pa.array([f if f in known else None for f in folders])}
         if probabilities is None:
@@ -277,7 +288,7 @@ class Predictor:
         """Samples as the model saw them in training: the dataset's own transform applied, where it has one."""
         if self.transform is None:
             return x
-        return self.transform({streamed.FEATURES: x, streamed.LABELS: np.zeros(len(x), np.int64)})[streamed.FEATURES]
+        return self.transform({FEATURES: x, LABELS: np.zeros(len(x), np.int64)})[FEATURES]
 
     def answer(self, output: Any) -> tuple[Any, np.ndarray | None]:
         """Predictions (the class, by name when the run's classes are strings; the value for regression) and,
@@ -292,7 +303,7 @@ class Predictor:
         if self.images is not None:
             return self.images(batch.column("bytes").to_pylist())
         if len(self.features) == 1 and math.prod(self.shape) > 1:  # one column of arrays
-            values = streamed.dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
+            values = dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
         else:
             values = np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in self.features], axis=1)
         return np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
@@ -302,10 +313,10 @@ def read_input(path: str) -> Any:
     """The input as a Ray Dataset, by its suffix (a folder's: its first data file's)."""
     import ray.data
 
-    location = tables.absolute_location(path)
+    location = absolute_location(path)
     suffix = os.path.splitext(location.rstrip("/").lower())[1]
     if suffix not in READERS:
-        files = [f for f in streamed._listing(location, "INPUT", INPUTS) if os.path.splitext(f)[1].lower() in READERS]
+        files = [f for f in listing(location, "INPUT", INPUTS) if os.path.splitext(f)[1].lower() in READERS]
         if not files:
             raise ConfigError("INPUT", path, "holds no .parquet, .csv or .jsonl file.", INPUTS)
         suffix = os.path.splitext(files[0])[1].lower()
@@ -319,10 +330,8 @@ def read_images(path: str) -> Any:
     """An image run's input: every image file at ``path`` as its bytes and path (decoded by the actors)."""
     import ray.data
 
-    location = tables.absolute_location(path)
-    found = [
-        f for f in streamed._listing(location, "INPUT", IMAGE_INPUTS) if f.lower().endswith(streamed.IMAGE_EXTENSIONS)
-    ]
+    location = absolute_location(path)
+    found = [f for f in listing(location, "INPUT", IMAGE_INPUTS) if f.lower().endswith(IMAGE_EXTENSIONS)]
     if not found:
         raise ConfigError("INPUT", path, "holds no image file.", IMAGE_INPUTS)
     return ray.data.read_binary_files(found, include_paths=True)
@@ -332,9 +341,9 @@ def check_output(output: str) -> str:
     """The output's location, which must not exist yet (a path, or an ``s3://`` prefix with nothing under it)."""
     import pyarrow.fs
 
-    location = tables.absolute_location(output)
+    location = absolute_location(output)
     try:
-        fs, inside = streamed.filesystem_of(location)
+        fs, inside = filesystem_of(location)
         taken = fs.get_file_info(inside).type != pyarrow.fs.FileType.NotFound
         if not taken and "://" in location:  # a prefix with objects under it, which S3 lists but does not "have"
             taken = bool(fs.get_file_info(pyarrow.fs.FileSelector(inside, allow_not_found=True)))
@@ -426,7 +435,7 @@ def predict(
             "dataset": cfg["dataset"],
             "device": "cuda" if num_gpus else "cpu",
             "classes": class_names(cfg["dataset"]) if images else None,
-            "scheme": tables.absolute_location(input).split("://")[0] + "://" if "://" in input else "",
+            "scheme": absolute_location(input).split("://")[0] + "://" if "://" in input else "",
             "threads": num_cpus,
             "batch_size": batch_size,
         },
@@ -440,7 +449,7 @@ def predict(
     # The writes hold no CPU: the actors may take every CPU of a small cluster, and a write waiting for one would
     # wait for ever (Ray Data keeps the pool until the dataset ends).
     predictions.write_parquet(location, ray_remote_args={"num_cpus": 0})
-    rows = streamed.row_counts(streamed.parquet_files(location, "--output"))
+    rows = row_counts(parquet_files(location, "--output"))
     seconds = time.time() - started
     return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
 

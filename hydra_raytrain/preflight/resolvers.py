@@ -16,7 +16,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config.identity import run_name, sweep_name
-from hydra_raytrain.data import folders, streamed, tables
+from hydra_raytrain.data import folders, sizing, tables
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.targets import absolute_target_paths
 
@@ -57,10 +57,10 @@ def register_resolvers() -> None:
         "sweep_name": sweep_name,
         "class_count": folders.class_count,
         "image_shape": folders.image_shape,
-        "parquet_shape": streamed.parquet_shape,
-        "parquet_outputs": streamed.parquet_outputs,
-        "stream_classes": streamed.stream_classes,
-        "stream_image_shape": streamed.stream_image_shape,
+        "parquet_shape": sizing.parquet_shape,
+        "parquet_outputs": sizing.parquet_outputs,
+        "stream_classes": sizing.stream_classes,
+        "stream_image_shape": sizing.stream_image_shape,
         "table_columns": tables.table_columns,
         "table_shape": tables.table_shape,
         "table_outputs": tables.table_outputs,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hydra_raytrain.data.streamed import FEATURES, LABELS
+from hydra_raytrain.data.decode import FEATURES, LABELS
 from hydra_raytrain.recipe.loaders import loader_seed
 
 

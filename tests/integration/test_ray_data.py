@@ -13,7 +13,7 @@ from PIL import Image
 
 from hydra_raytrain import evaluate, load_model, train
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.data.streamed import split_files
+from hydra_raytrain.data.files import split_files
 from hydra_raytrain.inference.predict import ImageDecoder, predict
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet

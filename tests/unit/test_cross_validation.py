@@ -151,6 +151,7 @@ def test_three_folds_of_a_table_partition_its_rows_alike_on_both_roads(tmp_path)
 def test_streamed_files_cross_validate_as_whole_files(tmp_path):
     """``dataset=parquet`` and ``dataset=images``: the files outside the usual test split cut into folds."""
     from hydra_raytrain.data import streamed
+    from hydra_raytrain.data.files import row_counts
     from tests.helpers.data import write_digits_parquet, write_images
 
     write_digits_parquet(tmp_path / "p", files=7)
@@ -164,7 +165,7 @@ def test_streamed_files_cross_validate_as_whole_files(tmp_path):
         assert sorted(stream.train_files + stream.val_files + stream.test_files) == sorted(
             usual.train_files + usual.val_files + usual.test_files
         )
-        assert stream.rows["val"] == sum(streamed.row_counts(stream.val_files))
+        assert stream.rows["val"] == sum(row_counts(stream.val_files))
         seen += stream.val_files
     assert sorted(seen) == sorted(usual.train_files + usual.val_files)  # each other file validates once
     write_images(tmp_path / "i", ["cat", "dog"], 4)

@@ -9,6 +9,9 @@ import pytest
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.data import streamed
+from hydra_raytrain.data.decode import Decode, numpy_column
+from hydra_raytrain.data.files import class_of, image_files, parquet_files
+from hydra_raytrain.data.sizing import parquet_outputs
 from hydra_raytrain.driver.cluster import ResourceRequest, plan_local_cpus
 from hydra_raytrain.preflight.rehearsal import build_dataset
 from hydra_raytrain.preflight.validate import validate
@@ -52,7 +55,7 @@ def test_a_bad_path_or_column_is_one_clear_error_before_anything_starts(digits_f
         streamed.parquet(str(digits_folder), input_shape=[64], num_outputs=10, shuffle="rows")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no .parquet file"):
-        streamed.parquet_files(str(tmp_path / "empty"))
+        parquet_files(str(tmp_path / "empty"))
 
 
 def test_one_file_is_split_only_by_a_validation_path(tmp_path):
@@ -92,7 +95,7 @@ def test_scalar_columns_and_a_float_label_make_a_regression_table(tmp_path):
 
 
 def test_decode_applies_the_configured_transform():
-    decode = streamed.Decode(
+    decode = Decode(
         "f",
         "y",
         (2, 1),
@@ -145,7 +148,7 @@ def test_images_in_class_folders_are_found_labelled_and_decoded_as_read_images_d
     assert stream.rows == {"train": 10, "val": 2} and not set(stream.train_files) & set(stream.val_files)
     x, y = stream.sample(16)  # every training image once (fewer than 16), spread over the classes
     assert x.shape == (10, 3, 10, 12) and sorted(y.tolist()) == sorted(
-        ["cat", "dog", "emu"].index(streamed.class_of(f)) for f in stream.train_files
+        ["cat", "dog", "emu"].index(class_of(f)) for f in stream.train_files
     )
     assert abs(float(x[0].max()) - 40 * int(stream.train_files[0][-5]) / 255) < 1e-6  # write_images' pixel value
     batches = list(streamed.images(str(tmp_path / "pets"), [1, 6, 6], 3).read("val", 8))
@@ -167,7 +170,7 @@ def test_bad_image_folders_are_refused_by_name(tmp_path):
     (tmp_path / "flat").mkdir()
     (tmp_path / "pets" / "cat" / "0.png").rename(tmp_path / "flat" / "0.png")
     with pytest.raises(ConfigError, match="holds no images in class folders"):
-        streamed.image_files(str(tmp_path / "flat"))
+        image_files(str(tmp_path / "flat"))
 
 
 def test_decode_takes_columns_as_ray_data_hands_them_over():
@@ -176,11 +179,11 @@ def test_decode_takes_columns_as_ray_data_hands_them_over():
     nested = pa.array([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]], pa.list_(pa.list_(pa.float32(), 2), 2))
     flags = pa.array([True, False])
     batch = {"f": nested.to_numpy(zero_copy_only=False), "y": flags.to_numpy(zero_copy_only=False)}
-    decoded = streamed.Decode("f", "y", (2, 2), True)(batch)
+    decoded = Decode("f", "y", (2, 2), True)(batch)
     assert decoded["x"].tolist() == [[[1, 2], [3, 4]], [[5, 6], [7, 8]]] and decoded["y"].tolist() == [1, 0]
-    assert streamed._numpy(flags).tolist() == [True, False]  # a boolean column has no zero-copy view
+    assert numpy_column(flags).tolist() == [True, False]  # a boolean column has no zero-copy view
     tensors = pa.FixedShapeTensorArray.from_numpy_ndarray(np.arange(8, dtype=np.float32).reshape(2, 2, 2))
-    assert streamed._numpy(tensors).shape == (2, 2, 2)
+    assert numpy_column(tensors).shape == (2, 2, 2)
 
 
 def test_an_integer_label_regresses_with_one_output_and_classes_count_the_validation_files(tmp_path):
@@ -192,7 +195,7 @@ def test_an_integer_label_regresses_with_one_output_and_classes_count_the_valida
 
     write(tmp_path / "train", [0, 1, 2, 3])
     write(tmp_path / "val", [0, 7])
-    assert streamed.parquet_outputs(str(tmp_path / "train"), "label", str(tmp_path / "val")) == 8
+    assert parquet_outputs(str(tmp_path / "train"), "label", str(tmp_path / "val")) == 8
     stream = streamed.parquet(str(tmp_path / "train"), [1], 1, val_path=str(tmp_path / "val"))
     x, y = stream.sample(4)
     assert y.dtype.is_floating_point and y.shape == (4, 1) and y[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
@@ -211,5 +214,5 @@ def test_parquet_on_s3_is_listed_counted_inferred_and_sampled_without_ray(s3_end
     assert all(f.startswith("s3://unit-bucket/digits/part-") for f in stream.train_files + stream.val_files)
     assert stream.rows["train"] + stream.rows["val"] == 1797 and stream.sample(16)[0].shape == (16, 64)
     with pytest.raises(ConfigError, match="no such file or folder") as caught:
-        streamed.parquet_files("s3://unit-bucket/nothing-here")
+        parquet_files("s3://unit-bucket/nothing-here")
     assert caught.value.key == "dataset.path"
