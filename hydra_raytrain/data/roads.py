@@ -1,12 +1,13 @@
 """Which road a dataset node's data takes: built in each worker (``Splits``), or streamed by Ray Data
-(``data/streamed.py``'s builders, and a table its size or ``dataset.read`` sends there: ``data/tables.py``)."""
+(``data/streamed.py``'s builders, and a table its size or ``dataset.read`` sends there: ``data/tables.py``'s
+builder, ``data/table_files.py``'s ``streams_table``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from hydra_raytrain.data import streamed, tables
+from hydra_raytrain.data import streamed, table_files, tables
 
 
 def streams(node: Mapping[str, Any]) -> bool:
@@ -16,6 +17,6 @@ def streams(node: Mapping[str, Any]) -> bool:
     builder = get_object(node["_target_"])
     if getattr(builder, "__module__", None) == streamed.__name__:
         return True
-    return builder is tables.table and tables.streams_table(
+    return builder is tables.table and table_files.streams_table(
         node["path"], node.get("read", "auto"), node.get("memory_limit_mb", 1024)
     )

@@ -18,7 +18,7 @@ from hydra_raytrain.config.errors import Problems
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.config.resolved import Resolved, typed
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig, cluster_address
-from hydra_raytrain.data import roads, tables
+from hydra_raytrain.data import roads, table_files, tables
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import cluster
 from hydra_raytrain.preflight.rehearsal import Datasets
@@ -64,7 +64,11 @@ def preflight(
             request = _check_resources(cfg, resolved, stream.cpus if stream is not None else 0)
     problems.raise_any()
     assert resolved is not None and request is not None
-    notes = (tables.reading_line(resolved.dataset),) if get_object(resolved.dataset["_target_"]) is tables.table else ()
+    notes = (
+        (table_files.reading_line(resolved.dataset),)
+        if get_object(resolved.dataset["_target_"]) is tables.table
+        else ()
+    )
     return Plan(resolved, resolved.run_name(), stream, request, notes, tuple(replaced))
 
 

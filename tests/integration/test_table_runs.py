@@ -18,6 +18,7 @@ from torchmetrics.functional.classification import multiclass_auroc, multiclass_
 
 from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
+from hydra_raytrain.data.rowsplit import row_split, val_mask, val_threshold
 from hydra_raytrain.host import machine_cores
 from tests.conftest import ROOT, run_cli
 from tests.helpers.loggers import read_scalars
@@ -55,7 +56,7 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     assert config["dataset"]["classes"] == ["setosa", "versicolor", "virginica"]
     assert config["dataset"]["input_shape"] == [3] and config["dataset"]["num_outputs"] == 3
     # Every validation row once per epoch, over both workers: the rows val_mask picks
-    val = np.flatnonzero(tables.val_mask(np.arange(150), tables.val_threshold(150, 0.2, 0), 0))
+    val = np.flatnonzero(val_mask(np.arange(150), val_threshold(150, 0.2, 0), 0))
     label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in val)
     history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {(m["val_samples"], m["val_label_sum"], m["world_size"]) for m in history} == {(30, label_sum, 2)}
@@ -75,7 +76,7 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     assert evaluated["val_confusion_matrix"] == multiclass_confusion_matrix(probabilities.argmax(1), y, 3).tolist()
     # The test split: 30 more rows held out of training (validation kept its own), scored once on the best
     # checkpoint after training; the same figures from evaluate --split test, and in the run's logger
-    _, test = tables.row_split(150, 0.2, 0.2, 0).masks(np.arange(150), 0)
+    _, test = row_split(150, 0.2, 0.2, 0).masks(np.arange(150), 0)
     test_label_sum = sum(sorted(SPECIES).index(SPECIES[rows[i][0]]) for i in np.flatnonzero(test))
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     tested = summary["test"]

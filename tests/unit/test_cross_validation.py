@@ -120,6 +120,7 @@ def test_three_folds_of_a_table_partition_its_rows_alike_on_both_roads(tmp_path)
     import pyarrow.parquet as pq
 
     from hydra_raytrain.data import tables
+    from hydra_raytrain.data.rowsplit import row_split
 
     rows = 203
     ids = np.arange(rows, dtype=np.float32)  # a feature that names the row
@@ -140,10 +141,10 @@ def test_three_folds_of_a_table_partition_its_rows_alike_on_both_roads(tmp_path)
         seen += whole.val.tensors[0][:, 0].tolist()
     tested = set(usual.test.tensors[0][:, 0].tolist())
     assert sorted(seen) == sorted(set(ids.tolist()) - tested) and len(tested) == 20  # each other row validates once
-    sizes = [tables.row_split(rows, 0.2, 0.1, 0, folds=3, fold=k).counts["val"] for k in range(3)]
+    sizes = [row_split(rows, 0.2, 0.1, 0, folds=3, fold=k).counts["val"] for k in range(3)]
     assert sizes == [61, 61, 61]  # 183 rows outside the test split
     with pytest.raises(ConfigError, match=re.escape("dataset.folds=204: cross-validation needs 2 to 203 folds")):
-        tables.row_split(rows, 0.2, 0.0, 0, folds=204)
+        row_split(rows, 0.2, 0.0, 0, folds=204)
     with pytest.raises(ConfigError, match="dataset.fold=1: picks a fold of dataset.folds, which is not set"):
         tables.table(path, *args, read="memory", fold=1)
 

@@ -1,6 +1,6 @@
-"""``dataset=table`` (hydra_raytrain/data/tables.py): one Parquet, CSV or JSON-lines file, read whole or streamed
-(by size), split by rows alike on both roads; columns by name or pattern; string classes mapped in sorted order;
-each bad file or column named once."""
+"""``dataset=table`` (hydra_raytrain/data/tables.py; the row split: rowsplit.py; the file read: table_files.py):
+one Parquet, CSV or JSON-lines file, read whole or streamed (by size), split by rows alike on both roads; columns by
+name or pattern; string classes mapped in sorted order; each bad file or column named once."""
 
 import json
 import re
@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.data import tables
+from hydra_raytrain.data import rowsplit, tables
 from hydra_raytrain.data.roads import streams
 from hydra_raytrain.data.streamed import Streamed
+from hydra_raytrain.data.table_files import MB, reading_line, streams_table, table_bytes
 from hydra_raytrain.data.tables import table, table_classes, table_outputs, table_shape
 
 ROWS = 40
@@ -144,26 +145,26 @@ def test_both_roads_keep_the_same_rows_in_the_same_order_and_count_them_before_r
 
 def test_the_split_takes_exactly_its_fraction_and_the_chunked_threshold_equals_the_direct_one(monkeypatch):
     rows = 10_000
-    direct = tables.val_threshold(rows, 0.2, 7)
-    monkeypatch.setattr(tables, "_SPLIT_CHUNK", 999)  # 11 chunks: the histogram's road
-    assert tables.val_threshold(rows, 0.2, 7) == direct
-    val = tables.val_mask(np.arange(rows), direct, 7)
-    assert val.sum() == 2000 and not np.array_equal(val, tables.val_mask(np.arange(rows), direct, 8))
+    direct = rowsplit.val_threshold(rows, 0.2, 7)
+    monkeypatch.setattr(rowsplit, "_SPLIT_CHUNK", 999)  # 11 chunks: the histogram's road
+    assert rowsplit.val_threshold(rows, 0.2, 7) == direct
+    val = rowsplit.val_mask(np.arange(rows), direct, 7)
+    assert val.sum() == 2000 and not np.array_equal(val, rowsplit.val_mask(np.arange(rows), direct, 8))
     assert 0.15 < val[:1000].mean() < 0.25  # spread over the file, not a block of it
     with pytest.raises(ConfigError, match=re.escape("dataset.val_fraction=1.5: must be between 0 and 1")):
-        tables.val_threshold(rows, 1.5, 0)
+        rowsplit.val_threshold(rows, 1.5, 0)
 
 
 def test_auto_reads_a_table_whole_up_to_its_limit_and_says_which_road(tmp_path):
     write_all(tmp_path)
     path = str(tmp_path / "t.parquet")
-    size = tables.table_bytes(path)
+    size = table_bytes(path)
     assert 0 < size < 10_000
-    assert not tables.streams_table(path, "auto", 1) and tables.streams_table(path, "auto", size / 2 / tables.MB)
-    assert tables.streams_table(path, "stream", 1024) and not tables.streams_table(path, "memory", 0)
+    assert not streams_table(path, "auto", 1) and streams_table(path, "auto", size / 2 / MB)
+    assert streams_table(path, "stream", 1024) and not streams_table(path, "memory", 0)
     with pytest.raises(ConfigError, match=re.escape("dataset.read='sideways': is no way to read a table. Valid: auto")):
-        tables.streams_table(path, "sideways")
+        streams_table(path, "sideways")
     node = {"_target_": "hydra_raytrain.data.table", "path": path, "read": "auto", "memory_limit_mb": 0.001}
-    line = tables.reading_line(node)
+    line = reading_line(node)
     assert line.startswith(f"Data: {path} (0.0 MB in memory): streamed through Ray Data") and "limit_mb=0.001" in line
     assert streams(node) and not streams({**node, "read": "memory"})
