@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,24 +29,21 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.overrides import check_command_line
 from hydra_raytrain.program import BAD_INPUT, end_quickly, refuse
 
-FAILED: list[str] = []
 
-
-def check(cfg: DictConfig, cwd: str | None = None) -> Resolved:
+def check(cfg: DictConfig, cwd: str | None = None, datasets: Any = None) -> Resolved:
     """Every check ``train(cfg)`` makes before Ray starts (its plan: ``driver/plan.py``); returns the resolved
-    config. Raises ``ConfigError``."""
+    config. Raises ``ConfigError``. ``datasets``: the datasets built by the configs checked before (a ``-m``'s)."""
     from hydra_raytrain.driver.plan import preflight
 
-    return preflight(cfg, cwd or os.getcwd()).resolved
+    return preflight(cfg, cwd or os.getcwd(), datasets=datasets).resolved
 
 
-@hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")
-def _hydra_check(cfg: DictConfig) -> None:
+def _check_one(cfg: DictConfig, failed: list[str], datasets: Any) -> None:
     label = " ".join(HydraConfig.get().overrides.task) or "(the default config)"
     try:
-        check(cfg)
+        check(cfg, datasets=datasets)
     except Exception as error:  # a ConfigError, or a check that itself broke: the other configs are still checked
-        FAILED.append(label)
+        failed.append(label)
         message = str(error) if isinstance(error, ConfigError) else f"{type(error).__name__}: {error}"
         print(f"FAIL {label}\n{message}", file=sys.stderr, flush=True)
         return
@@ -72,11 +70,19 @@ def main() -> None:
         check_command_line(args)
     except ConfigError as error:
         refuse(error)
+    from hydra_raytrain.preflight.rehearsal import Datasets
+
+    failed: list[str] = []
+    datasets = Datasets()  # the configs of a -m, checked one after another, build a dataset they share once
+
+    def check_each(cfg: DictConfig) -> None:
+        _check_one(cfg, failed, datasets)
+
     with tempfile.TemporaryDirectory(prefix="hydra_raytrain_check_") as folder:
         sys.argv = [sys.argv[0], *args, *_quiet_hydra(folder)]
-        _hydra_check()
-    if FAILED:
-        print(f"{len(FAILED)} config(s) invalid.", file=sys.stderr)
+        hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")(check_each)()
+    if failed:
+        print(f"{len(failed)} config(s) invalid.", file=sys.stderr)
         sys.exit(BAD_INPUT)
 
 

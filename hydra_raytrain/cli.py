@@ -38,7 +38,9 @@ def main() -> None:
         sys.argv = [sys.argv[0], *rest]
         _load(module, function)()
     else:
-        _load(module, function)(rest, f"{os.path.basename(sys.argv[0])} {name}")
+        script = os.path.basename(sys.argv[0])
+        shown = "python -m hydra_raytrain" if script == "__main__.py" else script
+        _load(module, function)(rest, f"{shown} {name}")
 
 
 def _load(module: str, function: str) -> Any:
@@ -58,15 +60,22 @@ def train_main() -> None:
         check_command_line(sys.argv[1:])
     except ConfigError as error:
         refuse(error)
-    hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")(_train)()
+    from hydra_raytrain.preflight.rehearsal import Datasets
+
+    datasets = Datasets()  # a multirun's jobs, one after another in this process, build a dataset they share once
+
+    def train_job(cfg: Any) -> float | None:
+        return _train(cfg, datasets)
+
+    hydra.main(version_base="1.3", config_path="pkg://hydra_raytrain.conf", config_name="train")(train_job)()
 
 
-def _train(cfg: Any) -> float | None:
+def _train(cfg: Any, datasets: Any) -> float | None:
     from hydra_raytrain.driver.run import TrainingFailed, train
     from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
 
     try:
-        summary = train(cfg)
+        summary = train(cfg, datasets=datasets)
     except ConfigError as error:
         _remove_untouched_run_dir()
         refuse(error)

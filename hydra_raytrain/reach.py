@@ -112,7 +112,7 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
     - One node and no autoscaler: nothing drains a node, so Ray Train's PreemptionWatcher has nothing to watch
       (and logs an ERROR line about its restart arguments in every run): off, unless the environment sets
       RAY_TRAIN_ENABLE_PREEMPTION_WATCHER. Ray Train reads the variable from this process's environment at each
-      run; a cluster joined later in the same process gets the watcher back (``connect``).
+      run; a cluster joined later in the same process gets the watcher back (``joined_cluster_environment``).
     - Ray Data logs at WARNING (RAY_DATA_LOG_LEVEL), unless the environment sets it, and lists a Parquet read's
       files with one footer-reading actor, not 32 (``streamed.few_footer_readers``).
     - Ray starts worker processes at niceness 15 (RAY_worker_niceness): on a busy machine the driver, Ray's own

@@ -1,4 +1,5 @@
-"""Reaching Ray: start a local cluster sized for the run, or connect to one; refuse what cannot be served.
+"""Sizing a run for Ray: a local cluster sized for the run (started by ``reach.py``, the one door to Ray), or the
+run checked against a cluster it joins; refuse what cannot be served.
 
 How a local cluster is sized: Ray schedules by *logical* resources. A run asking for more CPUs than the
 machine has cores (4 workers x 1 CPU on 2 cores) gets a local cluster that promises that many CPUs, so the
@@ -142,7 +143,7 @@ def connect(ray_cfg: RayConfig, request: ResourceRequest) -> None:
         return
     num_cpus = check_request(ray_cfg, request)
     joined = reach_ray(
-        ray_cfg.address,
+        ray_cfg.address or "local",  # resolved already (RAY_ADDRESS applied): None is a local cluster
         num_cpus,
         None if ray_cfg.address else local_gpu_count(),
         logging_level=ray_cfg.logging_level,

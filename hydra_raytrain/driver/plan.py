@@ -35,8 +35,15 @@ class Plan:
     name: str  # the run's name: its run dir's ${run_name:} and its folder in Ray storage
     stream: Streamed | None  # Ray Data streams the data (as built here), else None: each worker builds its splits
     request: cluster.ResourceRequest  # the workers' request, and the CPUs kept for Ray Data's tasks
-    notes: tuple[str, ...] = ()  # how the data is read, said once when the run starts
-    replaced: tuple[str, ...] = ()  # the command line's replaced _target_s (their notes were said)
+    replaced: tuple[str, ...] = ()  # the notes on the command line's replaced _target_s (said as they were applied)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What the run says as it starts: how a table is read (its road and size, read from the file only then: a
+        check says nothing of it)."""
+        if get_object(self.resolved.dataset["_target_"]) is not tables.table:
+            return ()
+        return (table_files.reading_line(self.resolved.dataset),)
 
 
 def preflight(
@@ -64,12 +71,7 @@ def preflight(
             request = _check_resources(cfg, resolved, stream.cpus if stream is not None else 0)
     problems.raise_any()
     assert resolved is not None and request is not None
-    notes = (
-        (table_files.reading_line(resolved.dataset),)
-        if get_object(resolved.dataset["_target_"]) is tables.table
-        else ()
-    )
-    return Plan(resolved, resolved.run_name(), stream, request, notes, tuple(replaced))
+    return Plan(resolved, resolved.run_name(), stream, request, tuple(replaced))
 
 
 def streamed(node: dict[str, Any], datasets: Datasets | None = None) -> Streamed | None:

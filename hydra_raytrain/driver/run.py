@@ -43,6 +43,7 @@ from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.loggers.base import replay
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
+from hydra_raytrain.preflight.rehearsal import Datasets
 from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.recipe.loop import train_loop_per_worker
 from hydra_raytrain.storage_retry import StorageUnavailable
@@ -68,12 +69,14 @@ def train(
     extra_callbacks: Sequence[Any] = (),
     show_summary: bool = True,
     rehearse: bool = True,
+    datasets: Datasets | None = None,
 ) -> dict[str, Any]:
     """Train the configured model; return the summary (also written to ``<run_dir>/summary.json``).
 
     ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
     Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
     instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``).
+    ``datasets``: the datasets the caller's earlier runs built (a multirun's jobs share them).
     Raises ``ConfigError`` before anything starts or is written when the config cannot work, ``TrainingFailed``
     when the run fails. A run stopped by a preemption notice (SIGTERM) returns a summary whose status is
     ``preempted``: the same call resumes it.
@@ -82,7 +85,7 @@ def train(
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
-    plan = _checked(cfg, run_dir, rehearse)
+    plan = _checked(cfg, run_dir, rehearse, datasets)
     with _multirun_parent(plan.resolved, run_dir) as resolved:
         return _train(
             dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
@@ -128,10 +131,10 @@ def _train(
         )
 
 
-def _checked(cfg: DictConfig, run_dir: str, rehearse: bool) -> Plan:
+def _checked(cfg: DictConfig, run_dir: str, rehearse: bool, datasets: Datasets | None = None) -> Plan:
     """The run's plan (every check before Ray starts: ``preflight``), and the progress bar's default: on for a
     terminal (bars in a log file or CI output are noise)."""
-    plan = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse)
+    plan = preflight(cfg, cwd=os.getcwd(), rehearse=rehearse, datasets=datasets)
     if plan.replaced:  # Hydra saved the config before the replaced _target_'s arguments were dropped
         _save_composed(run_dir, cfg)
     resolved = plan.resolved
@@ -351,6 +354,7 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
     if not missing:
         return summary
     missing, _ = trackers.prepare_all(missing)
+    resolved = dataclasses.replace(resolved, logger={**resolved.logger, **missing})  # what they log, as prepared
     history = rundir.read_history(run_dir)
     tested = {k: v for k, v in scalars(summary.get("test") or {}).items() if k.startswith("test_")}
     logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
@@ -388,10 +392,6 @@ def _multirun_parent(resolved: Resolved, run_dir: str) -> Iterator[Resolved]:
         yield dataclasses.replace(resolved, logger=logger)
     finally:
         trackers.close_sweeps(opened, handles, {}, failed=False)
-
-
-def _warn(message: str) -> None:
-    print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def _discard_previous_state(run_dir: str, storage: str, name: str, retry_window_s: float) -> None:

@@ -222,7 +222,7 @@ def serve_run(options: argparse.Namespace, started: Started) -> None:
     if not address:
         check_port(options.host, options.port)
     cpus = math.ceil(max(os.cpu_count() or 1, options.num_replicas * options.num_cpus))  # Ray counts whole CPUs
-    reach_ray(address, cpus, given_as="--address")
+    reach_ray(address or "local", cpus, given_as="--address")  # resolved above: None is a local cluster
     signal.signal(signal.SIGTERM, _interrupt)  # after ray.init, which sets a handler of its own
     check_resources(options)
     logs = {"log_level": options.log_level}

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from hydra_raytrain.config.errors import one_line, redacted
-from hydra_raytrain.loggers.base import DriverSide, Ending, replay, server_problem
+from hydra_raytrain.loggers.base import DriverSide, Ending, replay, server_problem, warn
 from hydra_raytrain.outcome import RunStatus
 from hydra_raytrain.rundir import MODEL_FILE
 
@@ -277,7 +277,7 @@ def open_sweep(node: dict[str, Any], sweep_dir: str, environ: Mapping[str, str],
     before its trials start; None, after a warning, when MLflow cannot be reached."""
     parent_id = resolve({**node, "sweep_dir": None}, environ, cwd).get("run_id")
     node["sweep_dir"] = sweep_dir
-    if not plan(node, environ, cwd, warn=_warn):
+    if not plan(node, environ, cwd, warn=warn):
         return None
     try:
         with quick_failure():
@@ -294,7 +294,7 @@ def open_sweep(node: dict[str, Any], sweep_dir: str, environ: Mapping[str, str],
             client.update_run(found, status="RUNNING")
             return str(found)
     except Exception as error:  # noqa: BLE001  (the trials log their own runs regardless)
-        _warn(f"logger.mlflow: the sweep's MLflow run was not started ({type(error).__name__}: {error})")
+        warn(f"logger.mlflow: the sweep's MLflow run was not started ({type(error).__name__}: {error})")
         return None
 
 
@@ -307,7 +307,7 @@ def close_sweep(node: Mapping[str, Any], parent_id: str, figures: Mapping[str, f
                 client.log_metric(parent_id, key, float(value))
             client.set_terminated(parent_id, "FAILED" if failed else "FINISHED")
     except Exception as error:  # noqa: BLE001  (the sweep's own results stand)
-        _warn(f"logger.mlflow: the sweep's MLflow run {parent_id} was not ended ({type(error).__name__}: {error})")
+        warn(f"logger.mlflow: the sweep's MLflow run {parent_id} was not ended ({type(error).__name__}: {error})")
 
 
 class MlflowDriverSide(DriverSide):
@@ -318,7 +318,7 @@ class MlflowDriverSide(DriverSide):
     test_with_completion = True
 
     def prepare(self, node: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
-        if not plan(node, os.environ, os.getcwd(), warn=_warn):
+        if not plan(node, os.environ, os.getcwd(), warn=warn):
             return None  # summary.json does not list it: the same command later logs the run
         return node, forwarded_env(os.environ)
 
@@ -339,9 +339,7 @@ class MlflowDriverSide(DriverSide):
         try:
             retire(resolve(node, os.environ, os.getcwd()), run_name, run_dir)
         except Exception as error:  # noqa: BLE001  (plan() says so if MLflow cannot be used)
-            _warn(
-                f"logger.mlflow: the run dir's earlier MLflow run was not set aside ({type(error).__name__}: {error})"
-            )
+            warn(f"logger.mlflow: the run dir's earlier MLflow run was not set aside ({type(error).__name__}: {error})")
 
     def complete(self, node: dict[str, Any], ending: Ending) -> None:
         """Into the run's MLflow run (``replay``): the epochs it lacks (rank 0 logged them as they came, unless MLflow
@@ -353,7 +351,7 @@ class MlflowDriverSide(DriverSide):
                 try:
                     kept = os.path.join(stack.enter_context(ending.best.as_directory()), MODEL_FILE)
                 except Exception as error:  # noqa: BLE001  (the final model is logged instead)
-                    _warn(f"logger.mlflow: the best checkpoint could not be read ({one_line(error)}): the final model")
+                    warn(f"logger.mlflow: the best checkpoint could not be read ({one_line(error)}): the final model")
                     kept = ""
                 model = kept if os.path.exists(kept) else None  # a sharded checkpoint: the final model
             replay({"mlflow": node}, ending.config, ending.run_dir, ending.logs, ending.files(model))
@@ -419,9 +417,3 @@ def _existing(client: Any, run_id: str | None) -> str | None:
         return str(client.get_run(run_id).info.run_id)
     except Exception:  # noqa: BLE001  (MLflow raises its own for a missing run)
         return None
-
-
-def _warn(message: str) -> None:
-    import sys
-
-    print(f"WARNING: {message}", file=sys.stderr, flush=True)

@@ -29,7 +29,9 @@ def racy(port):
     return real(port)
 reach.port_is_free = racy
 from hydra_raytrain.config.schema import RayConfig
-cluster.connect(RayConfig(logging_level="ERROR"), cluster.ResourceRequest(1, {"CPU": 1}))
+# ray.address=local as the preflight resolves it (None) while RAY_ADDRESS names a cluster: a local cluster it is
+cluster.connect(RayConfig(address=None, logging_level="ERROR"), cluster.ResourceRequest(1, {"CPU": 1}))
+assert cluster.started_here(), ray.get_runtime_context().gcs_address
 url = ray._private.worker.get_dashboard_url()
 assert url and os.environ["RAY_API_SERVER_ADDRESS"] == "http://" + url, (url, os.environ["RAY_API_SERVER_ADDRESS"])
 assert url.rsplit(":", 1)[1] != str(reach.DASHBOARD_PORT)
@@ -40,14 +42,15 @@ print("state API nodes:", len(list_nodes(limit=5)))
 
 def test_a_dashboard_port_taken_at_start_up_restarts_the_cluster_on_a_free_one(tmp_path):
     """Else this cluster's processes would ask the other cluster's state API about their own actors (Ray Train's
-    placement-group cleaner would find its controller missing there)."""
+    placement-group cleaner would find its controller missing there). Also: ``ray.address=local`` (resolved to None)
+    starts a local cluster while RAY_ADDRESS names another, where nothing answers."""
     done = subprocess.run(
         [sys.executable, "-c", RACE],
         cwd=str(tmp_path),
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": ROOT},
+        env={**os.environ, "PYTHONPATH": ROOT, "RAY_ADDRESS": "127.0.0.1:1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "state API nodes: 1" in done.stdout
