@@ -1,9 +1,25 @@
 """A classification task that notes when its first optimizer step finished (for benchmarks/throughput.py)."""
 
 import json
+import os
 import time
 
 from hydra_raytrain.tasks.classification import Classification
+
+
+def rank() -> int:
+    """This worker's rank (0 in local mode): only rank 0 writes the benchmark's files, or two workers write one
+    file at once (``JSONDecodeError: Extra data`` when it is read)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def write_json(path: str, value: dict) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    with open(f"{path}.tmp", "w") as file:
+        json.dump(value, file)
+    os.replace(f"{path}.tmp", path)
 
 
 class TimedClassification(Classification):
@@ -13,9 +29,8 @@ class TimedClassification(Classification):
 
     def train_batch(self, step, batch):
         sums = super().train_batch(step, batch)
-        if not self.recorded:
-            with open(self.record_to, "w") as file:
-                json.dump({"first_step": time.time()}, file)
+        if not self.recorded and rank() == 0:
+            write_json(self.record_to, {"first_step": time.time()})
             self.recorded = True
         return sums
 
@@ -30,12 +45,11 @@ class PeakMemory(Classification):
         self.record_to, self.batches, self.peak = record_to, 0, {"uss": 0, "rss": 0}
 
     def train_batch(self, step, batch):
-        if self.batches % 16 == 0:
+        if self.batches % 16 == 0 and rank() == 0:
             import psutil
 
             memory = psutil.Process().memory_full_info()
             self.peak = {name: max(self.peak[name], getattr(memory, name)) for name in self.peak}
-            with open(self.record_to, "w") as file:
-                json.dump(self.peak, file)
+            write_json(self.record_to, self.peak)
         self.batches += 1
         return super().train_batch(step, batch)
