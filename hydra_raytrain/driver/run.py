@@ -298,15 +298,11 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     resolved = summarize.resolved
     best = _best_checkpoint(resolved, result)
     test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
-    tested = test if test and "error" not in test else {}
-    name = summarize.name
-    history = rundir.read_history(run_dir)
-    tested = {k: v for k, v in scalars(tested).items() if k.startswith("test_")}
-    config = {"cfg": resolved.to_dict(), "run_name": name}
-    if tested:
-        trackers.replay_test(resolved.logger, config, run_dir, {**tested, "epoch": len(history)})
+    logs, tested = _tracked_logs(run_dir, test if test and "error" not in test else None)
+    config = {"cfg": resolved.to_dict(), "run_name": summarize.name}
+    if tested is not None:
+        trackers.replay_test(resolved.logger, config, run_dir, tested)
     summary = summarize("completed", test=test) if test else summarize("completed")
-    logs = [*history, {**tested, "epoch": len(history)}] if tested else history
     ending = trackers.Ending(config, run_dir, logs, best[0] if best else None, lambda model: _run_files(run_dir, model))
     trackers.complete_all(resolved.logger, ending)
     print(f"Run dir: {run_dir}", flush=True)
@@ -355,15 +351,23 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
         return summary
     missing, _ = trackers.prepare_all(missing)
     resolved = dataclasses.replace(resolved, logger={**resolved.logger, **missing})  # what they log, as prepared
-    history = rundir.read_history(run_dir)
-    tested = {k: v for k, v in scalars(summary.get("test") or {}).items() if k.startswith("test_")}
-    logs = [*history, {**tested, "epoch": len(history)}] if tested else history  # the test split's too
+    logs, tested = _tracked_logs(run_dir, summary.get("test"))
     logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs, _run_files(run_dir))
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
-        print(f"Logged the finished run's {len(history)} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
+        epochs = len(logs) - (tested is not None)
+        print(f"Logged the finished run's {epochs} epochs (metrics.jsonl) to: {', '.join(logged)}", flush=True)
     return summary
+
+
+def _tracked_logs(run_dir: str, test: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """What a tracker logs of a run: metrics.jsonl's epochs, then the test split's figures (``test_*``) at the last
+    epoch's step; and that last row alone (None without test figures)."""
+    history = rundir.read_history(run_dir)
+    figures = {key: value for key, value in scalars(test or {}).items() if key.startswith("test_")}
+    tested = {**figures, "epoch": len(history)} if figures else None
+    return ([*history, tested] if tested else history), tested
 
 
 def _run_files(run_dir: str, model: str | None = None) -> list[str]:
