@@ -47,19 +47,45 @@ def test_regression_experiment_learns(ray_address, tmp_path):
     assert summary["monitor"] == "val_loss" and summary["best"]["val_loss"] == min(m["val_loss"] for m in history)
 
 
-def idle_cpus(expected: float, timeout: float = 60) -> float:
-    """The cluster's free CPUs once the earlier tests' actors have gone (``expected`` of them), ``timeout`` at most."""
+def reservable_cpus(expected: int, timeout: float = 240) -> float:
+    """The CPUs Ray's autoscaling coordinator would reserve for a new training run, once it could hold ``expected``.
+
+    Ray Train's elastic policy sizes the worker group from the coordinator's reservations, not from
+    ``ray.available_resources()``: a run whose controller was killed (an earlier test's preemption, a sweep's
+    stopped trial) keeps its request there for up to 180 s. A probe request of our own, cancelled at the end,
+    sees what the next run will see, so the test waits for the earlier tests' requests to go, ``timeout`` at most.
+    """
+    from ray.data._internal.cluster_autoscaler.base_autoscaling_coordinator import ResourceRequestPriority
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    coordinator, probe = get_or_create_autoscaling_coordinator(), "tests-reservable-cpus"
+    ray.get(
+        coordinator.request_resources.remote(
+            requester_id=probe,
+            resources=[{"CPU": 1}] * expected,
+            expire_after_s=timeout,
+            priority=ResourceRequestPriority.HIGH,  # Ray Train's own priority: earlier requests go first
+        )
+    )
     deadline = time.monotonic() + timeout
-    while (free := ray.available_resources().get("CPU", 0)) < expected and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return free
+    try:
+        while True:
+            held = ray.get(coordinator.get_reserved_resources.remote(probe, recompute=True))
+            cpus = sum(node.get("CPU", 0) for node in held.values())
+            if cpus >= expected or time.monotonic() > deadline:
+                return cpus
+            time.sleep(2)
+    finally:
+        ray.get(coordinator.cancel_request.remote(probe))
 
 
 @pytest.mark.slow
 def test_elastic_resnet18_takes_what_the_cluster_holds(ray_address, tmp_path):
     """resnet18 (the mission command's model), min 2, max 4 workers on the idle 4-CPU test cluster: it takes all 4;
     the global batch (48) stays 48 at that size, every sample counted."""
-    assert idle_cpus(TEST_CLUSTER_CPUS) == TEST_CLUSTER_CPUS
+    assert reservable_cpus(TEST_CLUSTER_CPUS) == TEST_CLUSTER_CPUS
     summary = train(
         compose_config(
             "model=resnet18",
