@@ -331,6 +331,13 @@ class Uploads:
             checkpoint_upload_fn=storage_retry.upload,  # Ray's own upload, its files retried through an outage
         )
 
+    def close(self) -> None:
+        """This rank's run ended (completed or preempted): its last upload stored (the worker's return waits for it
+        anyway), then its staging folder removed; left there, every run would leave one per rank in the temp dir."""
+        if self.uploading is not None and os.path.exists(self.uploading):
+            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
     def _wait_for_previous(self, name: str | None) -> None:
         if self.uploading is None or not os.path.exists(self.uploading):
             return  # stored and deleted by Ray: the usual case, checked without a call

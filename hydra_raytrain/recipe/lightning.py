@@ -304,6 +304,7 @@ class RunReport(pl.Callback):
     def finish(self, status: RunStatus) -> None:
         if status != "failed":  # a failed rank's peers may be gone: nothing in flight is waited for
             self.cadence.close()
+            self.uploads.close()
         for error in finish_all(self.loggers, status):
             logger.warning(f"a logger failed to finish: {error}")
 

@@ -546,6 +546,7 @@ class Recipe:
                 reported_final = True
                 break
         self.cadence.close()
+        self.uploads.close()
         if self.profiler is not None:
             self.profiler.stop()
         if not reported_final and self.status == "completed":  # resumed from the last one: nothing left to train

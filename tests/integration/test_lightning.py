@@ -17,6 +17,7 @@ from hydra_raytrain.driver.run import TrainingFailed
 from hydra_raytrain.inference.export import export
 from hydra_raytrain.inference.predict import Predictor
 from hydra_raytrain.inference.scoring import score
+from hydra_raytrain.recipe.checkpoint import staging_folder
 from hydra_raytrain.sweep.space import start_order
 from tests.conftest import compose_config, run_cli
 from tests.helpers.loggers import read_scalars
@@ -173,7 +174,7 @@ def test_sigterm_preempts_a_lightning_run_and_running_it_again_resumes_it(ray_ad
     assert summary["status"] == "completed" and summary["final"]["step"] == 2 * 23
 
 
-def test_early_stopping_ends_the_run_on_a_checkpointed_epoch(ray_address, tmp_path):
+def test_early_stopping_ends_the_run_on_a_checkpointed_epoch_and_no_staging_folder_is_left(ray_address, tmp_path):
     """trainer.early_stopping becomes Lightning's EarlyStopping, decided when validation ends: the epoch it stops on
     is the run's final one, checkpointed. Also: a datamodule with one worker, and trainer.lightning_kwargs."""
     summary = train(
@@ -195,6 +196,8 @@ def test_early_stopping_ends_the_run_on_a_checkpointed_epoch(ray_address, tmp_pa
     assert [m["epoch"] for m in _history(tmp_path / "run")] == [1, 2]
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "ray_storage").glob("*/epoch_*"))
     assert checkpoints == ["epoch_0002"]
+    staged = staging_folder(os.path.basename(summary["storage"]), str(tmp_path / "run"), 0)
+    assert not os.path.exists(staged)  # removed once the last upload was stored, not left in the temp dir
 
 
 def test_a_datamodule_run_whose_module_logs_no_monitored_metric_stops_naming_trainer_monitor(ray_address, tmp_path):

@@ -18,6 +18,7 @@ from hydra_raytrain import load_model, train
 from hydra_raytrain.data import digits
 from hydra_raytrain.driver.run import TrainingFailed
 from hydra_raytrain.recipe.augment import Augment
+from hydra_raytrain.recipe.checkpoint import staging_folder
 from hydra_raytrain.recipe.sampler import ShardedSampler
 from tests.conftest import ROOT, TEST_CLUSTER_CPUS, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
@@ -367,7 +368,7 @@ def retained_run(ray_address, tmp_path_factory):
     return run_dir, train(compose_config(*RETAINED), run_dir=str(run_dir))
 
 
-def test_top_k_retention_keeps_the_best_and_the_latest(retained_run):
+def test_top_k_retention_keeps_the_best_and_the_latest_and_no_rank_leaves_a_staging_folder(retained_run):
     tmp_path, summary = retained_run
     history = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     best_two = sorted(history, key=lambda m: m["val_accuracy"], reverse=True)[:2]
@@ -375,6 +376,9 @@ def test_top_k_retention_keeps_the_best_and_the_latest(retained_run):
     kept = {p.name for p in (tmp_path / "ray_storage").glob("*/epoch_*")}
     assert kept == expected, (kept, [(m["epoch"], m["val_accuracy"]) for m in history])
     assert os.path.isdir(summary["storage"])
+    name, ranks = os.path.basename(summary["storage"]), range(history[-1]["world_size"])
+    staged = [staging_folder(name, str(tmp_path), rank) for rank in ranks]
+    assert len(staged) == 2 and not any(map(os.path.exists, staged))  # each rank's, once its last upload was stored
 
 
 def test_load_model_and_evaluate_reproduce_the_reported_metrics(retained_run):
