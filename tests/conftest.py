@@ -23,9 +23,21 @@ TEST_CLUSTER_CPUS = 4
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests run where a CUDA GPU exists and are skipped, saying so, everywhere else."""
+    """``workers`` is a declared list: a test that asks for the session's cluster without it stops the collection.
+    ``gpu`` tests run where a CUDA GPU exists and are skipped, saying so, everywhere else."""
     import torch
 
+    undeclared = [
+        item.nodeid
+        for item in items
+        if "ray_address" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("workers")
+    ]
+    if undeclared:
+        raise pytest.UsageError(
+            "these tests use the session's Ray cluster (ray_address) without @pytest.mark.workers: "
+            + ", ".join(undeclared)
+            + ". Declare it, or drive train() in Ray Train's local mode (scaling.num_workers=0) without the cluster."
+        )
     if torch.cuda.is_available():
         return
     for item in items:

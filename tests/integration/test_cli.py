@@ -19,7 +19,7 @@ from PIL import Image
 from tests.conftest import ROOT, run_cli, unused_port
 from tests.helpers.data import write_images
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 @pytest.fixture(scope="module")

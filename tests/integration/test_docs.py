@@ -18,7 +18,7 @@ import yaml
 from tests.conftest import ROOT, run_cli
 from tests.helpers.data import write_images
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 DOCS = Path(ROOT) / "docs"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)

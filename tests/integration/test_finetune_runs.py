@@ -9,7 +9,7 @@ import torch
 from hydra_raytrain import load_model, train
 from tests.conftest import compose_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 RUN = ("scaling.num_workers=2", "trainer.max_epochs=1")
 

@@ -15,7 +15,7 @@ from tests.conftest import compose_config, run_cli
 from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 from tests.integration.test_training_features import _difference, read_metrics
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.workers, pytest.mark.slow]
 
 FSDP = ["trainer.parallel_strategy=fsdp", "fsdp.shard_modules=[Linear]"]
 FULL_RECOMPUTE = ["trainer.activation_checkpointing=full", "trainer.activation_checkpointing_modules=[Linear]"]

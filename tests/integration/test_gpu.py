@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.gpu]
+pytestmark = [pytest.mark.integration, pytest.mark.workers, pytest.mark.gpu]
 
 GPU = ["scaling.use_gpu=true", "trainer.precision=bf16-mixed", "hydra.run.dir=run"]
 

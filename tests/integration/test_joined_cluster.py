@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import unused_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 @pytest.fixture

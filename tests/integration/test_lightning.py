@@ -23,7 +23,7 @@ from tests.conftest import compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import wandb_runs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 EPOCHS = 6  # the uninterrupted run's; the killed one stops after KILLED_EPOCHS (no LR schedule: the same epochs)
 KILLED_EPOCHS = 4

@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 # Two commands started together: Ray's dashboard port looks free when this one checks it, and another
 # process holds it by the time this cluster's dashboard starts.

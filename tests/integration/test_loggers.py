@@ -9,7 +9,7 @@ from tests.conftest import WANDB_TEST_KEY, compose_config
 from tests.helpers.loggers import read_scalars
 from tests.helpers.wandb_files import run_record, wandb_runs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 def test_wandb_and_tensorboard_log_from_rank_zero_follow_wandbs_environment_and_keep_no_secret(

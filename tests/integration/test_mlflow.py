@@ -89,6 +89,7 @@ def artifacts(client, run):
     return sorted(item.path for item in client.list_artifacts(run.info.run_id))
 
 
+@pytest.mark.workers
 def test_a_restarted_run_continues_its_mlflow_run_in_the_local_store_and_logs_each_epoch_once(
     ray_address, tmp_path, monkeypatch
 ):
@@ -124,6 +125,7 @@ def test_a_restarted_run_continues_its_mlflow_run_in_the_local_store_and_logs_ea
     assert (tmp_path / "outputs" / "mlartifacts").is_dir()  # the store's artifacts beside it, not in a worker's cwd
 
 
+@pytest.mark.workers
 def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(ray_address, tmp_path, mlflow_server):
     """MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME from the environment, through the real CLI."""
     args = [

@@ -18,7 +18,7 @@ from hydra_raytrain.inference.predict import ImageDecoder, predict
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 def _history(run_dir):

@@ -23,7 +23,7 @@ from hydra_raytrain.recipe.sampler import ShardedSampler
 from tests.conftest import ROOT, TEST_CLUSTER_CPUS, compose_config, run_cli
 from tests.helpers.loggers import read_scalars
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.workers, pytest.mark.slow]
 
 # The GAN under fp16: two models, two optimizers, the GradScaler, every rank's own noise (RNG), the random crops
 # and flips of its real images, the weights' moving averages (trainer.ema) and the callbacks' states (the loss
@@ -399,14 +399,16 @@ WARM = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "optimizer.lr=0
 
 
 def test_a_warm_start_from_a_run_dir_starts_from_its_weights(retained_run, tmp_path):
+    """The 2-worker run's weights, read in Ray Train's local mode: what is read does not depend on Ray."""
     source, finished = retained_run
-    summary = train(compose_config(*WARM, f"run.init_from={source}"), run_dir=str(tmp_path))
+    summary = train(compose_config(*WARM, f"run.init_from={source}", "scaling.num_workers=0"), run_dir=str(tmp_path))
     assert summary["status"] == "completed" and summary["epochs_completed"] == 1  # a new run: its own identity
     assert f"Starting from run.init_from={source}: " in (tmp_path / "driver.log").read_text()
     a = torch.load(source / "model.pt", weights_only=True)
     b = torch.load(tmp_path / "model.pt", weights_only=True)
     assert max((a[k] - b[k]).abs().max().item() for k in a) == 0
-    assert summary["final"]["val_loss"] == pytest.approx(finished["final"]["val_loss"], rel=1e-9)
+    # One process sums the validation in another order than two workers' all-reduce: float32's accuracy.
+    assert summary["final"]["val_loss"] == pytest.approx(finished["final"]["val_loss"], rel=1e-6)
 
 
 def test_a_warm_start_from_a_checkpoint_can_take_the_optimizer_state(retained_run, tmp_path):

@@ -11,7 +11,7 @@ import torch
 from hydra_raytrain import ConfigError, evaluate, train
 from tests.conftest import ROOT, compose_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):

@@ -66,6 +66,7 @@ def same_end(summary, uninterrupted):
         assert abs(summary["final"][key] - uninterrupted["final"][key]) <= 1e-6, key
 
 
+@pytest.mark.workers
 def test_a_run_survives_twenty_seconds_without_its_storage(bucket, s3_network, uninterrupted, tmp_path):
     run_dir = str(tmp_path / "run")
     watcher, cut_at, stop = cut_after_epoch(s3_network, run_dir, epoch=2, seconds=20)
@@ -86,6 +87,7 @@ def test_a_run_survives_twenty_seconds_without_its_storage(bucket, s3_network, u
     assert summary["failures"] == []  # nothing was restarted
 
 
+@pytest.mark.workers
 def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_resumes(
     bucket, s3_network, uninterrupted, tmp_path
 ):

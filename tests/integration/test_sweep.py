@@ -14,7 +14,7 @@ from hydra_raytrain.sweep.space import start_order
 from tests.conftest import ROOT, run_cli
 from tests.helpers.wandb_files import run_group, wandb_runs
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.workers, pytest.mark.slow]
 
 
 def rows_by_overrides(sweep_dir):

@@ -23,7 +23,7 @@ from hydra_raytrain.host import machine_cores
 from tests.conftest import ROOT, run_cli
 from tests.helpers.loggers import read_scalars
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 SPECIES = ["virginica", "setosa", "versicolor"]  # not in sorted order: the mapping sorts them
 

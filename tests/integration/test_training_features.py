@@ -11,7 +11,7 @@ from hydra_raytrain.recipe.metrics import should_stop
 from tests.conftest import compose_config
 from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 def read_metrics(run_dir):

@@ -11,7 +11,7 @@ import torch
 from hydra_raytrain import evaluate, load_model, train
 from tests.conftest import compose_config, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 FAKE = ("dataset=fake", "dataset.train_size=64", "dataset.val_size=32", "trainer.batch_size=16")
 # One epoch of 4 optimizer steps (a global batch of 16), watched by a callback that reports how far they moved the
