@@ -334,18 +334,11 @@ class Uploads:
     def close(self) -> None:
         """This rank's run ended (completed or preempted): its last upload stored (the worker's return waits for it
         anyway), then its staging folder removed; left there, every run would leave one per rank in the temp dir."""
-        if self.uploading is not None and os.path.exists(self.uploading):
-            ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+        self._wait_for_upload()
         shutil.rmtree(self.staging, ignore_errors=True)
 
     def _wait_for_previous(self, name: str | None) -> None:
-        if self.uploading is None or not os.path.exists(self.uploading):
-            return  # stored and deleted by Ray: the usual case, checked without a call
-        started = time.perf_counter()
-        # Returns once Ray has processed every report of this rank so far: the upload is stored (or its error raised).
-        ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
-        shutil.rmtree(self.uploading, ignore_errors=True)  # Ray failed to delete it (it logged why): not ours to keep
-        waited = time.perf_counter() - started
+        waited = self._wait_for_upload()
         # A shorter wait is Ray Train's own pace (a worker's next report waits for the controller to collect the
         # previous one, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S): nothing for the user to change.
         if waited >= WAIT_WARNING_S and not self.warned:
@@ -354,6 +347,16 @@ class Uploads:
                 f"checkpoint {name} waited {waited:.1f} s for the previous one to be stored: storage takes longer "
                 "than checkpoint.every_n_steps / every_n_minutes leave between checkpoints"
             )
+
+    def _wait_for_upload(self) -> float:
+        """Seconds this rank waited for its upload in flight to be stored (0: none in flight)."""
+        if self.uploading is None or not os.path.exists(self.uploading):
+            return 0.0  # stored and deleted by Ray: the usual case, checked without a call
+        started = time.perf_counter()
+        # Returns once Ray has processed every report of this rank so far: the upload is stored (or its error raised).
+        ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
+        shutil.rmtree(self.uploading, ignore_errors=True)  # Ray failed to delete it (it logged why): not ours to keep
+        return time.perf_counter() - started
 
 
 def staging_folder(run_name: str, run_dir: str, rank: int) -> str:
