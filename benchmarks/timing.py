@@ -1,25 +1,16 @@
 """A classification task that notes when its first optimizer step finished (for benchmarks/throughput.py)."""
 
-import json
-import os
 import time
 
+import ray.train
+
+from hydra_raytrain.rundir import write_json
 from hydra_raytrain.tasks.classification import Classification
 
 
-def rank() -> int:
-    """This worker's rank (0 in local mode): only rank 0 writes the benchmark's files, or two workers write one
-    file at once (``JSONDecodeError: Extra data`` when it is read)."""
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def write_json(path: str, value: dict) -> None:
-    """Whole or not at all: a reader never sees half a file."""
-    with open(f"{path}.tmp", "w") as file:
-        json.dump(value, file)
-    os.replace(f"{path}.tmp", path)
+def rank_0() -> bool:
+    """Only rank 0 writes the benchmark's files (two workers writing one file at once leave it unreadable)."""
+    return ray.train.get_context().get_world_rank() == 0
 
 
 class TimedClassification(Classification):
@@ -29,7 +20,7 @@ class TimedClassification(Classification):
 
     def train_batch(self, step, batch):
         sums = super().train_batch(step, batch)
-        if not self.recorded and rank() == 0:
+        if not self.recorded and rank_0():
             write_json(self.record_to, {"first_step": time.time()})
             self.recorded = True
         return sums
@@ -45,7 +36,7 @@ class PeakMemory(Classification):
         self.record_to, self.batches, self.peak = record_to, 0, {"uss": 0, "rss": 0}
 
     def train_batch(self, step, batch):
-        if self.batches % 16 == 0 and rank() == 0:
+        if self.batches % 16 == 0 and rank_0():
             import psutil
 
             memory = psutil.Process().memory_full_info()
