@@ -315,7 +315,13 @@ class TopTwo(Classification):
 def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
     (tmp_path / "my_tasks.py").write_text(USER_TASK)
     done = run_cli(
-        [f"ray.address={ray_address}", "task._target_=my_tasks.TopTwo", "debug=smoke", "hydra.run.dir=run"],
+        [
+            f"ray.address={ray_address}",
+            "task._target_=my_tasks.TopTwo",
+            "debug=smoke",
+            "scaling.num_workers=1",
+            "hydra.run.dir=run",
+        ],
         cwd=str(tmp_path),
     )
     assert done.returncode == 0, done.stderr[-3000:]

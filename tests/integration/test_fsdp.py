@@ -171,6 +171,7 @@ def test_a_gan_in_bf16_with_uneven_validation_shards_and_rank_0_samples(ray_addr
     every unit gathered. Through the CLI, with a time limit: a collective one rank misses would hang."""
     result = run_cli(
         [
+            f"ray.address={ray_address}",
             "experiment=digits_gan",
             "trainer.parallel_strategy=fsdp",
             "trainer.precision=bf16-mixed",

@@ -414,7 +414,8 @@ def test_a_warm_start_from_a_run_dir_starts_from_its_weights(retained_run, tmp_p
 def test_a_warm_start_from_a_checkpoint_can_take_the_optimizer_state(retained_run, tmp_path):
     source, _ = retained_run
     [checkpoint] = source.glob("ray_storage/*/epoch_0005")
-    train(compose_config(*WARM, f"run.init_from={checkpoint}", "run.init_optimizer=true"), run_dir=str(tmp_path))
+    warm = (*WARM, f"run.init_from={checkpoint}", "run.init_optimizer=true", "scaling.num_workers=1")
+    train(compose_config(*warm), run_dir=str(tmp_path))
     assert "weights and the optimizer state" in (tmp_path / "driver.log").read_text()
     [warm] = tmp_path.glob("ray_storage/*/epoch_0001")
     before = torch.load(checkpoint / "train_state.pt", weights_only=True)["optimizers"]["model"]

@@ -11,7 +11,7 @@ from hydra_raytrain.recipe.metrics import should_stop
 from tests.conftest import compose_config
 from tests.helpers.same_result import GLOBAL_48, SAME_RESULT
 
-pytestmark = [pytest.mark.integration, pytest.mark.workers]
+pytestmark = pytest.mark.integration
 
 
 def read_metrics(run_dir):
@@ -20,7 +20,7 @@ def read_metrics(run_dir):
 
 COMPARED = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr")
 RUNS = {
-    "1 worker": ["scaling.num_workers=1", *GLOBAL_48],
+    "1 process": ["scaling.num_workers=0", *GLOBAL_48],  # Ray Train's local mode: no DDP, no cluster
     "2 workers": ["scaling.num_workers=2", *GLOBAL_48],
     "3 workers": ["scaling.num_workers=3", *GLOBAL_48],
     "2 workers x 2 micro-batches": [
@@ -53,11 +53,13 @@ def _difference(run, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.workers
 def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(ray_address, ddp_float64_run, tmp_path):
-    """At a fixed global batch, in float64: 1, 2 and 3 workers, and 2 workers accumulating 2 micro-batches of 12,
-    give the same metrics and weights (to 1e-9). In float32 (the default), 3 workers give the float64 result to
-    float32's accuracy, and the same run again, reading through DataLoaders instead of slicing data on the device,
-    gives it bit for bit: the same batches, and a result that does not change from one run to the next."""
+    """At a fixed global batch, in float64: one process without DDP (Ray Train's local mode), 2 and 3 workers, and
+    2 workers accumulating 2 micro-batches of 12, give the same metrics and weights (to 1e-9). In float32 (the
+    default), 3 workers give the float64 result to float32's accuracy, and the same run again, reading through
+    DataLoaders instead of slicing data on the device, gives it bit for bit: the same batches, and a result that does
+    not change from one run to the next."""
     runs = {(label, "64"): overrides for label, overrides in RUNS.items()}
     loaded = [*RUNS["3 workers"], "trainer.data_on_device=false"]
     runs.update({("3 workers", "32"): RUNS["3 workers"], ("3 workers through DataLoaders", "32"): loaded})
@@ -70,13 +72,13 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
             train(compose_config(*SAME_RESULT, *overrides, f"trainer.precision={precision}"), run_dir=str(run_dir))
         results[label, precision] = (read_metrics(run_dir), torch.load(run_dir / "model.pt", weights_only=True))
 
-    reference_history, reference_weights = results["1 worker", "64"]
+    reference_history, reference_weights = results["1 process", "64"]
     assert [m["epoch"] for m in reference_history] == [1, 2]
     # It trains: a recipe whose weights never moved would agree with itself to the last bit, and score ~0.1.
     first, last = reference_history
     assert last["val_accuracy"] >= TRAINED and last["val_loss"] < first["val_loss"], reference_history
     assert all(w.dtype == torch.float64 for w in reference_weights.values())
-    # The negative control: another seed (in-process, 1 worker) ends far from the reference, where the agreements
+    # The negative control: another seed (local mode too) ends far from the reference, where the agreements
     # below are to 1e-9: a comparison that cannot tell runs apart would pass those as well.
     another_seed = [*(o for o in SAME_RESULT if not o.startswith("trainer.seed=")), "trainer.seed=4", *GLOBAL_48]
     train(compose_config(*another_seed, "scaling.num_workers=0", "trainer.precision=64"), run_dir=str(tmp_path / "4"))
@@ -86,7 +88,7 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
     assert metrics > 1e-3 and weights > 1e-2, (metrics, weights)
     for (label, precision), (history, weights) in results.items():
         assert [m["world_size"] for m in history] == [int(label[0])] * 2, label
-        reference = results["1 worker" if precision == "64" else "3 workers", "64"]
+        reference = results["1 process" if precision == "64" else "3 workers", "64"]
         metrics, weights = _difference((history, weights), reference)
         print(f"{label} float{precision}: max difference from float64 metrics {metrics:.2e}, weights {weights:.2e}")
         assert metrics <= TOLERANCE[precision] and weights <= TOLERANCE[precision], (label, precision, metrics, weights)
@@ -100,6 +102,7 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
             assert abs(correct - round(correct)) < 1e-6
 
 
+@pytest.mark.workers
 def test_bf16_with_the_speed_worker_and_profiling_switches(ray_address, tmp_path):
     probe = tmp_path / "probe.json"
     summary = train(
@@ -138,9 +141,12 @@ def test_bf16_with_the_speed_worker_and_profiling_switches(ray_address, tmp_path
     assert json.loads(trace.read_text())["traceEvents"]
 
 
-def test_fp16_trains_to_the_bar_and_stops_early(ray_address, tmp_path):
+def test_fp16_trains_to_the_bar_and_stops_early(tmp_path):
+    """fp16's loss scaling and the stop at the first chance: nothing about Ray (every rank deciding alike is
+    test_callbacks'), so in Ray Train's local mode."""
     summary = train(
         compose_config(
+            "scaling.num_workers=0",
             "model=mlp",
             "trainer.precision=16-mixed",
             "trainer.max_epochs=40",
