@@ -94,6 +94,40 @@ def check(space: dict[str, Parameter], probes: list[Job], settings: SweepSetting
             )
 
 
+def trials_at_once(cpus: float, trial_cpus: float) -> int:
+    """How many trials of ``trial_cpus`` CPUs a cluster of ``cpus`` CPUs runs together (one at least)."""
+    return max(1, int(cpus // max(1, trial_cpus)))
+
+
+def check_population(population: int, cpus: float, trial_cpus: float, settings: SweepSettings) -> str | None:
+    """PBT's trials exploit one another only while they are alive together: a population the cluster (or
+    ``max_concurrent_trials``) runs in turns ends with every trial complete and none exploited. Refused by name
+    before any trial starts; with ``hydra.sweeper.allow_partial_population=true``, the warning to print instead."""
+    fits = trials_at_once(cpus, trial_cpus)
+    capped = settings.max_concurrent_trials is not None and settings.max_concurrent_trials < fits
+    together = settings.max_concurrent_trials if capped else fits
+    if together is None or population <= together:
+        return None
+    limit = (
+        f"hydra.sweeper.max_concurrent_trials={together} runs {together} at a time"
+        if capped
+        else f"the cluster's {cpus:g} CPUs hold {fits} trial{'s' if fits != 1 else ''} of {trial_cpus:g} CPUs at a time"
+    )
+    why = (
+        f"its {population} trials exploit one another only while alive together, and {limit}: the later trials "
+        "would start as the earlier ones end, and few or no exploits would happen."
+    )
+    valid = (
+        f"at most {together} trial{'s' if together != 1 else ''} (hydra.sweeper.num_samples, or fewer swept values), "
+        "fewer workers or CPUs per "
+        "trial (scaling.num_workers, scaling.resources_per_worker), a bigger cluster (ray.address), or "
+        "hydra.sweeper.allow_partial_population=true to run it anyway"
+    )
+    if not settings.allow_partial_population:
+        raise ConfigError("hydra.sweeper.scheduler", settings.scheduler, why, valid)
+    return f"Warning: hydra.sweeper.scheduler={settings.scheduler} (allow_partial_population=true): {why}"
+
+
 def _check_key(key: str, parameter: Parameter, name: str) -> None:
     """A swept key PBT can change in a running trial: an optimizer setting (a range, under PB2)."""
     if not bare(key).startswith(MUTABLE) or bare(key).rsplit(".", 1)[-1].startswith("_"):

@@ -33,6 +33,8 @@ class SweepSettings:
     perturbation_interval: int = 2  # PBT: epochs between a trial's exploit / explore decisions
     quantile_fraction: float = 0.25  # PBT: the bottom fraction of trials continue one of the top fraction
     resample_probability: float = 0.25  # PBT: chance a perturbed setting is drawn anew instead of nudged
+    # PBT: run a population the cluster cannot hold alive together anyway (warned) instead of refusing it
+    allow_partial_population: bool = False
 
     def check(self) -> None:
         from hydra_raytrain.config import ConfigError

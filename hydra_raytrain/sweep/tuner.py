@@ -243,8 +243,13 @@ def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets
             "scaling.num_workers >= 1",
         )
     ray_cfg, stops = plan.probes[0].cfg.ray, settings.scheduler in ("asha", *PAUSING)
+    trial_cpus = largest.total.get("CPU", 1)
     if stops:  # what the config alone tells, before a cluster starts
         _check_asha_can_free_stopped_trials(ray_cfg, settings.scheduler, asked=False)
+    evolving = settings.scheduler in EVOLVING
+    if evolving and not settings.allow_partial_population and not (ray.is_initialized() or ray_cfg.address):
+        # the local cluster it would start: a population that cluster cannot hold is refused before it starts
+        pbt.check_population(plan.total, cluster.check_request(ray_cfg, largest) or 1, trial_cpus, settings)
     # A new local cluster gets one CPU per core (or the largest trial's CPUs, oversubscribed as for one run):
     # CPU trials beyond the cores only slow each other down, so concurrency stops at the cores.
     cluster.connect(ray_cfg, largest)
@@ -254,7 +259,10 @@ def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets
     for variable, value in {**RAY_TRAIN_ENV, **TUNE_ENV}.items():
         os.environ.setdefault(variable, value)
     cpus = ray.cluster_resources().get("CPU", 1)
-    fits = max(1, int(cpus // max(1, largest.total.get("CPU", 1))))
+    warning = pbt.check_population(plan.total, cpus, trial_cpus, settings) if evolving else None
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    fits = pbt.trials_at_once(cpus, trial_cpus)
     concurrent = min(fits, settings.max_concurrent_trials or fits, max(1, plan.budget))
     _print_plan(plan.total, plan.budget, concurrent, cpus, sweep_dir)
     return concurrent

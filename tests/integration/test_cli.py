@@ -509,6 +509,14 @@ BAD_INPUTS = [
         + ["hydra.sweep.dir=sweep"],
         ["hydra.sweeper.scheduler='pbt'", "would change model in a running trial", "optimizer.*"],
     ),
+    # PBT's population must be alive together: 4 trials of 2 workers on a local cluster of this machine's cores
+    # (refused before it starts), or at most 2 at a time where the command asks for it (any machine)
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=pbt", "hydra.sweeper.num_samples=4"]
+        + ["hydra.sweeper.max_concurrent_trials=2", "optimizer.lr=tag(log,interval(1e-4,1e-1))"]
+        + ["model=mlp", "hydra.sweep.dir=sweep"],
+        ["hydra.sweeper.scheduler='pbt'", "its 4 trials exploit one another only while alive together"],
+    ),
     # HyperBand continues paused trials from a checkpoint of the milestone's epoch; it fills brackets itself
     (
         ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "checkpoint.every_n_epochs=2"]
@@ -626,3 +634,15 @@ def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp
     assert done.returncode == 2
     assert "scaling.num_workers=5" in done.stderr and "needs 5 CPU" in done.stderr and "has 4" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_pbt_population_the_connected_cluster_cannot_hold_together_is_refused_before_any_trial(ray_address, tmp_path):
+    """3 trials of 2 workers: the session's 4 CPUs hold 2 at a time, and PBT compares the trials alive."""
+    args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=pbt", "hydra.sweeper.num_samples=3"]
+    args += [f"ray.address={ray_address}", "model=mlp", "optimizer.lr=tag(log,interval(1e-4,1e-1))"]
+    done = run_cli([*args, "hydra.sweep.dir=sweep"], cwd=str(tmp_path), timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "hydra.sweeper.scheduler='pbt'" in done.stderr and "its 3 trials" in done.stderr, done.stderr[-3000:]
+    assert "the cluster's 4 CPUs hold 2 trials of 2 CPUs at a time" in done.stderr
+    assert "at most 2 trials" in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.glob("sweep/*/metrics.jsonl")) and not (tmp_path / "sweep" / "sweep_summary.json").exists()

@@ -198,6 +198,30 @@ def test_pbt_settings_are_checked(settings, key):
     assert error.value.key == key
 
 
+def test_a_population_the_cluster_cannot_hold_alive_together_is_refused_or_warned():
+    """4 trials of 2 CPUs: 8 CPUs hold them together; 4 CPUs only 2 at a time (PBT would exploit between 2 of
+    them, then between the other 2), 2 CPUs one at a time (no exploit ever)."""
+    pbt_settings = SweepSettings(scheduler="pbt")
+    assert pbt.check_population(4, 8, 2, pbt_settings) is None
+    assert pbt.trials_at_once(8, 2) == 4 and pbt.trials_at_once(2, 2) == 1 and pbt.trials_at_once(1, 2) == 1
+    with pytest.raises(ConfigError) as refused:
+        pbt.check_population(4, 2, 2, pbt_settings)
+    assert (refused.value.key, refused.value.value) == ("hydra.sweeper.scheduler", "pbt")
+    assert "its 4 trials exploit one another only while alive together" in str(refused.value)
+    assert "the cluster's 2 CPUs hold 1 trial of 2 CPUs at a time" in str(refused.value)
+    assert "at most 1 trial (hydra.sweeper.num_samples" in refused.value.valid
+    assert "scaling.num_workers" in refused.value.valid and "allow_partial_population=true" in refused.value.valid
+    capped = SweepSettings(scheduler="pb2", max_concurrent_trials=2)
+    with pytest.raises(ConfigError) as refused:
+        pbt.check_population(4, 8, 2, capped)
+    assert "hydra.sweeper.max_concurrent_trials=2 runs 2 at a time" in str(refused.value), str(refused.value)
+    assert refused.value.value == "pb2" and "at most 2 trials" in refused.value.valid
+    anyway = SweepSettings(scheduler="pbt", allow_partial_population=True)
+    warning = pbt.check_population(4, 4, 2, anyway)
+    assert warning and warning.startswith("Warning: hydra.sweeper.scheduler=pbt (allow_partial_population=true)")
+    assert "the cluster's 4 CPUs hold 2 trials of 2 CPUs at a time" in warning
+
+
 def test_what_pbt_cannot_do_is_refused_by_name(tmp_path):
     settings = SweepSettings(scheduler="pbt", perturbation_interval=2)
     lr_space = parameter_space(["optimizer.lr=0.001,0.01"])[1]
