@@ -101,16 +101,15 @@ def trials_at_once(cpus: float, trial_cpus: float) -> int:
 
 def check_population(population: int, cpus: float, trial_cpus: float, settings: SweepSettings) -> str | None:
     """PBT's trials exploit one another only while they are alive together: a population the cluster (or
-    ``max_concurrent_trials``) runs in turns ends with every trial complete and none exploited. Refused by name
-    before any trial starts; with ``hydra.sweeper.allow_partial_population=true``, the warning to print instead."""
+    ``max_concurrent_trials``) runs in turns ends with few or no exploits. Refused by name before any trial starts;
+    with ``hydra.sweeper.allow_partial_population=true``, the warning to print instead."""
     fits = trials_at_once(cpus, trial_cpus)
-    capped = settings.max_concurrent_trials is not None and settings.max_concurrent_trials < fits
-    together = settings.max_concurrent_trials if capped else fits
-    if together is None or population <= together:
+    together = min(fits, settings.max_concurrent_trials or fits)
+    if population <= together:
         return None
     limit = (
         f"hydra.sweeper.max_concurrent_trials={together} runs {together} at a time"
-        if capped
+        if together < fits
         else f"the cluster's {cpus:g} CPUs hold {fits} trial{'s' if fits != 1 else ''} of {trial_cpus:g} CPUs at a time"
     )
     why = (
@@ -119,9 +118,8 @@ def check_population(population: int, cpus: float, trial_cpus: float, settings: 
     )
     valid = (
         f"at most {together} trial{'s' if together != 1 else ''} (hydra.sweeper.num_samples, or fewer swept values), "
-        "fewer workers or CPUs per "
-        "trial (scaling.num_workers, scaling.resources_per_worker), a bigger cluster (ray.address), or "
-        "hydra.sweeper.allow_partial_population=true to run it anyway"
+        "fewer workers or CPUs per trial (scaling.num_workers, scaling.resources_per_worker), a bigger cluster "
+        "(ray.address), or hydra.sweeper.allow_partial_population=true to run it anyway"
     )
     if not settings.allow_partial_population:
         raise ConfigError("hydra.sweeper.scheduler", settings.scheduler, why, valid)
