@@ -21,9 +21,10 @@ LABELS = "y"
 
 @dataclass(frozen=True)
 class Decode:
-    """Rows to training batches, in Ray Data's decode tasks: the feature column(s) as one float32 array of
-    ``input_shape`` per sample, the label as int64 (classes) or float32 ``[n, 1]`` (a value), then the
-    configured ``transform`` (a function of the numpy batch ``{"x": ..., "y": ...}``)."""
+    """Rows to training batches, in Ray Data's decode tasks: the feature column(s), each row's values flattened
+    and joined in order (``vectors``), as one float32 array of ``input_shape`` per sample, the label as int64
+    (classes) or float32 ``[n, 1]`` (a value), then the configured ``transform`` (a function of the numpy batch
+    ``{"x": ..., "y": ...}``)."""
 
     features: str | tuple[str, ...]
     label: str
@@ -38,12 +39,11 @@ class Decode:
         return [*names, self.label]
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if isinstance(self.features, str):
-            values = dense(batch[self.features])
-        else:
-            values = np.stack([batch[name] for name in self.features], axis=1)
-        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.input_shape)
         labels = np.asarray(batch[self.label])
+        names = [self.features] if isinstance(self.features, str) else self.features
+        parts = [dense(batch[name]).reshape(len(labels), -1) for name in names]  # each row flattened
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(labels), *self.input_shape)
         if self.class_names is not None:
             index = {name: position for position, name in enumerate(self.class_names)}
             labels = np.array([index[str(value)] for value in labels], dtype=np.int64)

@@ -133,9 +133,12 @@ def split_rows(splits: dict[str, list[str]]) -> dict[str, int]:
     return {split: sum(next(counted) for _ in files) for split, files in splits.items() if files}
 
 
-def split_files(files: list[str], val_fraction: float, seed: int, what: str = "") -> tuple[list[str], list[str]]:
+def split_files(
+    files: list[str], val_fraction: float, seed: int, what: str = "", by_rows: str = ""
+) -> tuple[list[str], list[str]]:
     """Whole files to validation (a streamed split cannot pick rows without reading them all); ``what``: the
-    files are samples (images), and a split of one is no split."""
+    files are samples (images), and a split of one is no split; ``by_rows``: the command line that splits one
+    file's rows instead (``dataset=table``'s options)."""
     if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
         raise ConfigError(
             "dataset.val_fraction", val_fraction, "must be between 0 and 1 (exclusive).", "a fraction, e.g. 0.2"
@@ -147,9 +150,9 @@ def split_files(files: list[str], val_fraction: float, seed: int, what: str = ""
             "dataset.val_fraction",
             val_fraction,
             f"the data is one file ({files[0]}), and a streamed split takes whole files.",
-            "dataset.val_path=PATH (the validation files), the data written as several files (e.g. "
-            "pyarrow.dataset.write_dataset(..., max_rows_per_file=N)), or dataset=table dataset.read=stream "
-            "(number columns, split by rows)",
+            f"{by_rows or 'dataset=table dataset.path=FILE'} (the file's rows split, in memory or streamed), "
+            "dataset.val_path=PATH (the validation files), or the data written as several files (e.g. "
+            "pyarrow.dataset.write_dataset(..., max_rows_per_file=N))",
         )
     order = list(files)
     random.Random(seed).shuffle(order)

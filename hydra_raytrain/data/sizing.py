@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.files import (
     check_columns,
@@ -28,37 +26,29 @@ from hydra_raytrain.data.files import (
 
 
 def sample_shape(file: str, features: str | Sequence[str]) -> list[int]:
-    """The shape of one sample's features: ``[n]`` for ``n`` scalar columns; for one column, a fixed-size list's
-    (nested lists: each level), a fixed-shape tensor's, or a variable list's first row length."""
-    import pyarrow as pa
+    """The shape of one sample's features (``vectors.sample_shape``): one column's own (a scalar ``[1]``, a
+    fixed-size list's at each level, a tensor's, a variable list's first row's), or the number of values several
+    columns hold together. A column that holds no numbers is refused by name, with the file's columns."""
+    from hydra_raytrain.data import vectors
 
     schema = parquet_schema(file)
-    if not isinstance(features, str):
-        return [len(features)]
-    kind = schema.field(features).type
-    if isinstance(kind, pa.FixedShapeTensorType):
-        return list(kind.shape)
-    shape: list[int] = []
-    while pa.types.is_fixed_size_list(kind):
-        shape.append(kind.list_size)
-        kind = kind.value_type
-    if shape:
-        return shape
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        import pyarrow.parquet as pq
+    names = [features] if isinstance(features, str) else list(features)
+    for name in names:
+        if not vectors.holds_numbers(schema.field(name).type):
+            raise ConfigError(
+                "dataset.features",
+                features,
+                f"the column {name!r} holds {schema.field(name).type}, not numbers; the columns of {file}: "
+                f"{vectors.describe(schema)}.",
+                f"{vectors.WHAT}: one, or a list of them",
+            )
 
+    def first_row(name: str) -> object:
         fs, location = filesystem_of(file)
-        with pq.ParquetFile(location, filesystem=fs) as parquet_file:
-            first = next(parquet_file.iter_batches(batch_size=1, columns=[features])).column(0)
-        return list(np.asarray(first.to_pylist()[0]).shape)
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        return [1]
-    raise ConfigError(
-        "dataset.features",
-        features,
-        f"its type ({kind}) is no array of numbers.",
-        "a column of numbers, of fixed-size lists or tensors of numbers, or a list of scalar columns",
-    )
+        with pq_file(location, fs) as parquet_file:
+            return next(parquet_file.iter_batches(batch_size=1, columns=[name])).column(0)[0].as_py()
+
+    return vectors.sample_shape([schema.field(name) for name in names], first_row)
 
 
 def label_is_class(file: str, label: str) -> bool:

@@ -204,7 +204,8 @@ def parquet(
     files = parquet_files(path, "dataset.path")
     check_columns(files[0], (*names, label), "dataset.path", path)
     if val_path is None:
-        train_files, val_files = split_files(files, val_fraction, split_seed)
+        by_rows = f"dataset=table dataset.path={files[0]} 'dataset.features=[{','.join(names)}]' dataset.label={label}"
+        train_files, val_files = split_files(files, val_fraction, split_seed, by_rows=by_rows)
     else:
         train_files, val_files = files, parquet_files(val_path, "dataset.val_path")
         check_columns(val_files[0], (*names, label), "dataset.val_path", val_path)

@@ -181,6 +181,15 @@ def schema_of(location: str, kind: str) -> Any:
     return first.schema
 
 
+def first_value(location: str, kind: str, name: str) -> Any:
+    """The column's value in the file's first row, as Python (a vector column's: lists)."""
+    with parsing(location, kind):
+        for batch in record_batches(location, kind, [name]):
+            if batch.num_rows:
+                return batch.column(0)[0].as_py()
+    raise ConfigError("dataset.path", location, "holds no rows.", FORMATS)
+
+
 def table_schema(path: str) -> Any:
     kind, location, *_ = locate(path)
     return schema_of(location, kind)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from hydra_raytrain.data.files import pq_file
 from hydra_raytrain.data.rowsplit import RowSplit, row_split
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.data.table_files import (
+    first_value,
     locate,
     parsing,
     read_table,
@@ -45,6 +47,7 @@ from hydra_raytrain.data.table_files import (
     streams_table,
     table_schema,
 )
+from hydra_raytrain.data.vectors import WHAT, check_values, describe, features_of, flat_values, holds_numbers
 
 
 def table(
@@ -84,8 +87,7 @@ def table(
     data = read_table(path)
     chosen = feature_columns(data, features, label)
     check_columns(columns, chosen)
-    check_input_shape(input_shape, chosen)
-    x = torch.tensor(_matrix(data, chosen), dtype=torch.float32)
+    x = torch.from_numpy(features_of(data, chosen, input_shape))
     y = label_tensor(data, label, classes, num_outputs)
     val, test = (torch.from_numpy(mask) for mask in split(len(y)).masks(np.arange(len(y)), split_seed))
     train = ~(val | test)
@@ -100,18 +102,10 @@ def check_columns(columns: Sequence[str] | None, chosen: Sequence[str]) -> None:
         )
 
 
-def check_input_shape(input_shape: Sequence[int], columns: Sequence[str]) -> None:
-    if list(input_shape) != [len(columns)]:
-        raise ConfigError(
-            "dataset.input_shape", list(input_shape), f"the features are {len(columns)} columns.", f"[{len(columns)}]"
-        )
-
-
 def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> list[str]:
     """The columns ``features`` names (names or patterns, in the table's order), less the label; each pattern
     must name a column, and each column hold numbers (and, in a table read whole, no empty values)."""
     import pyarrow as pa
-    import pyarrow.types as types
 
     check_label(data, label)
     read = isinstance(data, pa.Table)
@@ -128,18 +122,24 @@ def feature_columns(data: Any, features: Sequence[str] | str, label: str) -> lis
             )
 
     def numbers(name: str) -> bool:
-        kind = schema.field(name).type
-        return bool(types.is_integer(kind) or types.is_floating(kind) or types.is_boolean(kind))
+        return holds_numbers(schema.field(name).type)
 
     chosen = pick_columns(names, patterns, numbers)
+    if not chosen:
+        raise ConfigError(
+            "dataset.features",
+            patterns,
+            f"picks no column of numbers; the table's columns: {describe(schema, label)}.",
+            f"{WHAT}, by name or pattern",
+        )
     for name in chosen:
         kind = schema.field(name).type
         if not numbers(name):
             raise ConfigError(
                 "dataset.features",
                 patterns,
-                f"the column {name!r} holds {kind}, not numbers.",
-                "number columns (leave this one out: name the others, or encode it as numbers)",
+                f"the column {name!r} holds {kind}, not numbers; the table's columns: {describe(schema, label)}.",
+                f"{WHAT} (leave this one out: name the others, or encode it as numbers)",
             )
         if read and data.column(name).null_count:
             raise ConfigError(
@@ -170,12 +170,6 @@ def check_label(data: Any, label: str) -> None:
         )
     if hasattr(data, "column_names") and data.column(label).null_count:
         raise ConfigError("dataset.label", label, f"has {data.column(label).null_count} empty values.")
-
-
-def _matrix(data: Any, columns: list[str]) -> Any:
-    import numpy as np
-
-    return np.stack([data.column(name).to_numpy(zero_copy_only=False).astype(np.float32) for name in columns], axis=1)
 
 
 def label_tensor(data: Any, label: str, classes: Sequence[str] | None, num_outputs: int) -> Any:
@@ -255,8 +249,19 @@ def table_columns(path: str, features: Any = ("*",), label: str = "label") -> li
 
 
 def table_shape(path: str, features: Any = ("*",), label: str = "label") -> list[int]:
-    """``dataset.input_shape``: ``[the number of feature columns]``."""
-    return [len(table_columns(path, features, label))]
+    """``dataset.input_shape``: one feature column's sample shape (``[1]`` a scalar; a vector's length, a tensor's
+    shape), or the number of values the feature columns hold together."""
+    return feature_shape(path, table_columns(path, features, label))
+
+
+def feature_shape(path: str, columns: Sequence[str]) -> list[int]:
+    """The sample shape of these columns of the file (``vectors.sample_shape``; a variable list's from its first
+    row)."""
+    from hydra_raytrain.data.vectors import sample_shape
+
+    kind, location, *_ = locate(path)
+    schema = schema_of(location, kind)
+    return sample_shape([schema.field(name) for name in columns], lambda name: first_value(location, kind, name))
 
 
 def table_outputs(path: str, label: str = "label") -> int:
@@ -291,7 +296,7 @@ def streamed_table(
     split keeps."""
     kind, location, fs, inside, _, _ = locate(path)
     columns = feature_columns(schema_of(location, kind), features, label)
-    check_input_shape(input_shape, columns)
+    check_values(input_shape, math.prod(feature_shape(path, columns)), columns)
     if kind == "parquet":
         with pq_file(inside, fs) as file:
             sizes = [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)]
@@ -315,7 +320,7 @@ def streamed_table(
     decode = Decode(
         tuple(columns),
         label,
-        (len(columns),),
+        tuple(int(n) for n in input_shape),
         classes is not None or num_outputs > 1,
         class_names=tuple(classes) if classes is not None else None,
     )
@@ -344,8 +349,10 @@ class TableRows:
                 val, test = self.split.masks(np.arange(position, position + batch.num_rows), self.seed)
                 position += batch.num_rows
                 kept = batch.filter({"val": val, "test": test}.get(split, ~(val | test)))
-                if kept.num_rows:
-                    yield {name: kept.column(name).to_numpy(zero_copy_only=False) for name in self.columns}
+                if kept.num_rows:  # the features flattened (vectors.flat_values), the label as it is
+                    *features, label = self.columns
+                    flat = {name: flat_values(kept.column(name), name) for name in features}
+                    yield {**flat, label: kept.column(label).to_numpy(zero_copy_only=False)}
 
     def dataset(self, split: str, decode: Decode, shuffle_seed: int | None, tasks: Mapping[str, Any]) -> Any:
         """The split as a Ray Dataset: the units (in a new order every epoch when ``shuffle_seed`` is set), each

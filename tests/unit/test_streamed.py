@@ -8,7 +8,7 @@ import pytest
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.schema import RayConfig
-from hydra_raytrain.data import streamed
+from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.data.decode import Decode, numpy_column
 from hydra_raytrain.data.files import class_of, image_files, parquet_files
 from hydra_raytrain.data.sizing import parquet_outputs
@@ -58,11 +58,17 @@ def test_a_bad_path_or_column_is_one_clear_error_before_anything_starts(digits_f
         parquet_files(str(tmp_path / "empty"))
 
 
-def test_one_file_is_split_only_by_a_validation_path(tmp_path):
-    write_digits_parquet(tmp_path / "one", files=1)
+def test_one_file_is_split_only_by_a_validation_path_and_the_refusal_names_a_table_road_that_reads_it(tmp_path):
+    write_digits_parquet(tmp_path / "one", files=1, features="pixels", label="digit")
     with pytest.raises(ConfigError, match="a streamed split takes whole files") as caught:
-        streamed.parquet(str(tmp_path / "one"), input_shape=[64], num_outputs=10)
+        streamed.parquet(str(tmp_path / "one"), input_shape=[64], num_outputs=10, features="pixels", label="digit")
     assert caught.value.key == "dataset.val_fraction" and "dataset.val_path" in str(caught.value)
+    file = str(tmp_path / "one" / "part-000.parquet")
+    by_rows = f"dataset=table dataset.path={file} 'dataset.features=[pixels]' dataset.label=digit"
+    assert str(caught.value).split("Valid: ")[1].startswith(by_rows)
+    splits = tables.table(file, tables.table_shape(file, ["pixels"], "digit"), 10, ["pixels"], "digit")
+    assert (len(splits.train), len(splits.val), splits.val.tensors[0].shape[1:]) == (1438, 359, (64,))
+    write_digits_parquet(tmp_path / "one", files=1)
     write_digits_parquet(tmp_path / "val", files=1)
     stream = streamed.parquet(str(tmp_path / "one"), input_shape=[64], num_outputs=10, val_path=str(tmp_path / "val"))
     assert stream.rows == {"train": 1797, "val": 1797}

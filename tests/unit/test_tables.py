@@ -168,3 +168,88 @@ def test_auto_reads_a_table_whole_up_to_its_limit_and_says_which_road(tmp_path):
     line = reading_line(node)
     assert line.startswith(f"Data: {path} (0.0 MB in memory): streamed through Ray Data") and "limit_mb=0.001" in line
     assert streams(node) and not streams({**node, "read": "memory"})
+
+
+def write_vectors(folder):
+    """The same 8-value rows as every kind of vector column: a list, a fixed-size list, pyarrow's fixed-shape
+    tensor, Ray Data's tensor column as its write_parquet stores it (a large list, its shape in the field's
+    metadata), nested lists in JSON lines, and split over a vector, a scalar and another vector column."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 8)).astype(np.float32)
+    label = np.arange(ROWS) % 3
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array(x.ravel()), 8)
+    ray_field = pa.field(
+        "features",
+        pa.large_list(pa.float32()),
+        metadata={b"ARROW:extension:name": b"ray.data.arrow_tensor_v2", b"ARROW:extension:metadata": b"[2, 4]"},
+    )
+    written = {
+        "list": pa.table({"features": list(x), "label": label}),
+        "fixed": pa.table({"features": fixed, "label": label, "note": ["n"] * ROWS}),
+        "tensor": pa.table(
+            {"features": pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.float32(), [2, 4]), fixed)}
+        ).append_column("label", pa.array(label)),
+        "ray": pa.Table.from_arrays(
+            [pa.array(list(x), pa.large_list(pa.float32())), pa.array(label)],
+            schema=pa.schema([ray_field, pa.field("label", pa.int64())]),
+        ),
+        "several": pa.table({"a": list(x[:, :3]), "b": x[:, 3], "c": list(x[:, 4:]), "label": label}),
+    }
+    for name, data in written.items():
+        pq.write_table(data, folder / f"{name}.parquet", row_group_size=7)
+    lines = [json.dumps({"features": row.reshape(2, 4).tolist(), "label": int(k)}) for row, k in zip(x, label)]
+    (folder / "nested.jsonl").write_text("\n".join(lines) + "\n")
+    return x, label
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [
+        ("list.parquet", [8]),
+        ("fixed.parquet", [8]),
+        ("tensor.parquet", [2, 4]),
+        ("ray.parquet", [2, 4]),
+        ("several.parquet", [8]),
+        ("nested.jsonl", [2, 4]),
+    ],
+)
+def test_vector_columns_train_as_one_sample_of_their_values_on_both_roads(tmp_path, monkeypatch, name, shape):
+    """A vector column's rows, flattened (several columns joined in the table's order), are the samples; the
+    shape comes from the data (a tensor's own, a list's length) or dataset.input_shape reshapes them; read whole
+    or streamed, the same rows validate with the same values."""
+    x, label = write_vectors(tmp_path)
+    monkeypatch.setattr(tables, "ROWS_PER_UNIT", 14)  # several read units
+    path = str(tmp_path / name)
+    assert table_shape(path, ["*"], "label") == shape and table_outputs(path, "label") == 3
+    val, _ = rowsplit.row_split(ROWS, 0.2, 0.0, 0).masks(np.arange(ROWS), 0)
+    for input_shape in (shape, [1, 2, 4]):
+        whole = table(path, input_shape, 3, ["*"], "label", read="memory")
+        expected = torch.from_numpy(x[val]).reshape(-1, *input_shape)
+        assert torch.equal(whole.val.tensors[0], expected) and torch.equal(
+            whole.val.tensors[1], torch.tensor(label[val])
+        )
+        stream = table(path, input_shape, 3, ["*"], "label", read="stream")
+        for split in ("train", "val"):
+            streamed_x, streamed_y = (torch.cat(parts) for parts in zip(*stream.read(split, batch_size=5), strict=True))
+            assert torch.equal(streamed_x, getattr(whole, split).tensors[0])
+            assert torch.equal(streamed_y, getattr(whole, split).tensors[1])
+    with pytest.raises(ConfigError, match=re.escape("dataset.input_shape=[3]: a sample of the columns")):
+        table(path, [3], 3, ["*"], "label", read="memory")
+
+
+def test_features_that_are_empty_or_not_numbers_are_refused_with_the_columns_and_their_types(tmp_path):
+    pq.write_table(
+        pa.table({"name": ["a", "b"] * 5, "tags": [["x"], ["y", "z"]] * 5, "label": [0, 1] * 5}), tmp_path / "t.parquet"
+    )
+    path = str(tmp_path / "t.parquet")
+    with pytest.raises(ConfigError) as caught:
+        table_shape(path, ["*"], "label")
+    assert str(caught.value).startswith(
+        "Invalid config: dataset.features=['*']: picks no column of numbers; the table's columns: name (string), "
+        "tags (list<element: string>). Valid: columns of numbers, or of lists"
+    )
+    with pytest.raises(ConfigError, match=re.escape("the column 'tags' holds list<element: string>, not numbers")):
+        table_shape(path, ["tags"], "label")
+    pq.write_table(pa.table({"f": [[1.0, 2.0], [3.0]] * 5, "label": [0, 1] * 5}), tmp_path / "ragged.parquet")
+    with pytest.raises(ConfigError, match=re.escape("the column 'f' holds lists of 1 to 2 values")):
+        table(str(tmp_path / "ragged.parquet"), [2], 2, ["*"], "label", read="memory")
