@@ -5,10 +5,14 @@
 
 INPUT is a Parquet, CSV or JSON-lines file, or a folder (or ``s3://`` prefix) of them, with the columns the run
 trained on: a ``dataset=table`` run's features (its names and patterns, as in training) or a ``dataset=parquet``
-run's features column(s). For a run trained on images (``imagefolder``, ``images``, ``mnist``, ``cifar10``, ...)
-INPUT is an image file or a folder (or ``s3://`` prefix) of images, class folders or not. Each row or image is
-decoded as training decoded it (the same column mapping, image transforms and ``input_shape``), the model is the
-run's (``load_model``), and the output is a folder of Parquet files: the input's other columns (ids, labels; an
+run's features column(s). For a run on another dataset of arrays (the default run's ``digits``, ``diabetes``,
+``fake``, a user's) the input's ``features`` column, else its columns of numbers but ``label``, hold each sample's
+values (``--features`` names them: names or patterns); each row's values, flattened (a list or tensor column, or
+scalar columns joined in order), are reshaped to the run's ``input_shape``, as serve takes a request's samples.
+For a run trained on images (``imagefolder``, ``images``, ``mnist``, ``cifar10``, ...) INPUT is an image file or a
+folder (or ``s3://`` prefix) of images, class folders or not. Each row or image is decoded as training decoded it
+(the same column mapping, image transforms and ``input_shape``), the model is the run's (``load_model``), and the
+output is a folder of Parquet files: the input's other columns (ids, labels; an
 image's ``path``, and its class folder as ``label`` where that is one of the run's classes) carried through,
 ``prediction`` (the class, by name when the run's classes are strings; the value for regression) and, for
 classification, ``probabilities`` (one per class, in class order). Rows come back in no particular order: carry
@@ -30,7 +34,7 @@ import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
-from hydra_raytrain.data.decode import FEATURES, LABELS, dense, resized
+from hydra_raytrain.data.decode import FEATURES, LABELS, resized
 from hydra_raytrain.data.files import (
     IMAGE_EXTENSIONS,
     absolute_location,
@@ -41,6 +45,7 @@ from hydra_raytrain.data.files import (
     parquet_files,
     row_counts,
 )
+from hydra_raytrain.data.vectors import declared_shape, features_of, flat_values, holds_numbers
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.program import Command, at_least_one
 
@@ -132,14 +137,29 @@ class ImageDecoder:
         return self.transform({FEATURES: x, LABELS: np.zeros(len(x), np.int64)})[FEATURES]
 
 
-def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, Any]) -> list[str]:
-    """The input's columns that hold the run's features, in training's order: a table run's columns by the names
-    it trained on (``dataset.columns``; an older run's patterns over the input's number columns), a Parquet run's
-    column or columns. A ConfigError names what is missing."""
+def input_columns(
+    dataset: dict[str, Any], names: list[str], types: dict[str, Any], features: list[str] | None = None
+) -> list[str]:
+    """The input's columns that hold the run's features, in training's order: ``features`` (``--features``: names
+    or patterns) where given; else a table run's columns by the names it trained on (``dataset.columns``; an older
+    run's patterns over the input's number columns), a Parquet run's column or columns; for the other runs whose
+    samples are arrays (the bundled datasets, a user's), the input's ``features`` column, else its columns of
+    numbers but ``label``. ``types``: whether each column holds numbers. A ConfigError names what is missing."""
     from hydra.utils import get_object
 
-    builder = get_object(dataset["_target_"])
-    if builder is tables.table and dataset.get("columns") is not None:
+    builder = get_object(dataset["_target_"]) if "_target_" in dataset else None
+    if features is not None or (builder is not tables.table and builder is not streamed.parquet):
+        patterns = features or (["features"] if "features" in names else ["*"])
+        candidates = [name for name in names if features is not None or name != "label"]
+        chosen = tables.pick_columns(candidates, patterns, types.__getitem__)
+        if not chosen:
+            raise ConfigError(
+                "--features" if features else "INPUT",
+                patterns,
+                "picks no column of numbers of the input.",
+                f"feature columns by name or pattern, of: {', '.join(names)}",
+            )
+    elif dataset.get("columns") is not None:
         chosen = list(dataset["columns"])
     elif builder is tables.table:
         patterns = [dataset["features"]] if isinstance(dataset["features"], str) else list(dataset["features"])
@@ -153,23 +173,28 @@ def input_columns(dataset: dict[str, Any], names: list[str], types: dict[str, An
                 f"the run trained on {wanted} feature columns ({patterns}); the input has {len(chosen)} that match.",
                 "the columns of the training table",
             )
-    elif builder is streamed.parquet:
-        features = dataset["features"]
-        chosen = [features] if isinstance(features, str) else list(features)
     else:
-        raise ConfigError(
-            "RUN_DIR",
-            dataset["_target_"],
-            "predict reads the inputs of runs trained on tables (dataset=table, parquet) and images (dataset="
-            "imagefolder, images, mnist, fashion_mnist, cifar10).",
-            "such a run (for others: load_model(run) in your own loop)",
-        )
+        chosen = [dataset["features"]] if isinstance(dataset["features"], str) else list(dataset["features"])
     missing = [name for name in chosen if name not in names]
     if missing:
         raise ConfigError(
             "INPUT", missing, "the input lacks these feature columns of the run.", f"its columns: {', '.join(names)}"
         )
     return chosen
+
+
+def check_arrays(cfg: dict[str, Any], run: str) -> None:
+    """A run predict reads rows for: one model that takes its dataset's samples, arrays of ``input_shape``."""
+    if "_target_" not in (cfg.get("model") or {}) or not cfg["dataset"].get("input_shape"):
+        raise ConfigError(
+            "RUN_DIR",
+            run,
+            "predict feeds one model samples of the run's dataset.input_shape; this run "
+            + ("holds several models." if "_target_" not in (cfg.get("model") or {}) else "has no input_shape."),
+            "a run of one model on arrays (a table, Parquet or bundled dataset; INPUT: rows whose feature columns "
+            "hold its input_shape's values) or on images (INPUT: image files); a GAN's generator: "
+            "python -m hydra_raytrain.export RUN_DIR",
+        )
 
 
 # jemalloc's setting for the actors: no separate arena for allocations of 8 MiB and more (which returns their pages
@@ -300,13 +325,11 @@ class Predictor:
         return ([self.classes[i] for i in index] if self.classes else index.astype(np.int64)), probabilities
 
     def decode(self, batch: Any) -> np.ndarray:
+        """The batch's samples: its images decoded, or its feature columns' values (each row flattened, the
+        columns joined in order: ``vectors``, as training read them) in the run's ``input_shape``."""
         if self.images is not None:
             return self.images(batch.column("bytes").to_pylist())
-        if len(self.features) == 1 and math.prod(self.shape) > 1:  # one column of arrays
-            values = dense(batch.column(self.features[0]).to_numpy(zero_copy_only=False))
-        else:
-            values = np.stack([batch.column(n).to_numpy(zero_copy_only=False) for n in self.features], axis=1)
-        return np.ascontiguousarray(values, dtype=np.float32).reshape(len(values), *self.shape)
+        return features_of(batch, self.features, self.shape)
 
 
 def read_input(path: str) -> Any:
@@ -390,16 +413,59 @@ def check_pool(num_workers: int, num_gpus: float, num_cpus: int = 1) -> None:
         )
 
 
-def read_rows(dataset: dict[str, Any], input: str) -> tuple[Any, list[str]]:
-    """A table run's input as a Ray Dataset, and its columns that hold the run's features."""
-    import pyarrow as pa
-
+def read_rows(dataset: dict[str, Any], input: str, features: list[str] | None = None) -> tuple[Any, list[str]]:
+    """A run's rows as a Ray Dataset, and its columns that hold the run's features: they must hold numbers and,
+    together, as many values a row as the run's ``input_shape`` (checked on the schema, or a first row)."""
     data = read_input(input)
     schema = data.schema()
     names = list(schema.names)
-    numbers = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
-    types = {name: any(test(kind) for test in numbers) for name, kind in zip(names, schema.types, strict=True)}
-    return data, input_columns(dataset, names, types)
+    fields = dict(zip(names, schema.types, strict=True))
+    chosen = input_columns(dataset, names, {name: holds_numbers(kind) for name, kind in fields.items()}, features)
+    for name in chosen:
+        if not holds_numbers(fields[name]):
+            raise ConfigError(
+                "--features" if features else "INPUT",
+                name,
+                f"the column holds {fields[name]}, not numbers.",
+                f"columns of numbers, or of lists or tensors of numbers: {', '.join(names)}",
+            )
+    shapes = [declared_shape(arrow_field(name, fields[name], schema)) for name in chosen]
+    if any(shape is None for shape in shapes):  # a variable list: its first row says
+        first = data.take_batch(1, batch_format="pyarrow")
+        values = flat_values_width(first, chosen)
+    else:
+        values = sum(math.prod(shape or [1]) for shape in shapes)
+    shape = [int(n) for n in dataset["input_shape"]]
+    if math.prod(shape) != values:
+        raise ConfigError(
+            "--features" if features else "INPUT",
+            few(chosen),
+            f"a row of these columns holds {values} values; the run's samples hold {math.prod(shape)} "
+            f"(dataset.input_shape {shape}).",
+            f"feature columns of {math.prod(shape)} values a row (--features NAMES: which), of: {few(names)}",
+        )
+    return data, chosen
+
+
+def few(names: list[str], shown: int = 8) -> str:
+    """Column names for a message: all of a few, else the first ones and how many."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])}, ... ({len(names)} columns)"
+
+
+def arrow_field(name: str, kind: Any, schema: Any) -> Any:
+    """A column of a Ray Dataset's schema as a pyarrow field (with its metadata, where the schema keeps it)."""
+    import pyarrow as pa
+
+    base = getattr(schema, "base_schema", None)
+    if isinstance(base, pa.Schema) and name in base.names:
+        return base.field(name)
+    return pa.field(name, kind)
+
+
+def flat_values_width(batch: Any, names: list[str]) -> int:
+    return sum(flat_values(batch.column(name), name).shape[1] for name in names)
 
 
 def predict(
@@ -410,9 +476,11 @@ def predict(
     batch_size: int = 256,
     num_gpus: float = 0,
     num_cpus: int = 1,
+    columns: list[str] | None = None,
 ) -> dict[str, Any]:
     """Predict every row of ``input`` with a pool of ``num_workers`` model actors of ``num_cpus`` CPUs (as
-    many torch threads) each; write ``output`` (Parquet). The plan is printed."""
+    many torch threads) each; write ``output`` (Parquet). ``columns``: the input's feature columns (names or
+    patterns; default: ``input_columns``'). The plan is printed."""
     from ray.data import ActorPoolStrategy
 
     from hydra_raytrain.host import import_path
@@ -420,13 +488,15 @@ def predict(
     cfg = FinishedRun.read(run).checked("predict").config
     location = check_output(output)
     images = image_builder(cfg["dataset"]) is not None
+    if not images:
+        check_arrays(cfg, run)
     check_pool(num_workers, num_gpus, num_cpus)
     plural = "s" if num_workers > 1 else ""
     gpus = f", {num_gpus:g} GPU" if num_gpus else ""
     cpus = f"{num_cpus} CPU{'s' if num_cpus > 1 else ''}"
     print(f"Predicting with {num_workers} model actor{plural} x {cpus}{gpus}", flush=True)
     started = time.time()
-    data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input)
+    data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input, columns)
     predictions = data.map_batches(
         Predictor,
         fn_constructor_kwargs={
@@ -458,6 +528,12 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a finished run dir (trained on a table, or on images)")
     parser.add_argument("input", help=f"{INPUTS}; for an image run: {IMAGE_INPUTS}")
     parser.add_argument("--output", required=True, help="the folder of Parquet files to write (a path or s3://)")
+    parser.add_argument(
+        "--features",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        help="the input's feature columns, names or patterns, comma-separated (default: the run's own; for a run "
+        "not trained on a table, the column 'features', else every column of numbers but 'label')",
+    )
     parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
     parser.add_argument("--batch-size", type=at_least_one, default=256, help="rows per model call")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
@@ -493,6 +569,7 @@ def _predict(options: argparse.Namespace) -> None:
             options.batch_size,
             options.num_gpus,
             cpus,
+            options.features,
         )
     finally:
         ray.shutdown()

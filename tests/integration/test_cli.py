@@ -87,6 +87,45 @@ def test_the_default_run_exports_and_each_export_computes_what_the_model_does(de
     assert not (unfinished / "export").exists()
 
 
+def test_the_default_run_predicts_its_validation_rows_as_load_model_does(default_run, ray_address, tmp_path):
+    """python -m hydra_raytrain.predict on the embedded default (the bundled digits, input_shape [1, 8, 8]):
+    its validation samples written as one Parquet file, each row's 64 values in a `features` list column beside an
+    id and the label; 2 model actors on the session's cluster predict every row as load_model does, row for row."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from hydra.utils import instantiate
+
+    from hydra_raytrain import load_model
+
+    _, run_dir = default_run
+    config = json.loads((run_dir / "config.json").read_text())
+    val = instantiate(config["dataset"], _convert_="all").val
+    x, y = (torch.stack([val[i][n] for i in range(len(val))]) for n in (0, 1))
+    ids = np.arange(len(val)) * 7 + 3  # the user's own keys
+    rows = pa.table({"id": ids, "features": list(x.reshape(len(x), 64).numpy()), "label": y.numpy()})
+    pq.write_table(rows, tmp_path / "val.parquet", row_group_size=100)
+    done = subprocess.run(
+        [sys.executable, "-m", "hydra_raytrain.predict", str(run_dir), "val.parquet", "--output", "predictions"]
+        + ["--num-workers", "2", "--address", ray_address],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Predicted {len(val)} rows in" in done.stdout
+    predicted = pq.read_table(tmp_path / "predictions").to_pydict()
+    assert set(predicted) == {"id", "label", "prediction", "probabilities"} and sorted(predicted["id"]) == list(ids)
+    order = [(key - 3) // 7 for key in predicted["id"]]
+    with torch.no_grad():
+        expected = torch.softmax(load_model(str(run_dir))(x[order]), dim=1)
+    assert torch.allclose(torch.tensor(predicted["probabilities"]), expected, atol=1e-6)
+    assert predicted["prediction"] == expected.argmax(dim=1).tolist()
+    assert predicted["label"] == y[order].tolist()  # carried through
+
+
 def ask(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
     """One real HTTP request to 127.0.0.1: its status and body."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

@@ -11,7 +11,7 @@ import pytest
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data.streamed import normalize
-from hydra_raytrain.inference.predict import Predictor, input_columns
+from hydra_raytrain.inference.predict import Predictor, check_arrays, input_columns
 
 TABLE = {"_target_": "hydra_raytrain.data.table", "features": ["f*", "size"], "label": "kind", "input_shape": [3]}
 NAMES = ["key", "f1", "size", "f0", "kind", "note"]
@@ -32,13 +32,52 @@ def test_an_older_table_runs_patterns_pick_the_inputs_number_columns_without_the
         input_columns(TABLE, ["f1", "size", "kind"], NUMBERS)
 
 
-def test_a_parquet_runs_column_must_be_there_and_other_runs_are_refused_by_name():
+def test_a_parquet_runs_column_must_be_there():
     parquet = {"_target_": "hydra_raytrain.data.parquet", "features": "pixels", "input_shape": [1, 2, 2]}
     assert input_columns(parquet, ["pixels", "label"], {}) == ["pixels"]
     with pytest.raises(ConfigError, match=re.escape("INPUT=['pixels']: the input lacks these feature columns")):
         input_columns(parquet, ["image", "label"], {})
-    with pytest.raises(ConfigError, match="predict reads the inputs of runs trained on tables"):
-        input_columns({"_target_": "hydra_raytrain.data.digits"}, NAMES, NUMBERS)
+
+
+def test_another_array_runs_input_is_its_features_column_else_its_number_columns_or_those_named():
+    """A run on the bundled digits (or any dataset of arrays): the input's ``features`` column, else every column
+    of numbers but ``label``; ``--features`` names them (for any run)."""
+    digits = {"_target_": "hydra_raytrain.data.digits", "input_shape": [1, 8, 8]}
+    numbers = {**NUMBERS, "features": True, "label": True}
+    assert input_columns(digits, [*NAMES, "features", "label"], numbers) == ["features"]
+    assert input_columns(digits, [*NAMES, "label"], numbers) == ["f1", "size", "f0"]  # the label left out
+    assert input_columns(digits, NAMES, NUMBERS, ["f0", "s*"]) == ["size", "f0"]  # the input's order
+    assert input_columns(TABLE, NAMES, NUMBERS, ["f0"]) == ["f0"]  # a table run's, named otherwise
+    with pytest.raises(ConfigError, match=re.escape("--features=['k*']: picks no column of numbers of the input")):
+        input_columns(digits, NAMES, NUMBERS, ["k*"])
+
+
+@pytest.mark.parametrize(
+    "config, reason",
+    [
+        ({"model": {"generator": {}, "discriminator": {}}, "dataset": {"input_shape": [64]}}, "holds several models"),
+        ({"model": {"_target_": "m.Lit"}, "dataset": {"_target_": "hydra_raytrain.data.module_loaders"}}, "no input"),
+    ],
+)
+def test_a_run_that_does_not_feed_one_model_arrays_is_refused_saying_which_runs_predict_reads(config, reason):
+    with pytest.raises(ConfigError) as caught:
+        check_arrays(config, "runs/x")
+    message = str(caught.value)
+    assert message.startswith("Invalid config: RUN_DIR='runs/x': predict feeds one model samples") and reason in message
+    assert "a run of one model on arrays" in message and "or on images (INPUT: image files)" in message
+
+
+def test_vector_and_scalar_columns_are_decoded_as_training_reads_them():
+    """Each row's values flattened, the columns joined in order, reshaped to the run's input_shape: a nested-list
+    column, a fixed-size list beside a scalar column, as ``vectors.features_of`` reads them in training."""
+    predictor = Predictor.__new__(Predictor)  # decode only: no model
+    predictor.transform, predictor.images = None, None
+    predictor.features, predictor.shape = ["pixels"], (4,)
+    assert predictor.decode(pa.table({"pixels": [[[0, 1], [2, 3]]]})).tolist() == [[0.0, 1.0, 2.0, 3.0]]
+    predictor.features, predictor.shape = ["v", "s"], (1, 3)
+    vector = pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0, 3.0, 4.0]), 2)
+    decoded = predictor.decode(pa.table({"s": [9, 8], "v": vector}))
+    assert decoded.tolist() == [[[1.0, 2.0, 9.0]], [[3.0, 4.0, 8.0]]]
 
 
 def test_a_column_of_arrays_is_decoded_to_the_runs_input_shape():

@@ -197,7 +197,9 @@ def write_vectors(folder):
     }
     for name, data in written.items():
         pq.write_table(data, folder / f"{name}.parquet", row_group_size=7)
-    lines = [json.dumps({"features": row.reshape(2, 4).tolist(), "label": int(k)}) for row, k in zip(x, label)]
+    lines = [
+        json.dumps({"features": row.reshape(2, 4).tolist(), "label": int(k)}) for row, k in zip(x, label, strict=True)
+    ]
     (folder / "nested.jsonl").write_text("\n".join(lines) + "\n")
     return x, label
 
