@@ -24,8 +24,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("hydra_raytrain.inference.serve", "main", "serve a finished run over HTTP with Ray Serve"),
 }
 
-# What Hydra itself writes into a run dir before our code runs.
-HYDRA_FILES = {".hydra", "train.log"}
+# What Hydra itself writes into a run dir before our code runs, and the run's hold of it (locks.py).
+HYDRA_FILES = {".hydra", "train.log", ".lock"}
 
 
 def main() -> None:
@@ -72,6 +72,7 @@ def train_main() -> None:
 
 def _train(cfg: Any, datasets: Any) -> float | None:
     from hydra_raytrain.driver.run import TrainingFailed, train
+    from hydra_raytrain.locks import Held
     from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
 
     try:
@@ -79,6 +80,9 @@ def _train(cfg: Any, datasets: Any) -> float | None:
     except ConfigError as error:
         _remove_untouched_run_dir()
         refuse(error)
+    except Held as error:
+        print(f"Cannot train: {error}", file=sys.stderr)
+        sys.exit(FAILED)
     except TrainingFailed as error:
         print(error, file=sys.stderr)
         sys.exit(FAILED)

@@ -493,7 +493,10 @@ class RunSettings:
         python -m hydra_raytrain run.resume=never    # discard that run's previous state and train from scratch
 
     The identical command finds the same run: an unfinished one resumes from its latest checkpoint, a finished one
-    is reported as complete. ``init_from`` starts a new run from another run's weights (recipe/warm_start.py)::
+    is reported as complete. One run at a time holds its run dir (``locks.py``): the same command started again
+    while the first runs is refused at once, naming it (``if_running=wait``: waits for it to end, then resumes or
+    reports it); a killed run's hold ends with its process. ``init_from`` starts a new run from another run's
+    weights (recipe/warm_start.py)::
 
         python -m hydra_raytrain run.init_from=outputs/runs/<name> optimizer.lr=1e-4   # fine-tune
 
@@ -503,6 +506,7 @@ class RunSettings:
     """
 
     resume: str = "auto"  # auto: resume an unfinished run, report a finished one; never: discard its state, start fresh
+    if_running: str = "refuse"  # the run dir held by a live run of this config: refuse at once, or wait for it to end
     init_from: str | None = None  # a run dir or a checkpoint folder (local, or s3://...): its weights to start from
     init_from_strict: bool = True  # the same keys (shapes must always match)
     init_optimizer: bool = False  # the optimizers' state too (a checkpoint folder's train_state.pt)
@@ -511,6 +515,8 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.resume not in ("auto", "never"):
             raise ConfigError("run.resume", self.resume, "unknown policy.", "auto, never")
+        if self.if_running not in ("refuse", "wait"):
+            raise ConfigError("run.if_running", self.if_running, "unknown policy.", "refuse, wait")
         if self.init_full_state and not self.init_from:
             raise ConfigError(
                 "run.init_full_state", True, "continues run.init_from, which is not set.", "run.init_from=<checkpoint>"

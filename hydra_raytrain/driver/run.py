@@ -23,7 +23,7 @@ from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 from rich.console import Console
 
-from hydra_raytrain import rundir
+from hydra_raytrain import locks, rundir
 from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
@@ -77,19 +77,28 @@ def train(
     Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
     instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``).
     ``datasets``: the datasets the caller's earlier runs built (a multirun's jobs share them).
-    Raises ``ConfigError`` before anything starts or is written when the config cannot work, ``TrainingFailed``
-    when the run fails. A run stopped by a preemption notice (SIGTERM) returns a summary whose status is
-    ``preempted``: the same call resumes it.
+    Raises ``ConfigError`` before anything starts or is written when the config cannot work, ``locks.Held`` when a
+    live run holds the run dir (``run.if_running=wait``: waits for it), ``TrainingFailed`` when the run fails. A
+    run stopped by a preemption notice (SIGTERM) returns a summary whose status is ``preempted``: the same call
+    resumes it.
     """
     started = time.time()
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     plan = _checked(cfg, run_dir, rehearse, datasets)
-    with _multirun_parent(plan.resolved, run_dir) as resolved:
-        return _train(
-            dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
-        )
+    wait = plan.resolved.run.if_running == "wait"
+    with locks.holding(run_dir, "a run of this config trains there", RUN_HELD, wait=wait):
+        with _multirun_parent(plan.resolved, run_dir) as resolved:
+            return _train(
+                dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
+            )
+
+
+RUN_HELD = (
+    "Wait for it to end (then the same command resumes or reports it), stop it (Ctrl-C), set run.if_running=wait to "
+    "start once it ends, or give this one another run dir (hydra.run.dir=...)."
+)
 
 
 def _train(

@@ -351,6 +351,41 @@ class TopTwo(Classification):
 '''
 
 
+def test_one_run_holds_its_run_dir_and_the_same_command_again_is_refused_naming_it_or_waits(tmp_path):
+    """The same command started in a second terminal while the first trains (here in one process: what is under
+    test is the run dir's hold, taken before Ray starts): refused at once, exit 1, naming the first's pid and host,
+    its run.resume=never deleting nothing; with run.if_running=wait it waits for the first to end, then reports the
+    run complete. (A killed driver's hold ends with it: test_resume's killed runs resume through it.)"""
+    args = ["scaling.num_workers=0", "debug=smoke", "task._target_=tests.helpers.tasks.Slow"]
+    args += ["+task.seconds_per_batch=4", "hydra.run.dir=run"]  # 2 batches: the first holds its run dir 8 s or more
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
+    lock = tmp_path / "run" / ".lock"
+    with open(tmp_path / "first.txt", "w") as output:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=output
+        )
+        deadline = time.time() + 120
+        while not (lock.exists() and lock.read_text().strip()) and first.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert json.loads(lock.read_text())["pid"] == first.pid
+        second = run_cli([*args, "run.resume=never"], cwd=str(tmp_path))
+        assert first.poll() is None  # refused while the first still trains
+        waited = run_cli([*args, "run.if_running=wait"], cwd=str(tmp_path))
+        assert first.wait(timeout=120) == 0, (tmp_path / "first.txt").read_text()[-3000:]
+    assert second.returncode == 1, second.stderr[-3000:]
+    import socket
+
+    holder = f"by pid {first.pid} on {socket.gethostname()} since "
+    refusal = f"Cannot train: {tmp_path / 'run'} is in use: a run of this config trains there {holder}"
+    assert refusal in second.stderr, second.stderr[-3000:]
+    assert "run.if_running=wait" in second.stderr and "discarded" not in second.stdout
+    assert waited.returncode == 0, waited.stderr[-3000:]
+    assert f"Waiting for {tmp_path / 'run'}: a run of this config trains there {holder}" in waited.stderr
+    assert "Run already complete: 1 epochs" in waited.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 1
+
+
 def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
     (tmp_path / "my_tasks.py").write_text(USER_TASK)
     done = run_cli(

@@ -38,8 +38,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files and logs, storage "
-        "that retries; the one door to Ray",
+        "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files, logs and hold, "
+        "storage that retries; the one door to Ray",
         (
             "hydra_raytrain.data",
             "hydra_raytrain.models",
@@ -47,6 +47,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.loggers",
             "hydra_raytrain.callbacks",
             "hydra_raytrain.rundir",
+            "hydra_raytrain.locks",
             "hydra_raytrain.logfiles",
             "hydra_raytrain.storage_retry",
             "hydra_raytrain.reach",
