@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from typing import Any
 
 from hydra_raytrain.outcome import RunStatus
@@ -29,11 +30,49 @@ def read_history(run_dir: str) -> list[dict[str, Any]]:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """A JSON-lines file's objects; none when it does not exist (yet)."""
+    """A JSON-lines file's objects; none when it does not exist (yet). A last line cut short (a process killed
+    while appending it, before this package wrote whole files only) is left out with a warning; a bad line before
+    the last is an error naming the file and the line."""
     if not os.path.exists(path):
         return []
     with open(path) as file:
-        return [json.loads(line) for line in file if line.strip()]
+        lines = [(number, line) for number, line in enumerate(file, start=1) if line.strip()]
+    rows = []
+    for number, line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if number != lines[-1][0]:
+                raise ValueError(f"{path}: line {number} is not JSON: {line[:80]!r}") from None
+            warnings.warn(
+                f"{path}: its last line is cut short ({line.strip()[:60]!r}: a process killed while writing it); "
+                "read without it",
+                stacklevel=2,
+            )
+    return rows
+
+
+def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    """Whole or not at all: the rows into a sibling file, then renamed over ``path``."""
+    partial = path + ".partial"
+    with open(partial, "w") as file:
+        file.writelines(json.dumps(row) + "\n" for row in rows)
+    os.replace(partial, path)
+
+
+def append_jsonl(path: str, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    """``row`` after ``history`` (the file's rows as read): appended as one line where the file ends whole, else
+    the file rewritten whole (``write_jsonl``), so a line cut short never has another glued to it."""
+    ends_whole = True
+    if os.path.exists(path) and os.path.getsize(path):
+        with open(path, "rb") as file:
+            file.seek(-1, os.SEEK_END)
+            ends_whole = file.read(1) == b"\n"
+    if not ends_whole:
+        write_jsonl(path, [*history, row])
+        return
+    with open(path, "a") as file:
+        file.write(json.dumps(row) + "\n")
 
 
 def best_epoch(history: list[dict[str, Any]], monitor: str, mode: str) -> dict[str, Any] | None:

@@ -121,6 +121,16 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         _at_least("storage.retry_window_s", self.retry_window_s, 0)
+        name = self.name
+        if name is not None and (
+            not str(name).strip() or any(c in str(name) for c in "/\\") or str(name) in (".", "..")
+        ):
+            raise ConfigError(
+                "storage.name",
+                name,
+                "names one folder inside storage.path (run.resume=never deletes it): no path separator, '.' or '..'.",
+                "a plain name, e.g. my-run",
+            )
 
 
 # Errors that repeat when the same code meets the same config and data: retrying them costs a start-up each and

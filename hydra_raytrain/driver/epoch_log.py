@@ -3,7 +3,6 @@ another callback (Tune's) is given."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -11,7 +10,7 @@ from ray.train import UserCallback
 
 from hydra_raytrain.driver.storage import checkpoint_uri
 from hydra_raytrain.logfiles import link_process_logs
-from hydra_raytrain.rundir import METRICS_FILE, format_epoch, read_history
+from hydra_raytrain.rundir import METRICS_FILE, append_jsonl, format_epoch, read_history, write_jsonl
 
 
 class EpochLog(UserCallback):
@@ -35,14 +34,13 @@ class EpochLog(UserCallback):
 
     def write(self, metrics: dict[str, Any]) -> None:
         """Append; an epoch a resumed run trains again (it failed after the last checkpoint) replaces the
-        entries from that epoch on, so the file is always the run's one history."""
+        entries from that epoch on, so the file is always the run's one history. A rewrite is whole or not at all
+        (``write_jsonl``): a run killed meanwhile keeps its history."""
         history = read_history(os.path.dirname(self.path))
         if history and history[-1]["epoch"] >= metrics["epoch"]:
-            kept = [m for m in history if m["epoch"] < metrics["epoch"]]
-            with open(self.path, "w") as file:
-                file.writelines(json.dumps(m) + "\n" for m in kept)
-        with open(self.path, "a") as file:
-            file.write(json.dumps(metrics) + "\n")
+            write_jsonl(self.path, [*(m for m in history if m["epoch"] < metrics["epoch"]), metrics])
+        else:
+            append_jsonl(self.path, metrics, history)
         print(format_epoch(metrics, self.max_epochs), flush=True)
 
 

@@ -8,8 +8,9 @@ The model is rebuilt from the run's config with its final weights (``load_model`
 traced with an example batch built from the dataset's ``input_shape`` (the generator's: ``[task.latent_dim]``),
 with the batch axis dynamic. After writing, the file is loaded back (ONNX Runtime, ``torch.export.load``, or the
 weights into a fresh model) and run on a batch of another size: the largest absolute difference from the eager
-model is printed, and above ``--tolerance`` (1e-4) the export is refused and its files removed. Beside the file,
-``<file>.json`` says what a consumer needs: the input's shape and name, the outputs, the class names, and the
+model is printed, and above ``--tolerance`` (1e-4) the export is refused and its files removed. The file is
+written under a temporary name and moved into place once checked: a previous export survives a failed one. Beside
+the file, ``<file>.json`` says what a consumer needs: the input's shape and name, the outputs, the class names, and the
 dataset node whose builder prepared the training inputs (the same preprocessing is theirs to apply).
 """
 
@@ -60,11 +61,14 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
     path = os.path.abspath(output or os.path.join(run, EXPORT_DIR, FORMATS[format]))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     example, other = (torch.randn(n, *sample_shape, generator=torch.Generator().manual_seed(n)) for n in (2, 3))
-    written = [path]
+    # Written under a temporary name beside it, moved into place once checked: a failed or interrupted export
+    # leaves the previous good one (and its .json) as they were.
+    partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
+    written = [partial]
     try:
         with torch.no_grad():
             expected = model(other)
-        loaded = WRITERS[format](model, example, path, written)
+        loaded = WRITERS[format](model, example, partial, written)
         with torch.no_grad():
             difference = float((loaded(other) - expected).abs().max())
         if not difference <= tolerance:
@@ -72,6 +76,7 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
                 f"the exported {format} model differs from the model by up to {difference:.3g} on a batch of 3 "
                 f"(--tolerance {tolerance:g}): not written."
             )
+        os.replace(partial, path)
     except BaseException as error:
         for file in written:
             if os.path.exists(file):

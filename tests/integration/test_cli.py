@@ -78,6 +78,11 @@ def test_the_default_run_exports_and_each_export_computes_what_the_model_does(de
     with pytest.raises(ExportRefused, match="differs from the model by up to"):
         export(str(run_dir), "onnx", str(tmp_path / "strict.onnx"), tolerance=0.0)
     assert not (tmp_path / "strict.onnx").exists() and not (tmp_path / "strict.onnx.json").exists()
+    good = onnx_file.read_bytes(), (run_dir / "export" / "model.onnx.json").read_text()
+    with pytest.raises(ExportRefused, match="differs from the model by up to"):  # over the good export
+        export(str(run_dir), "onnx", tolerance=0.0)
+    assert (onnx_file.read_bytes(), (run_dir / "export" / "model.onnx.json").read_text()) == good  # kept whole
+    assert sorted(p.name for p in (run_dir / "export").iterdir()) == ["model.onnx", "model.onnx.json"]  # no leftover
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     for name in ("config.json", "summary.json"):
@@ -591,6 +596,9 @@ BAD_INPUTS = [
         + ["model=mlp", "hydra.sweep.dir=sweep"],
         ["hydra.sweeper.scheduler='pbt'", "its 4 trials exploit one another only while alive together"],
     ),
+    # storage.name is one folder inside storage.path, which run.resume=never deletes: never the parent's
+    (["storage.name=..", "run.resume=never"], ["storage.name='..'", "no path separator"]),
+    (["storage.name=a/b"], ["storage.name='a/b'", "a plain name"]),
     # HyperBand continues paused trials from a checkpoint of the milestone's epoch; it fills brackets itself
     (
         ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "checkpoint.every_n_epochs=2"]

@@ -42,3 +42,22 @@ def test_only_a_completed_summary_counts_as_finished(tmp_path):
         not list(tmp_path.glob("*.partial"))
         and json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
     )
+
+
+def test_a_last_line_cut_short_is_read_without_it_and_the_next_epoch_does_not_glue_onto_it(tmp_path):
+    """A run killed while appending (an older version, or a full disk): the history reads without the cut line,
+    with a warning naming the file; the next epoch rewrites the file whole, so every line parses again. A bad line
+    before the last is an error naming it."""
+    import pytest
+
+    path = tmp_path / rundir.METRICS_FILE
+    path.write_text(json.dumps(metrics(1, 0.1)) + "\n" + json.dumps(metrics(2, 0.2))[:25])
+    with pytest.warns(UserWarning, match=r"metrics.jsonl: its last line is cut short .* read without it"):
+        assert [m["epoch"] for m in rundir.read_history(str(tmp_path))] == [1]
+    with pytest.warns(UserWarning):
+        EpochLog(str(tmp_path), max_epochs=3).write(metrics(2, 0.25))  # resumed: epoch 2 again
+    assert [json.loads(line)["epoch"] for line in path.read_text().splitlines()] == [1, 2]
+    assert not (tmp_path / (rundir.METRICS_FILE + ".partial")).exists()
+    path.write_text("{not json\n" + json.dumps(metrics(1, 0.1)) + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 1 is not JSON"):
+        rundir.read_history(str(tmp_path))
