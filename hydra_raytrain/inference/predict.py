@@ -23,15 +23,19 @@ The cluster: ``--address``, else the environment's ``RAY_ADDRESS``, else a local
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
+import shutil
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from hydra_raytrain import locks
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.data.decode import FEATURES, LABELS, resized
@@ -377,6 +381,41 @@ def check_output(output: str) -> str:
     return location
 
 
+SUCCESS = "_SUCCESS"  # the marker of a complete output, as Spark's and Hadoop's jobs write it
+
+
+@contextlib.contextmanager
+def writing(location: str) -> Iterator[str]:
+    """The folder to write predictions into, so that ``location`` is complete or absent: a local output is written
+    into ``.<name>.partial`` beside it (held by this predict: another one writing it is refused, naming it; a killed
+    one's leftovers are cleared), marked ``_SUCCESS`` and renamed into place; an object store's prefix (no rename
+    there) is written in place and marked ``_SUCCESS`` last."""
+    if "://" in location:
+        yield location
+        fs, inside = filesystem_of(location)
+        with fs.open_output_stream(f"{inside.rstrip('/')}/{SUCCESS}"):
+            pass
+        return
+    parent, name = os.path.split(location.rstrip("/"))
+    partial = os.path.join(parent, f".{name}.partial")
+    with locks.holding(partial, "a predict writes it", "Wait for it to end, or write to another --output."):
+        _clear(partial)  # what a killed predict wrote
+        try:
+            yield partial
+            open(os.path.join(partial, SUCCESS), "w").close()
+            os.rename(partial, location)  # an output written meanwhile by another command is not replaced
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    os.remove(os.path.join(location, locks.LOCK_FILE))
+
+
+def _clear(folder: str) -> None:
+    for entry in os.scandir(folder):
+        if entry.name != locks.LOCK_FILE:
+            shutil.rmtree(entry.path) if entry.is_dir() else os.remove(entry.path)
+
+
 def actor_cpus(cpus: int, num_workers: int, num_gpus: float, local: bool) -> int:
     """The CPUs (and torch threads) of each model actor when ``--num-cpus`` is not given: on a local cluster
     this command started, its CPUs less one for Ray Data's reads, divided among the actors (as a training command
@@ -491,34 +530,37 @@ def predict(
     if not images:
         check_arrays(cfg, run)
     check_pool(num_workers, num_gpus, num_cpus)
-    plural = "s" if num_workers > 1 else ""
-    gpus = f", {num_gpus:g} GPU" if num_gpus else ""
-    cpus = f"{num_cpus} CPU{'s' if num_cpus > 1 else ''}"
-    print(f"Predicting with {num_workers} model actor{plural} x {cpus}{gpus}", flush=True)
-    started = time.time()
-    data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input, columns)
-    predictions = data.map_batches(
-        Predictor,
-        fn_constructor_kwargs={
-            "run": os.path.abspath(run),
-            "features": features,
-            "dataset": cfg["dataset"],
-            "device": "cuda" if num_gpus else "cpu",
-            "classes": class_names(cfg["dataset"]) if images else None,
-            "scheme": absolute_location(input).split("://")[0] + "://" if "://" in input else "",
-            "threads": num_cpus,
-            "batch_size": batch_size,
-        },
-        compute=ActorPoolStrategy(size=num_workers),
-        batch_size=call_rows(batch_size, cfg["dataset"]),
-        batch_format="pyarrow",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        runtime_env={"env_vars": model_actor_env(import_path())},
-    )
-    # The writes hold no CPU: the actors may take every CPU of a small cluster, and a write waiting for one would
-    # wait for ever (Ray Data keeps the pool until the dataset ends).
-    predictions.write_parquet(location, ray_remote_args={"num_cpus": 0})
+    with writing(location) as folder:  # held from here: another predict writing it is refused before any work
+        plural = "s" if num_workers > 1 else ""
+        gpus = f", {num_gpus:g} GPU" if num_gpus else ""
+        cpus = f"{num_cpus} CPU{'s' if num_cpus > 1 else ''}"
+        print(f"Predicting with {num_workers} model actor{plural} x {cpus}{gpus}", flush=True)
+        started = time.time()
+        data, features = (
+            (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input, columns)
+        )
+        predictions = data.map_batches(
+            Predictor,
+            fn_constructor_kwargs={
+                "run": os.path.abspath(run),
+                "features": features,
+                "dataset": cfg["dataset"],
+                "device": "cuda" if num_gpus else "cpu",
+                "classes": class_names(cfg["dataset"]) if images else None,
+                "scheme": absolute_location(input).split("://")[0] + "://" if "://" in input else "",
+                "threads": num_cpus,
+                "batch_size": batch_size,
+            },
+            compute=ActorPoolStrategy(size=num_workers),
+            batch_size=call_rows(batch_size, cfg["dataset"]),
+            batch_format="pyarrow",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            runtime_env={"env_vars": model_actor_env(import_path())},
+        )
+        # The writes hold no CPU: the actors may take every CPU of a small cluster, and a write waiting for one would
+        # wait for ever (Ray Data keeps the pool until the dataset ends).
+        predictions.write_parquet(folder, ray_remote_args={"num_cpus": 0})
     rows = row_counts(parquet_files(location, "--output"))
     seconds = time.time() - started
     return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
@@ -577,7 +619,9 @@ def _predict(options: argparse.Namespace) -> None:
     print(f"Predicted {done['rows']:,} rows in {done['seconds']:.1f} s ({rate:,.0f} rows/s): {done['output']}")
 
 
-COMMAND = Command("predict", __doc__, _options, _predict, refused="Cannot predict")
+COMMAND = Command(
+    "predict", __doc__, _options, _predict, refused="Cannot predict", failed="Cannot predict", failures=(locks.Held,)
+)
 main = COMMAND.run
 
 

@@ -110,17 +110,26 @@ def test_the_default_run_predicts_its_validation_rows_as_load_model_does(default
     ids = np.arange(len(val)) * 7 + 3  # the user's own keys
     rows = pa.table({"id": ids, "features": list(x.reshape(len(x), 64).numpy()), "label": y.numpy()})
     pq.write_table(rows, tmp_path / "val.parquet", row_group_size=100)
-    done = subprocess.run(
-        [sys.executable, "-m", "hydra_raytrain.predict", str(run_dir), "val.parquet", "--output", "predictions"]
-        + ["--num-workers", "2", "--address", ray_address],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        env={**os.environ, "PYTHONPATH": ROOT},
-        timeout=300,
-    )
+    (tmp_path / ".predictions.partial").mkdir()  # what a killed predict left: cleared, never part of the output
+    pq.write_table(rows.slice(0, 5), tmp_path / ".predictions.partial" / "killed.parquet")
+
+    def predict(output):
+        return subprocess.run(
+            [sys.executable, "-m", "hydra_raytrain.predict", str(run_dir), "val.parquet", "--output", output]
+            + ["--num-workers", "2", "--address", ray_address],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            env={**os.environ, "PYTHONPATH": ROOT},
+            timeout=300,
+        )
+
+    done = predict("predictions")
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Predicted {len(val)} rows in" in done.stdout
+    # Written beside it and renamed into place, marked complete (_SUCCESS, as Spark's jobs do), nothing else left
+    written = sorted(p.name for p in (tmp_path / "predictions").iterdir())
+    assert "_SUCCESS" in written and ".lock" not in written and not (tmp_path / ".predictions.partial").exists()
     predicted = pq.read_table(tmp_path / "predictions").to_pydict()
     assert set(predicted) == {"id", "label", "prediction", "probabilities"} and sorted(predicted["id"]) == list(ids)
     order = [(key - 3) // 7 for key in predicted["id"]]
@@ -129,6 +138,16 @@ def test_the_default_run_predicts_its_validation_rows_as_load_model_does(default
     assert torch.allclose(torch.tensor(predicted["probabilities"]), expected, atol=1e-6)
     assert predicted["prediction"] == expected.argmax(dim=1).tolist()
     assert predicted["label"] == y[order].tolist()  # carried through
+    # An output another predict is writing is refused at once, naming it (exit 1), and left to it
+    from hydra_raytrain.locks import holding
+
+    with holding(str(tmp_path / ".busy.partial"), "a predict writes it", "Wait for it to end."):
+        busy = predict("busy")
+        assert os.listdir(tmp_path / ".busy.partial") == [".lock"]
+    assert busy.returncode == 1 and not (tmp_path / "busy").exists(), busy.stderr[-3000:]
+    assert f"Cannot predict: {tmp_path / '.busy.partial'} is in use: a predict writes it by pid {os.getpid()}" in (
+        busy.stderr
+    )
 
 
 def ask(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
