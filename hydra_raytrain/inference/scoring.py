@@ -35,12 +35,31 @@ def load_weights(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str,
 
     lightning_checkpoint = os.path.join(path, "checkpoint.ckpt")  # a task=lightning checkpoint folder
     if os.path.exists(lightning_checkpoint) and not os.path.exists(os.path.join(path, "model.pt")):
-        state = torch.load(lightning_checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+        state = lightning_state(lightning_checkpoint)
     else:
         state = read_weights(path)["model"]
     if "_target_" not in spec:
         return {name: _build(node, state[name]) for name, node in spec.items()}
     return _build(spec, state)
+
+
+def lightning_state(checkpoint: str) -> dict[str, Any]:
+    """A Lightning checkpoint's weights: read with ``weights_only=True`` where it holds only tensors and plain
+    values; one whose hyperparameters or loops hold objects needs pickle, which runs code from the file: read so
+    only with a warning that says it (a run dir is trusted like a script: docs/outputs.md#trust)."""
+    import pickle
+    import warnings
+
+    try:
+        return torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    except pickle.UnpicklingError as error:
+        reason = " ".join(str(error).split("\n")[0].split())[:200]
+        warnings.warn(
+            f"{checkpoint} holds Python objects beside its weights ({reason}): read with pickle "
+            "(weights_only=False), which runs code from the file; read only checkpoints you trust",
+            stacklevel=2,
+        )
+        return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
 
 
 def _build(spec: dict[str, Any], state: dict[str, Any]) -> torch.nn.Module:

@@ -51,3 +51,25 @@ def test_a_module_that_does_not_import_here_says_where_the_run_was_trained(tmp_p
     message = str(refused.value)
     assert "cannot be imported" in message and "run this from /home/me/project" in message
     assert f"PYTHONPATH=/home/me/project python -m hydra_raytrain.serve {tmp_path / 'run'}" in message
+
+
+class Hyper:  # an object in a checkpoint's hyperparameters: only pickle reads it back
+    pass
+
+
+def test_a_lightning_checkpoint_is_read_without_pickle_unless_it_holds_objects_and_then_says_so(tmp_path):
+    import warnings
+
+    import pytest
+    import torch
+
+    from hydra_raytrain.inference.scoring import lightning_state
+
+    weights = {"layer.weight": torch.ones(2, 2)}
+    torch.save({"state_dict": weights, "epoch": 3, "hyper_parameters": {"lr": 0.1}}, tmp_path / "plain.ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning: weights_only=True read it
+        assert torch.equal(lightning_state(str(tmp_path / "plain.ckpt"))["layer.weight"], weights["layer.weight"])
+    torch.save({"state_dict": weights, "hyper_parameters": {"thing": Hyper()}}, tmp_path / "objects.ckpt")
+    with pytest.warns(UserWarning, match=r"objects.ckpt holds Python objects .*read only checkpoints you trust"):
+        assert torch.equal(lightning_state(str(tmp_path / "objects.ckpt"))["layer.weight"], weights["layer.weight"])
