@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -331,6 +332,10 @@ class Uploads:
             checkpoint_upload_fn=storage_retry.upload,  # Ray's own upload, its files retried through an outage
         )
 
+    def discard(self) -> None:
+        """This rank failed: its staging folder removed, nothing in flight waited for (its peers may be gone)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
     def close(self) -> None:
         """This rank's run ended (completed or preempted): its last upload stored (the worker's return waits for it
         anyway), then its staging folder removed; left there, every run would leave one per rank in the temp dir."""
@@ -363,6 +368,24 @@ def staging_folder(run_name: str, run_dir: str, rank: int) -> str:
     """Where a rank writes its checkpoint folders before Ray stores them: on the worker's local disk, one per run
     and rank, so that a restarted worker finds (and removes) what its killed predecessor left. Named by the run
     dir as well as the run name: two runs of one config (one name) in two run dirs at once on a node each keep
-    their own (a worker's start empties its folder, under the other run's upload otherwise)."""
+    their own (a worker's start empties its folder, under the other run's upload otherwise). Inside the user's own
+    folder of the temp dir (``private_temp``): no one else can put or read anything there."""
     where = hashlib.sha1(run_dir.encode()).hexdigest()[:8]
-    return os.path.join(tempfile.gettempdir(), f"hydra_raytrain-{run_name}-{where}-rank{rank}")
+    return os.path.join(private_temp(), f"{run_name}-{where}-rank{rank}")
+
+
+def private_temp() -> str:
+    """``<temp dir>/hydra_raytrain-<uid>``, this user's only (mode 700): made here, or one that is this user's
+    own folder already; another user's or a link there is refused (a shared temp dir's names are guessable)."""
+    folder = os.path.join(tempfile.gettempdir(), f"hydra_raytrain-{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(
+            f"{folder} is not this user's private folder (a link, another user's, or open to others): remove it, "
+            "or set TMPDIR to a folder of your own"
+        )
+    return folder

@@ -305,6 +305,8 @@ class RunReport(pl.Callback):
         if status != "failed":  # a failed rank's peers may be gone: nothing in flight is waited for
             self.cadence.close()
             self.uploads.close()
+        else:
+            self.uploads.discard()
         for error in finish_all(self.loggers, status):
             logger.warning(f"a logger failed to finish: {error}")
 

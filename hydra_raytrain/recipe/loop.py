@@ -185,6 +185,8 @@ class Recipe:
 
     def cleanup(self, status: RunStatus) -> None:
         torch.set_default_dtype(self.default_dtype)
+        if status == "failed" and getattr(self, "uploads", None) is not None:
+            self.uploads.discard()
         if getattr(self, "started", False):
             try:
                 self._hook("on_run_end", status)

@@ -450,6 +450,13 @@ def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     assert "Traceback" in summary["error"] and "the loss diverged" in summary["error"]
     [failure] = summary["failures"]
     assert failure["retried"] is False and failure["why"] == "failure.max_failures=0 reached"
+    # The failed rank removed its checkpoint staging folder on the way out (the other may be killed by Ray first)
+    from hydra_raytrain.recipe.checkpoint import private_temp, staging_folder
+
+    rank = int(re.search(r"Training failed: worker ([01])", done.stderr).group(1))
+    staged = staging_folder(os.path.basename(summary["storage"]), str(tmp_path / "run"), rank)
+    assert os.path.dirname(staged) == private_temp() and not os.path.exists(staged)
+    assert oct(os.stat(private_temp()).st_mode & 0o777) == "0o700"
 
 
 BAD_INPUTS = [
