@@ -12,10 +12,13 @@ Each sample is nested lists in the run's ``dataset.input_shape``: a model input 
 Parquet run's ``dataset.transform`` is applied here, as in training and predict). Predictions are the class (by
 name when the run's classes are strings) or, for regression, the value. Requests are batched across clients
 (``--max-batch-size`` requests, waiting at most ``--batch-wait-timeout-s``); a malformed request gets a 4xx
-answer ``{"error": "<one line>"}``. The server listens on 127.0.0.1: ``--host 0.0.0.0`` opens it to every
-machine that can reach this one, with no authentication. Ctrl-C or SIGTERM stops it: the app is deleted, and Serve
-itself is shut down when this command started it. The cluster: ``--address``, else ``RAY_ADDRESS``, else a local
-one of its own.
+answer ``{"error": "<one line>"}``. One client cannot stall the others: a body over ``--max-body-mb`` is refused
+(413) before it is parsed, parsing runs beside the event loop, the model takes ``--max-samples`` samples at a
+time, the queue is bounded (``--max-queued-requests``: 503 beyond) and a request times out
+(``--request-timeout-s``); the API's pages are off unless ``--docs``. The server listens on 127.0.0.1:
+``--host 0.0.0.0`` opens it to every machine that can reach this one, with no authentication. Ctrl-C or SIGTERM
+stops it: the app is deleted, and Serve itself is shut down when this command started it. The cluster:
+``--address``, else ``RAY_ADDRESS``, else a local one of its own.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the route's annotations (``Request``, imported in
@@ -52,12 +55,30 @@ class BadRequest(Exception):
         self.status, self.reason = status, reason
 
 
+async def read_body(request: Any, cap: int) -> bytes:
+    """A request's body, up to ``cap`` bytes: a larger one is answered 413 before it is read (its Content-Length)
+    or as soon as it passes the cap (a body sent in chunks), never held whole."""
+    declared = request.headers.get("content-length", "")
+    too_big = f"at most {cap:,} bytes a request (--max-body-mb)"
+    if declared.isdigit() and int(declared) > cap:
+        raise BadRequest(413, f"the body holds {int(declared):,} bytes; {too_big}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise BadRequest(413, f"the body holds more than {cap:,} bytes; {too_big}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
     """``{"inputs": [<sample>, ...]}`` as a float32 array of shape ``(n, *shape)``, or ``BadRequest``."""
     try:
         data = json.loads(body)
     except ValueError as error:  # JSONDecodeError, and bytes that are not UTF-8
         raise BadRequest(400, f"the body is not JSON ({error})") from None
+    except RecursionError:
+        raise BadRequest(400, "the body nests too deep to parse") from None
     usage = f'a JSON object {{"inputs": [<sample>, ...]}}, each sample nested lists of shape {list(shape)}'
     if not isinstance(data, dict) or "inputs" not in data:
         raise BadRequest(422, f"the body must be {usage}")
@@ -66,8 +87,15 @@ def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
         raise BadRequest(422, f'"inputs" must be a non-empty list of samples: {usage}')
     if len(inputs) > limit:
         raise BadRequest(413, f'"inputs" holds {len(inputs)} samples; at most {limit} per request (--max-samples)')
+    return samples(inputs, shape)
+
+
+def samples(inputs: list[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """A request's samples as float32 ``(n, *shape)``: numbers only, of that shape, finite; else ``BadRequest``."""
     try:
         raw = np.asarray(inputs)
+    except RecursionError:
+        raise BadRequest(422, f'"inputs" nest deeper than samples of shape {list(shape)}') from None
     except (ValueError, TypeError):  # lists of unequal lengths
         raise BadRequest(422, f'"inputs" must be samples of shape {list(shape)}: lists of equal lengths') from None
     if raw.dtype.kind not in "iuf":
@@ -84,9 +112,14 @@ def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
     return x
 
 
-def answer(predictions: Any, probabilities: np.ndarray | None) -> dict[str, Any]:
-    """The JSON answer to one request: its predictions and, for classification, each class's probability."""
-    body: dict[str, Any] = {"predictions": np.asarray(predictions).tolist()}
+def answer(predictions: Any, probabilities: np.ndarray | None) -> dict[str, Any] | BadRequest:
+    """The JSON answer to one request: its predictions and, for classification, each class's probability; a
+    ``BadRequest`` (422) where the model's output for its inputs is not finite (no JSON number holds it)."""
+    values = np.asarray(predictions)
+    numbers = [values] if values.dtype.kind in "fiu" else []
+    if not all(np.isfinite(v).all() for v in [*numbers, *([probabilities] if probabilities is not None else [])]):
+        return BadRequest(422, "the model's output for these inputs is not finite (NaN or infinite)")
+    body: dict[str, Any] = {"predictions": values.tolist()}
     if probabilities is not None:
         body["probabilities"] = probabilities.tolist()
     return body
@@ -126,8 +159,15 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     from hydra_raytrain.host import import_path
     from hydra_raytrain.inference.predict import Predictor
 
-    app = FastAPI(title=f"hydra_raytrain: {description['run']}")
+    pages = options.docs  # the API's pages: off unless asked for
+    app = FastAPI(
+        title=f"hydra_raytrain: {description['run']}",
+        docs_url="/docs" if pages else None,
+        redoc_url="/redoc" if pages else None,
+        openapi_url="/openapi.json" if pages else None,
+    )
     shape, limit, path = tuple(description["input_shape"]), options.max_samples, os.path.abspath(run.path)
+    cap = int(options.max_body_mb * 2**20)
 
     @serve.deployment(
         num_replicas=options.num_replicas,
@@ -138,12 +178,15 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             "runtime_env": {"env_vars": {"PYTHONPATH": import_path()}},
         },
         max_ongoing_requests=max(8, 2 * options.max_batch_size),
+        max_queued_requests=options.max_queued_requests,  # beyond: 503 at once, not a queue without end
     )
     @serve.ingress(app)
     class Model:
         def __init__(self, dataset: dict[str, Any]) -> None:
             device = "cuda" if options.num_gpus else "cpu"
-            self.predictor = Predictor(path, [], dataset, device, classes=description["classes"])
+            # A batch of requests goes through the model --max-samples samples at a time (one request's most)
+            chunk = options.max_samples
+            self.predictor = Predictor(path, [], dataset, device, classes=description["classes"], batch_size=chunk)
 
         @app.get("/health")
         def health(self) -> dict[str, Any]:
@@ -152,18 +195,23 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
         @app.post("/predict")
         async def predict(self, request: Request) -> Any:
             try:
-                x = parse_inputs(await request.body(), shape, limit)
+                body = await read_body(request, cap)
+                # Parsed beside the event loop, which goes on answering other clients (and /health) meanwhile
+                x = await asyncio.get_running_loop().run_in_executor(None, parse_inputs, body, shape, limit)
+                answered = await self.batched(x)
+                if isinstance(answered, BadRequest):
+                    raise answered
             except BadRequest as error:
                 return JSONResponse({"error": error.reason}, status_code=error.status)
-            return await self.batched(x)
+            return answered
 
         @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)
-        async def batched(self, requests: list[np.ndarray]) -> list[dict[str, Any]]:
+        async def batched(self, requests: list[np.ndarray]) -> list[dict[str, Any] | BadRequest]:
             # The model runs beside the event loop, which goes on taking requests (and /health) meanwhile
             outputs = await asyncio.get_running_loop().run_in_executor(None, self.forward, requests)
             return outputs
 
-        def forward(self, requests: list[np.ndarray]) -> list[dict[str, Any]]:
+        def forward(self, requests: list[np.ndarray]) -> list[dict[str, Any] | BadRequest]:
             predictions, probabilities = self.predictor.answer(self.predictor.forward(np.concatenate(requests)))
             ends = np.cumsum([len(x) for x in requests])[:-1]
             split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
@@ -232,7 +280,8 @@ def serve_run(options: argparse.Namespace, started: Started) -> None:
         started.shared = True
     except ValueError:
         started.serve = True
-        serve.start(http_options={"host": options.host, "port": options.port}, logging_config=logs)
+        http = {"host": options.host, "port": options.port, "request_timeout_s": options.request_timeout_s}
+        serve.start(http_options=http, logging_config=logs)
     if started.shared:
         apps = sorted(serve.status().applications)
         if apps:  # the app's routes are at the root: one app per Serve
@@ -282,6 +331,19 @@ def _options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-wait-timeout-s", type=float, default=0.001, help="how long a batch waits to fill")
     parser.add_argument("--max-samples", type=at_least_one, default=1024, help="samples one request may hold")
+    parser.add_argument(
+        "--max-body-mb", type=float, default=16, help="a request's largest body (MB): beyond, 413 before parsing"
+    )
+    parser.add_argument(
+        "--max-queued-requests",
+        type=at_least_one,
+        default=256,
+        help="requests waiting for a replica at most; beyond, 503 at once (default 256)",
+    )
+    parser.add_argument(
+        "--request-timeout-s", type=float, default=60, help="a request's longest answer time (408 beyond; default 60)"
+    )
+    parser.add_argument("--docs", action="store_true", help="serve the API's pages (/docs, /redoc, /openapi.json)")
     parser.add_argument(
         "--log-level", default="WARNING", help="Serve's log level (INFO: a line per request; default WARNING)"
     )

@@ -150,6 +150,63 @@ def test_the_default_run_predicts_its_validation_rows_as_load_model_does(default
     )
 
 
+def malformed_requests_get_a_4xx_and_one_line(port):
+    for method, path, body, code, reason in [
+        ("POST", "/predict", b"{not json", 400, "the body is not JSON"),
+        ("POST", "/predict", b'{"inputs": [[1, 2, 3]]}', 422, "each sample must have shape [1, 8, 8]"),
+        ("POST", "/predict", json.dumps({"inputs": [[[[0] * 8] * 8]] * 1025}).encode(), 413, "at most 1024"),
+        ("POST", "/predict", b'{"inputs": ' + b"[" * 10**5 + b"]" * 10**5 + b"}", 400, "nests too deep"),
+        ("POST", "/predict", json.dumps({"inputs": [[[[3e38] * 8] * 8]]}).encode(), 422, "output for these"),
+        ("GET", "/predict", None, 405, "Method Not Allowed"),
+        ("GET", "/docs", None, 404, "Not Found"),  # the API's pages: off unless --docs
+        ("GET", "/openapi.json", None, 404, "Not Found"),
+    ]:
+        status, text = ask(port, method, path, body)
+        assert (status, reason in text, "Traceback" in text) == (code, True, False), (path, (body or b"")[:80], text)
+
+
+def held_up_while_a_big_body_arrives(port, x, expected):
+    """A client posts a 32 MB body while 8 others ask /health and /predict: each of theirs is answered within 1 s
+    and rightly, the big one gets 413 (over --max-body-mb's 16 MB, before it is parsed), and the replica that
+    answered is the one that answers after (nothing restarted)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray.util.state import list_actors
+
+    def replicas():
+        alive = list_actors(filters=[("state", "=", "ALIVE")])
+        return sorted((a.actor_id, a.pid) for a in alive if "ServeReplica" in (a.class_name or ""))
+
+    before = replicas()
+    sample = json.dumps(x[0].tolist()).encode()
+    big = b'{"inputs": [' + b",".join([sample] * (32 * 2**20 // len(sample) + 1)) + b"]}"
+    assert len(big) >= 32 * 2**20
+
+    def small(i):
+        started = time.time()
+        status, text = ask(
+            port,
+            *(
+                ("GET", "/health")
+                if i % 2
+                else ("POST", "/predict", json.dumps({"inputs": [x[i % 24].tolist()]}).encode())
+            ),
+        )
+        return status, text, time.time() - started, i
+
+    with ThreadPoolExecutor(9) as clients:
+        posted = clients.submit(ask, port, "POST", "/predict", big)
+        answers = list(clients.map(small, range(40)))  # 8 clients at a time while the big body goes in
+        status, text = posted.result(timeout=120)
+    assert status == 413 and "at most 16,777,216 bytes a request (--max-body-mb)" in text, text[:300]
+    assert max(seconds for _, _, seconds, _ in answers) <= 1.0, sorted(s for _, _, s, _ in answers)[-5:]
+    for status, text, _, i in answers:
+        assert status == 200, text
+        if i % 2 == 0:
+            assert json.loads(text)["predictions"] == [expected[i % 24].argmax().item()]
+    assert replicas() == before and len(before) == 1
+
+
 def ask(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
     """One real HTTP request to 127.0.0.1: its status and body."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -219,14 +276,8 @@ def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, r
             concurrent = torch.tensor(list(clients.map(one, range(24))))
         assert torch.allclose(concurrent, expected, atol=1e-5)
 
-        for method, path, body, code, reason in [
-            ("POST", "/predict", b"{not json", 400, "the body is not JSON"),
-            ("POST", "/predict", b'{"inputs": [[1, 2, 3]]}', 422, "each sample must have shape [1, 8, 8]"),
-            ("POST", "/predict", json.dumps({"inputs": [[[[0] * 8] * 8]] * 1025}).encode(), 413, "at most 1024"),
-            ("GET", "/predict", None, 405, "Method Not Allowed"),
-        ]:
-            status, text = ask(port, method, path, body)
-            assert (status, reason in text, "Traceback" in text) == (code, True, False), (path, body, text)
+        malformed_requests_get_a_4xx_and_one_line(port)
+        held_up_while_a_big_body_arrives(port, x, expected)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)

@@ -35,6 +35,8 @@ def test_a_body_of_samples_in_the_input_shape_is_one_float32_batch():
         (json.dumps({"inputs": [[[["1.5", "1"], ["2", "3"]]]]}).encode(), 422, "no text, booleans or nulls"),
         (json.dumps({"inputs": [[[[True, 1], [2, None]]]]}).encode(), 422, "no text, booleans or nulls"),
         (b'{"inputs": [[[[NaN, 1], [2, 3]]]]}', 422, "NaN or infinite"),
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "the body nests too deep to parse"),
+        (b'{"inputs": [' + b"[" * 40 + b"1" + b"]" * 40 + b"]}", 422, "each sample must have shape [1, 2, 2]"),
     ],
 )
 def test_each_malformed_body_gets_a_4xx_and_a_one_line_reason(body, status, reason):
@@ -43,10 +45,12 @@ def test_each_malformed_body_gets_a_4xx_and_a_one_line_reason(body, status, reas
     assert raised.value.status == status and reason in raised.value.reason and "\n" not in raised.value.reason
 
 
-def test_the_answer_has_probabilities_for_classification_only():
+def test_the_answer_has_probabilities_for_classification_only_and_a_non_finite_output_is_a_422():
     probabilities = np.array([[0.25, 0.75]], dtype=np.float32)
     assert answer(["dog"], probabilities) == {"predictions": ["dog"], "probabilities": [[0.25, 0.75]]}
     assert answer(np.array([1.5], dtype=np.float32), None) == {"predictions": [1.5]}
+    for refused in (answer([0], np.array([[np.nan, np.nan]])), answer(np.array([np.inf], dtype=np.float32), None)):
+        assert isinstance(refused, BadRequest) and refused.status == 422 and "is not finite" in refused.reason
 
 
 def test_a_run_with_several_models_is_refused_by_name():
