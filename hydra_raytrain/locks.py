@@ -77,4 +77,6 @@ def _read(fd: int) -> dict[str, Any]:
 def _command() -> str:
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     shown = "python -m hydra_raytrain" if script == "__main__.py" else script
-    return " ".join([shown, *sys.argv[1:]])[:300]
+    from hydra_raytrain.config.redact import redact_text
+
+    return redact_text(" ".join([shown, *sys.argv[1:]]))[:300]

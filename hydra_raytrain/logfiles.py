@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+from hydra_raytrain.config.errors import redacted
 from hydra_raytrain.internals import (
     RAY_TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER,
     RAY_TRAIN_USER_ERROR_LOGGER,
@@ -34,10 +35,12 @@ class _Tee(io.TextIOBase):
         self.stream, self.copy = stream, copy
 
     def write(self, text: str) -> int:
+        given = len(text)
+        text = redacted(text)  # a URI's credentials, whoever prints them (a tracker's "view run at" line)
         self.stream.write(text)
         with contextlib.suppress(ValueError):  # the copy closed under a late writer (a Ray log thread)
             self.copy.write(text)
-        return len(text)
+        return given
 
     def flush(self) -> None:
         self.stream.flush()

@@ -8,6 +8,7 @@ import os
 import warnings
 from typing import Any
 
+from hydra_raytrain.config.errors import redacted
 from hydra_raytrain.outcome import RunStatus
 
 METRICS_FILE = "metrics.jsonl"
@@ -103,7 +104,7 @@ def make_summary(
         "monitor_mode": mode,
         "wall_seconds": round(wall_seconds, 3),
         "run_dir": run_dir,
-        "storage": storage,
+        "storage": redacted(storage),  # a URI's credentials written ***
     }
     if error:
         summary["error"] = error

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Any
 
+from hydra_raytrain.config.redact import redact_text
+
 PACKAGES = {"torch": "torch", "ray": "ray", "hydra": "hydra-core", "hydra_raytrain": "hydra_raytrain"}
 
 
@@ -41,11 +43,12 @@ def provenance(model_target: str | None = None, launch_dir: str | None = None) -
 
 
 def command_line(argv: list[str]) -> str:
-    """The command as typed: ``python -m hydra_raytrain ...`` for the module's entry point."""
+    """The command as typed: ``python -m hydra_raytrain ...`` for the module's entry point; its secrets written
+    ``***`` (config/redact.py)."""
     program = argv[0] if argv else ""
     if program.endswith(os.path.join("hydra_raytrain", "__main__.py")):
-        return shlex.join(["python", "-m", "hydra_raytrain", *argv[1:]])
-    return shlex.join([os.path.basename(program), *argv[1:]] if program else argv)
+        return redact_text(shlex.join(["python", "-m", "hydra_raytrain", *argv[1:]]))
+    return redact_text(shlex.join([os.path.basename(program), *argv[1:]] if program else argv))
 
 
 def git_state(folder: str) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from hydra_raytrain import locks, rundir
 from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
+from hydra_raytrain.config.redact import redact_tree, redact_yaml
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
@@ -86,6 +87,7 @@ def train(
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
+    redact_hydra_files(run_dir)  # what Hydra wrote before this ran: the command line's secrets, as typed
     plan = _checked(cfg, run_dir, rehearse, datasets)
     wait = plan.resolved.run.if_running == "wait"
     with locks.holding(run_dir, "a run of this config trains there", RUN_HELD, wait=wait):
@@ -110,11 +112,12 @@ def _train(
     show_summary: bool,
 ) -> dict[str, Any]:
     resolved, name, stream = plan.resolved, plan.name, plan.stream  # name: the run dir's ${run_name:} too
+    unresolved = OmegaConf.to_container(cfg, resolve=False)  # what redaction keeps unresolved (config/redact.py)
     storage = resolved.storage.path or os.path.join(run_dir, "ray_storage")
     finished = rundir.finished_summary(run_dir) if resolved.run.resume == "auto" else None
     if finished is not None:
         print(rundir.already_complete(finished), flush=True)
-        return _log_finished_run(resolved, run_dir, name, finished)
+        return _log_finished_run(resolved, run_dir, name, finished, unresolved)
 
     for note in plan.notes:
         print(note, flush=True)
@@ -124,7 +127,7 @@ def _train(
     if resolved.run.resume == "never":
         _discard_previous_state(run_dir, storage, name, resolved.storage.retry_window_s)
         trackers.restart_all(resolved.logger, name, run_dir)
-    _write_config(run_dir, cfg, resolved)
+    _write_config(run_dir, cfg, saved_config(resolved, unresolved))
     quiet_ray_train(resolved.ray.logging_level)
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
         return _fit(
@@ -137,6 +140,7 @@ def _train(
             stream=stream,
             extra_callbacks=extra_callbacks,
             show_summary=show_summary,
+            unresolved=unresolved,
         )
 
 
@@ -179,19 +183,22 @@ def _fit(
     extra_callbacks: Sequence[Any] = (),
     show_summary: bool = True,
     stream: Streamed | None = None,
+    unresolved: Any = None,
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
-    Ray Data streams to the workers (``TorchTrainer(datasets=...)``)."""
+    Ray Data streams to the workers (``TorchTrainer(datasets=...)``); ``unresolved``: the composed config before
+    resolution (what is saved of it: ``saved_config``)."""
     origin = provenance(str(resolved.model.get("_target_") or ""))
     tracked, tracker_env = trackers.prepare_all(resolved.logger)  # a tracker that cannot be reached: dropped
     resolved = dataclasses.replace(resolved, logger=tracked)
-    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin, name)
+    summarize = Summary(resolved, run_dir, os.path.join(storage, name), started, show_summary, origin, name, unresolved)
     epoch_log = EpochLog(run_dir, resolved.trainer.max_epochs)
     failures.forget(run_dir)
     # The user's before FailureLog, which raises at a failure that is not retried: they see that one too.
     callbacks = [epoch_log, *driver_callbacks(resolved.callbacks), failures.FailureLog(run_dir, resolved.failure)]
     callbacks += extra_callbacks
-    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin, tracker_env)
+    saved = saved_config(resolved, unresolved)
+    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin, tracker_env, saved)
     try:
         if local_mode:  # nothing persists a checkpoint: no notice to act on
             result = trainer_for(None).fit()
@@ -219,6 +226,7 @@ def _trainer_factory(
     callbacks: list[Any],
     origin: dict[str, Any] | None = None,
     tracker_env: dict[str, str] | None = None,
+    saved: dict[str, Any] | None = None,
 ) -> Callable[[str | None], TorchTrainer]:
     """The run's ``TorchTrainer`` for a preemption notice's name (None: no notice): the workers' loop (ours, or
     Lightning's), its config, Ray Data's datasets, and Ray's config objects (``builders.py``); ``tracker_env``: the
@@ -228,6 +236,7 @@ def _trainer_factory(
     worker_env = builders.worker_env(resolved, {**RAY_TRAIN_ENV, **(tracker_env or {})}, import_path())
     loop_config: dict[str, Any] = {"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name}
     loop_config["provenance"] = origin  # the loggers record it
+    loop_config["saved_cfg"] = saved  # what checkpoints and trackers keep of the config: redacted
     data: dict[str, Any] = {}
     if stream is not None:
         from ray.data import DataContext  # each dataset keeps a copy of the driver's; Ray Train hands it on
@@ -266,6 +275,7 @@ class Summary:
     show: bool
     provenance: dict[str, Any] | None = None  # where the run came from (driver/provenance.py)
     name: str = ""  # the run's name, as it started (sizing the workers does not make it another run)
+    unresolved: Any = None  # the composed config before resolution (``saved_config``)
 
     def __call__(self, status: RunStatus, error: str | None = None, **extra: Any) -> dict[str, Any]:
         trainer = self.resolved.trainer
@@ -308,7 +318,7 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     best = _best_checkpoint(resolved, result)
     test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
     logs, tested = _tracked_logs(run_dir, test if test and "error" not in test else None)
-    config = {"cfg": resolved.to_dict(), "run_name": summarize.name}
+    config = {"cfg": saved_config(resolved, summarize.unresolved), "run_name": summarize.name}
     if tested is not None:
         trackers.replay_test(resolved.logger, config, run_dir, tested)
     summary = summarize("completed", test=test) if test else summarize("completed")
@@ -350,7 +360,9 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
     return {**metrics, "checkpoint": where, "epoch": epoch, "monitor": monitor}
 
 
-def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any]) -> dict[str, Any]:
+def _log_finished_run(
+    resolved: Resolved, run_dir: str, name: str, summary: dict[str, Any], unresolved: Any = None
+) -> dict[str, Any]:
     """Loggers are not part of a run's identity: a logger added to a finished run's command gets the run's
     epochs from metrics.jsonl (on the driver, no training), and summary.json remembers it."""
     if "loggers" not in summary:  # written before summaries said which loggers logged the run: replay nothing
@@ -361,7 +373,8 @@ def _log_finished_run(resolved: Resolved, run_dir: str, name: str, summary: dict
     missing, _ = trackers.prepare_all(missing)
     resolved = dataclasses.replace(resolved, logger={**resolved.logger, **missing})  # what they log, as prepared
     logs, tested = _tracked_logs(run_dir, summary.get("test"))
-    logged = replay(missing, {"cfg": resolved.to_dict(), "run_name": name}, run_dir, logs, _run_files(run_dir))
+    config = {"cfg": saved_config(resolved, unresolved), "run_name": name}
+    logged = replay(missing, config, run_dir, logs, _run_files(run_dir))
     if logged:
         summary["loggers"] = sorted({*summary["loggers"], *logged})
         rundir.write_json(os.path.join(run_dir, rundir.SUMMARY_FILE), summary)
@@ -422,19 +435,34 @@ def _discard_previous_state(run_dir: str, storage: str, name: str, retry_window_
         print(f"run.resume=never: discarded the previous state of this run ({', '.join(removed)})", flush=True)
 
 
-def _write_config(run_dir: str, cfg: DictConfig, resolved: Resolved) -> None:
+def _write_config(run_dir: str, cfg: DictConfig, saved: dict[str, Any]) -> None:
     """The composed config in ``.hydra/config.yaml`` (the CLI's run dir has Hydra's already), and the resolved one
     in ``config.json``, as in every checkpoint: absolute paths and inferred values, so ``evaluate`` works from any
-    folder."""
+    folder; ``saved``: the resolved config as saved (``saved_config``)."""
     if not os.path.exists(os.path.join(run_dir, ".hydra", "config.yaml")):
         _save_composed(run_dir, cfg)
-    rundir.write_json(os.path.join(run_dir, rundir.CONFIG_FILE), resolved.to_dict())
+    rundir.write_json(os.path.join(run_dir, rundir.CONFIG_FILE), saved)
+
+
+def redact_hydra_files(run_dir: str) -> None:
+    """Hydra's ``.hydra/`` files (the composed config, its own, the overrides) with their secrets ``***``."""
+    for file in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        path = os.path.join(run_dir, ".hydra", file)
+        if os.path.exists(path):
+            redact_yaml(path, overrides=file == "overrides.yaml")
+
+
+def saved_config(resolved: Resolved, unresolved: Any = None) -> dict[str, Any]:
+    """The resolved config as the run saves and logs it: secrets written ``***``, values from the environment as
+    their interpolations (config/redact.py). The run itself uses ``resolved``."""
+    return redact_tree(resolved.to_dict(), unresolved)
 
 
 def _save_composed(run_dir: str, cfg: DictConfig) -> None:
     config_path = os.path.join(run_dir, ".hydra", "config.yaml")
     os.makedirs(os.path.dirname(config_path), exist_ok=True)
     OmegaConf.save(cfg, config_path)
+    redact_yaml(config_path)  # its secrets ***, as Hydra's own files
 
 
 def _first_cause(error: TrainingFailedError) -> str:

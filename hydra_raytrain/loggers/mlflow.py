@@ -265,6 +265,9 @@ def plan(node: dict[str, Any], environ: Mapping[str, str], cwd: str, warn: Calla
     return False
 
 
+QUIET_URL = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """MLflow's variables from the driver's environment, for the workers (on a joined cluster they do not inherit
     it), with short HTTP retries unless the user set their own."""
@@ -320,7 +323,12 @@ class MlflowDriverSide(DriverSide):
     def prepare(self, node: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]] | None:
         if not plan(node, os.environ, os.getcwd(), warn=warn):
             return None  # summary.json does not list it: the same command later logs the run
-        return node, forwarded_env(os.environ)
+        env = forwarded_env(os.environ)
+        if redacted(str(node.get("tracking_uri") or "")) != str(node.get("tracking_uri") or ""):
+            # MLflow prints each run's URL, credentials and all, where a run ends: not with a password in it
+            os.environ.setdefault(QUIET_URL, "true")
+            env.setdefault(QUIET_URL, "true")
+        return node, env
 
     def for_trial(self, node: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
         return resolve({**node, "sweep_dir": sweep_dir}, os.environ, os.getcwd())  # nested in the sweep's run

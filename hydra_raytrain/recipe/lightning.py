@@ -29,6 +29,7 @@ from hydra.utils import instantiate
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.monitor import monitored
+from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
@@ -71,6 +72,8 @@ def train_loop_lightning(config: dict[str, Any]) -> WorkerResult | None:
     seed_everything(rank_seed(cfg.trainer.seed, rank))  # dropout masks and random transforms differ by rank
     report = RunReport(cfg, config["run_dir"], config["run_name"], config.get("notice"), loaders.get("train"))
     report.provenance = config.get("provenance")
+    if config.get("saved_cfg") is not None:
+        report.saved = config["saved_cfg"]
     trainer = build_trainer(cfg, report)
     status: RunStatus = "failed"
     try:
@@ -234,6 +237,7 @@ class RunReport(pl.Callback):
         )
         self.resumed_from: str | None = None  # the checkpoint fit() resumes from
         self.provenance: dict[str, Any] | None = None  # where the run came from (the driver's), for the loggers
+        self.saved = redact_tree(cfg.to_dict())  # the config as saved and logged (the driver's, redacted)
         self.started, self.samples = 0.0, 0
 
     # Kept in every Lightning checkpoint (under "callbacks"): a resumed run continues the history and tracker runs.
@@ -244,7 +248,7 @@ class RunReport(pl.Callback):
         self.history, self.tracker_ids = list(state["history"]), dict(state["tracker_ids"])
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:  # after Lightning restored this callback's state
-        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name, "provenance": self.provenance}
+        config = {"cfg": self.saved, "run_name": self.run_name, "provenance": self.provenance}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
 
     def on_train_start(self, trainer: Any, module: Any) -> None:  # after Lightning restored its loops' counters
@@ -297,7 +301,7 @@ class RunReport(pl.Callback):
         def write(folder: str) -> None:  # every rank calls it (a barrier); rank 0 writes the files
             trainer.save_checkpoint(os.path.join(folder, CHECKPOINT_FILE), weights_only=False)
             if self.rank == 0:  # where evaluate reads a checkpoint folder's config from
-                write_json(os.path.join(folder, CONFIG_FILE), self.cfg.to_dict())
+                write_json(os.path.join(folder, CONFIG_FILE), self.saved)
 
         self.uploads.report(metrics, write, f"epoch_{epoch:04d}")
 

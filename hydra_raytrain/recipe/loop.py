@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from hydra_raytrain.callbacks.base import Callbacks, RunState
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.monitor import monitored
+from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import checkpointed_modules
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
@@ -82,6 +83,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
         notice=config.get("notice"),
         rows=config.get("rows"),
         provenance=config.get("provenance"),
+        saved=config.get("saved_cfg"),
     )
     status: RunStatus = "failed"
     try:
@@ -105,11 +107,14 @@ class Recipe:
         notice: str | None = None,
         rows: dict[str, int] | None = None,
         provenance: dict[str, Any] | None = None,
+        saved: dict[str, Any] | None = None,
     ):
         """``rows``: the rows of each split of a dataset that Ray Data streams (None: the workers build it);
-        ``provenance``: where the run came from (the driver's), for the loggers."""
+        ``provenance``: where the run came from (the driver's), for the loggers; ``saved``: the config as the run
+        saves and logs it (redacted: the driver's ``saved_config``), for checkpoints and the loggers."""
         self.cfg, self.run_dir, self.run_name, self.notice, self.rows = cfg, run_dir, run_name, notice, rows
         self.provenance = provenance
+        self.saved = saved if saved is not None else redact_tree(cfg.to_dict())
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -153,7 +158,7 @@ class Recipe:
             self._continue_from() if self.cfg.run.init_full_state else self._warm_start()
         rng = self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
-        config = {"cfg": self.cfg.to_dict(), "run_name": self.run_name, "provenance": self.provenance}
+        config = {"cfg": self.saved, "run_name": self.run_name, "provenance": self.provenance}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
         self.profiler = self._setup_profiler()
         every = self.cfg.checkpoint
@@ -728,7 +733,7 @@ class Recipe:
         train_state = self._train_state(epoch, optimizer_states, position) if self.rank == 0 else None
         if train_state is not None and averaged is not None:
             train_state["ema"] = averaged
-        config = self.cfg.to_dict() if self.rank == 0 else None
+        config = self.saved if self.rank == 0 else None
 
         def write(folder: str) -> None:
             if sharded:

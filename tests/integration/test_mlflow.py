@@ -26,6 +26,9 @@ FILES = ["config.json", "curves.png", "model.pt", "summary.json"]
 SHORT = ("trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=2")
 
 
+SERVER_FOLDERS: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on a free port of 127.0.0.1, its runs in sqlite, its artifacts in a folder; its URI."""
@@ -37,6 +40,7 @@ def mlflow_server(tmp_path_factory):
     with open(folder / "server.log", "w") as log:
         server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
+    SERVER_FOLDERS[uri] = str(folder)
     deadline = time.monotonic() + 90
     while True:
         try:
@@ -221,3 +225,54 @@ def test_a_plain_multirun_nests_its_jobs_in_the_run_that_mlflow_run_id_names(tmp
     assert all(steps(client, run) == [1, 2] and run.info.status == "FINISHED" for run in jobs)
     [theirs] = [run for run in found if run.info.run_id == parent]
     assert theirs.info.status == "FINISHED" and steps(client, theirs) == []
+
+
+@pytest.mark.workers
+def test_secrets_reach_the_workers_and_no_file_a_run_writes_or_uploads_holds_them(ray_address, tmp_path, mlflow_server):
+    """Secrets as users hand them over: a worker variable from the environment (``${oc.env:...}``, the documented
+    way), another typed on the command line, and the MLflow server's password in its tracking URI; the run logs to
+    W&B (offline) and that MLflow server. The worker sees the real value; in every file of the run dir (config.json,
+    each checkpoint's, Hydra's .hydra/, summary.json, driver.log, the W&B run, TensorBoard's none) and of the MLflow
+    server (its database and artifacts) no secret appears: the environment's stays ``${oc.env:...}``, the others
+    ``***``. The same command again finds the same run, complete (its identity is unchanged)."""
+    env_secret, typed_secret, password = "env-secret-7e1f", "typed-secret-93ab", "pw-secret-44c2"
+    host = mlflow_server.split("://", 1)[1]
+    probe = tmp_path / "probe.json"  # outside the run dir: it holds what the worker saw
+    args = [
+        f"ray.address={ray_address}",
+        "scaling.num_workers=1",
+        "debug=smoke",
+        "checkpoint.every_n_epochs=1",
+        "scaling.worker_env={HF_TOKEN: ${oc.env:TEST_HF_TOKEN}, API_KEY: " + typed_secret + "}",
+        "task._target_=tests.helpers.tasks.Probe",
+        f"+task.path={probe}",
+        "+task.variable=HF_TOKEN",
+        "hydra.run.dir=run",
+    ]
+    env = {
+        "TEST_HF_TOKEN": env_secret,
+        "MLFLOW_TRACKING_URI": f"http://hydra:{password}@{host}",
+        "MLFLOW_EXPERIMENT_NAME": "secrets",
+        "WANDB_MODE": "offline",
+    }
+    done = run_cli([*args, "logger=[wandb,mlflow]"], cwd=str(tmp_path), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(probe.read_text())["env"] == env_secret  # the worker got the real value
+    run_dir = tmp_path / "run"
+    assert any(run_dir.glob("wandb/**/*.wandb")) and any(run_dir.glob("ray_storage/*/epoch_0001/config.json"))
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["scaling"]["worker_env"] == {"HF_TOKEN": "${oc.env:TEST_HF_TOKEN}", "API_KEY": "***"}
+    client = MlflowClient(mlflow_server)
+    [run] = runs(client, "secrets")
+    assert run.data.params["scaling.worker_env.API_KEY"] == "***" and run.info.status == "FINISHED"
+    again = run_cli([*args, "logger=[wandb,mlflow]"], cwd=str(tmp_path), env=env)  # the same run, found again
+    assert again.returncode == 0 and "Run already complete: 1 epochs" in again.stdout, again.stderr[-3000:]
+    secrets = [env_secret.encode(), typed_secret.encode(), password.encode()]
+    server_folder = SERVER_FOLDERS[mlflow_server]  # its database and artifacts
+    written = [p for folder in (run_dir, server_folder) for p in glob.glob(f"{folder}/**/*", recursive=True)]
+    written += glob.glob(f"{run_dir}/.hydra/*") + [str(run_dir / ".lock")]
+    assert len(written) > 50
+    for path in written:
+        if os.path.isfile(path):
+            content = open(path, "rb").read()
+            assert not any(secret in content for secret in secrets), (path, [s for s in secrets if s in content])
