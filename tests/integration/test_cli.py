@@ -676,6 +676,7 @@ BAD_INPUTS = [
     # storage.name is one folder inside storage.path, which run.resume=never deletes: never the parent's
     (["storage.name=..", "run.resume=never"], ["storage.name='..'", "no path separator"]),
     (["storage.name=a/b"], ["storage.name='a/b'", "a plain name"]),
+    (["run.if_running=queue"], ["run.if_running='queue'", "refuse, wait"]),
     # HyperBand continues paused trials from a checkpoint of the milestone's epoch; it fills brackets itself
     (
         ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "checkpoint.every_n_epochs=2"]
