@@ -13,6 +13,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hydra_raytrain import rundir
+from hydra_raytrain.config.redact import redact_text, redact_tree
 from hydra_raytrain.outcome import RunStatus, TrialStatus
 from hydra_raytrain.sweep.lineage import bare, describe, final_values, read_lineage, typed
 from hydra_raytrain.sweep.settings import PAUSING
@@ -207,9 +208,10 @@ def write_best_config(
     config = {
         "defaults": ["train_schema", "_self_"],
         "hydra": {"run": {"dir": "outputs/runs/${run_name:}"}, "job": {"name": "train", "chdir": False}},
-        **job.cfg.to_dict(),
+        **redact_tree(job.cfg.to_dict()),  # its secrets *** (config/redact.py): set them again to reproduce it
     }
-    heading = f"# The best trial of this sweep ({' '.join(job.overrides)}), as a complete config. Reproduce it:\n"
+    overrides = redact_text(" ".join(job.overrides))
+    heading = f"# The best trial of this sweep ({overrides}), as a complete config. Reproduce it:\n"
     if cross_validated is not None:
         config["dataset"] = {**config["dataset"], "folds": None, "fold": 0}
         heading = (
@@ -227,7 +229,7 @@ def write_best_config(
             node[rest[-1]] = typed(key, value)
         steps = "\n".join(f"#   {step}" for step in schedule or [])
         heading = (
-            f"# The best trial of this PBT sweep ({' '.join(job.overrides)}) ended with these values, after this "
+            f"# The best trial of this PBT sweep ({overrides}) ended with these values, after this "
             f"schedule of exploits (generation, epoch: donor trial, its step, changes):\n{steps}\n"
             "# Trained by the plain CLI, they apply from the first epoch (no schedule). Train it:\n"
         )
