@@ -329,6 +329,22 @@ def test_one_console_script_runs_every_command_and_reaches_ray_by_one_rule(defau
     assert not (tmp_path / "out").exists()
 
 
+def test_help_is_the_projects_page_and_cfg_job_still_prints_the_config(tmp_path):
+    """--help says what the program does, its commands, its groups (each option, one line a group), the most used
+    overrides and where the docs are; not Hydra's "powered by" page with the whole config (--cfg job has it)."""
+    helped = run_cli(["--help"], cwd=str(tmp_path))
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    page = helped.stdout
+    assert page.startswith("hydra-raytrain: train PyTorch models declared in Hydra configs, with DDP")
+    for command in ("check", "evaluate", "export", "predict", "serve"):
+        assert f"hydra-raytrain {command} " in page, command
+    assert "\nmodel: dcgan, huggingface, lit_classifier, mlp, resnet18" in page and "\nlogger: mlflow, none" in page
+    assert "scaling.num_workers=4" in page and "Docs: README.md and docs/" in page and "--cfg job" in page
+    assert "powered by Hydra" not in page and "train_schema" not in page and "max_epochs: 12" not in page
+    shown = run_cli(["--cfg", "job"], cwd=str(tmp_path))
+    assert shown.returncode == 0 and "max_epochs: 12" in shown.stdout and not (tmp_path / "outputs").exists()
+
+
 def test_a_run_writes_the_output_contract(default_run):
     done, run_dir = default_run
     summary = json.loads((run_dir / "summary.json").read_text())
