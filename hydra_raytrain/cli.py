@@ -95,10 +95,11 @@ def _train(cfg: Any, datasets: Any) -> float | None:
 def _remove_untouched_run_dir() -> None:
     """A refused config leaves nothing behind: drop the run dir if it holds only what Hydra wrote."""
     from hydra_raytrain.driver.run import hydra_run_dir
+    from hydra_raytrain.locks import held
 
     run_dir = hydra_run_dir()
-    if run_dir and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= HYDRA_FILES:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= HYDRA_FILES and not held(run_dir):
+        shutil.rmtree(run_dir, ignore_errors=True)  # not a live run's, in its first seconds
 
 
 if __name__ == "__main__":

@@ -45,24 +45,56 @@ def describe(holder: dict[str, Any]) -> str:
 def holding(folder: str, what: str, advice: str, wait: bool = False) -> Iterator[None]:
     """Hold ``folder`` for the block: at once, or ``Held`` when another live process holds it (``what``: what that
     holder does, ``advice``: what to do about it); with ``wait``, wait for it, saying so once."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _take(folder, what, advice, wait)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd)
-            if not wait:
-                raise Held(folder, what, holder, advice) from None
-            print(f"Waiting for {folder}: {what} by {describe(holder)}", file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
         mine = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "command": _command()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)
         yield
     finally:
         os.close(fd)  # the hold ends with the descriptor
+
+
+def _take(folder: str, what: str, advice: str, wait: bool) -> int:
+    """The descriptor of ``folder``'s lock file, locked; a file unlinked meanwhile (its folder removed or renamed
+    by the holder it waited for) is no hold: the folder's new one is taken instead."""
+    said = False
+    while True:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd)
+            if not wait:
+                os.close(fd)
+                raise Held(folder, what, holder, advice) from None
+            if not said:
+                print(f"Waiting for {folder}: {what} by {describe(holder)}", file=sys.stderr, flush=True)
+                said = True
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def held(folder: str) -> bool:
+    """Whether a live process holds ``folder`` now (its lock file taken)."""
+    try:
+        fd = os.open(os.path.join(folder, LOCK_FILE), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _read(fd: int) -> dict[str, Any]:

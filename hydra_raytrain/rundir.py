@@ -107,7 +107,7 @@ def make_summary(
         "storage": redacted(storage),  # a URI's credentials written ***
     }
     if error:
-        summary["error"] = error
+        summary["error"] = redacted(error)
     return summary
 
 

@@ -21,55 +21,67 @@ from typing import Any
 from hydra_raytrain.config.errors import redacted
 
 MASK = "***"
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|(?:^|_)KEY$", re.IGNORECASE)
+# An environment variable's name (HF_TOKEN, WANDB_API_KEY, DB_PASSWORD): any with one of these words in it
+SECRET_VARIABLE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|KEY")
+# A setting's name in lower case: these words as the whole name or its last words (not pad_token, image_key, tokenizer)
+SECRET_SETTING = re.compile(
+    r"^token$|(^|_)(password|passwd|secret|credentials?|api_key|access_key|secret_key|private_key|access_token"
+    r"|auth_token|hf_token)$"
+)
 FROM_ENVIRONMENT = re.compile(r"\$\{oc\.env:")
-# ``NAME=value`` and ``NAME: value`` in a command line or an override (the value up to a space, comma or brace);
-# a value that is an interpolation (``${...}``) is kept: it holds no secret
-PAIR = re.compile(r"(?P<name>[\w.\-]+)(?P<sep>\s*[=:]\s*)(?P<value>(?!\$\{)[^\s,{}\[\]'\"]+)")
+# ``NAME=value`` and ``NAME: value`` in a command line or an override: the value quoted, or up to a space, comma or
+# brace; a value that is an interpolation (``${...}``) is kept: it holds no secret
+PAIR = re.compile(r"(?P<name>[\w.\-]+)(?P<sep>\s*[=:]\s*)(?P<value>\"[^\"]*\"|'[^']*'|(?!\$\{)[^\s,{}\[\]'\"]+)")
 
 
 def secret_name(name: str) -> bool:
-    """Whether a setting's name (its last part: ``scaling.worker_env.HF_TOKEN`` -> ``HF_TOKEN``) looks secret."""
-    return bool(SECRET_NAME.search(str(name).rsplit(".", 1)[-1]))
+    """Whether a setting's name (its last part: ``scaling.worker_env.HF_TOKEN`` -> ``HF_TOKEN``) looks secret: an
+    environment variable's with TOKEN, SECRET, PASSWORD, CREDENTIAL or KEY in it, or a setting called ``password``,
+    ``api_key``, ``access_token`` and the like."""
+    last = str(name).rsplit(".", 1)[-1]
+    if last.isupper() or (last.upper() == last and any(c.isalpha() for c in last)):
+        return bool(SECRET_VARIABLE.search(last))
+    return bool(SECRET_SETTING.search(last.lower()))
 
 
 def redact_text(text: str) -> str:
     """A command line or override with its secrets written ``***``: URI credentials, and the value of every
-    ``NAME=value`` or ``NAME: value`` whose name looks secret."""
+    ``NAME=value`` or ``NAME: value`` whose name looks secret (quoted or not)."""
 
     def pair(match: re.Match[str]) -> str:
-        if not secret_name(match["name"]):
+        if not secret_name(match["name"]) or match["value"].strip("'\"").startswith("${"):
             return match[0]
         return f"{match['name']}{match['sep']}{MASK}"
 
     return PAIR.sub(pair, redacted(text))
 
 
-def redact_tree(node: Any, unresolved: Any = None, name: str = "") -> Any:
-    """A config tree as it is saved: a value from the environment as its unresolved interpolation (``unresolved``:
-    the same tree before resolution, where known), a secret-looking name's value ``***``, URI credentials ``***``."""
+def redact_tree(node: Any, unresolved: Any = None, name: str = "", in_env: bool = False) -> Any:
+    """A config tree as it is saved: a secret-looking name's value ``***`` (or, where it came from the
+    environment, its unresolved interpolation: ``unresolved`` is the same tree before resolution, where known;
+    likewise every value of an environment map such as ``scaling.worker_env``), URI credentials ``***``; every other
+    value as resolved."""
     if isinstance(node, Mapping):
+        env = str(name).lower().endswith("env") or str(name).lower() == "env_vars"
         return {
-            key: redact_tree(value, unresolved.get(key) if isinstance(unresolved, Mapping) else None, str(key))
+            key: redact_tree(value, unresolved.get(key) if isinstance(unresolved, Mapping) else None, str(key), env)
             for key, value in node.items()
         }
     if isinstance(node, (list, tuple)):
         aligned = unresolved if isinstance(unresolved, (list, tuple)) and len(unresolved) == len(node) else None
         return [redact_tree(value, aligned[i] if aligned else None, name) for i, value in enumerate(node)]
-    if isinstance(unresolved, str) and FROM_ENVIRONMENT.search(unresolved):
+    secret = secret_name(name)
+    if (secret or in_env) and isinstance(unresolved, str) and FROM_ENVIRONMENT.search(unresolved):
         return unresolved
-    if isinstance(node, str):
-        if node and secret_name(name) and not node.startswith("${"):
-            return MASK
-        return redacted(node)
-    return node
+    if secret and node is not None and node != "" and not isinstance(node, bool):
+        return node if isinstance(node, str) and node.startswith("${") else MASK
+    return redacted(node) if isinstance(node, str) else node
 
 
 def redact_yaml(path: str, overrides: bool = False) -> None:
-    """A YAML file Hydra wrote (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) rewritten redacted, its
-    interpolations kept as written; ``overrides``: a list of override strings, each redacted as a command line."""
-    import os
-
+    """A YAML file Hydra wrote (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``, a sweep's
+    ``multirun.yaml``) rewritten redacted, its interpolations kept as written; ``overrides``: a list of override
+    strings, each redacted as a command line."""
     from omegaconf import OmegaConf
 
     loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
@@ -77,10 +89,24 @@ def redact_yaml(path: str, overrides: bool = False) -> None:
         cleaned: Any = [redact_text(item) if isinstance(item, str) else item for item in loaded]
     else:
         cleaned = _redact_strings(redact_tree(loaded))
-    if cleaned != loaded:  # whole or not at all: a sibling file renamed over it
-        with open(path + ".partial", "w") as file:
-            file.write(OmegaConf.to_yaml(OmegaConf.create(cleaned)))
-        os.replace(path + ".partial", path)
+    if cleaned != loaded:
+        write_yaml(path, cleaned)
+
+
+def save_redacted(path: str, tree: Any) -> None:
+    """A config tree (unresolved: its interpolations as written) saved as YAML with its secrets ``***``, written
+    whole or not at all, never in clear on the way."""
+    write_yaml(path, _redact_strings(redact_tree(tree)))
+
+
+def write_yaml(path: str, tree: Any) -> None:
+    import os
+
+    from omegaconf import OmegaConf
+
+    with open(path + ".partial", "w") as file:  # a sibling file renamed over it
+        file.write(OmegaConf.to_yaml(OmegaConf.create(tree)))
+    os.replace(path + ".partial", path)
 
 
 def _redact_strings(node: Any) -> Any:

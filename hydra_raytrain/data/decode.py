@@ -41,9 +41,12 @@ class Decode:
     def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         labels = np.asarray(batch[self.label])
         names = [self.features] if isinstance(self.features, str) else self.features
-        parts = [dense(batch[name]).reshape(len(labels), -1) for name in names]  # each row flattened
-        values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-        x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(labels), *self.input_shape)
+        if len(labels):
+            parts = [dense(batch[name]).reshape(len(labels), -1) for name in names]  # each row flattened
+            values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+            x = np.ascontiguousarray(values, dtype=np.float32).reshape(len(labels), *self.input_shape)
+        else:  # a batch with no rows
+            x = np.zeros((0, *self.input_shape), dtype=np.float32)
         if self.class_names is not None:
             index = {name: position for position, name in enumerate(self.class_names)}
             labels = np.array([index[str(value)] for value in labels], dtype=np.int64)

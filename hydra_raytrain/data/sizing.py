@@ -46,7 +46,10 @@ def sample_shape(file: str, features: str | Sequence[str]) -> list[int]:
     def first_row(name: str) -> object:
         fs, location = filesystem_of(file)
         with pq_file(location, fs) as parquet_file:
-            return next(parquet_file.iter_batches(batch_size=1, columns=[name])).column(0)[0].as_py()
+            first = next(parquet_file.iter_batches(batch_size=1, columns=[name]), None)
+        if first is None or not first.num_rows:
+            raise ConfigError("dataset.path", file, "holds no rows.", "a Parquet file of at least one row")
+        return first.column(0)[0].as_py()
 
     return vectors.sample_shape([schema.field(name) for name in names], first_row)
 

@@ -85,7 +85,10 @@ def column_shape(field: Any, first_row: Callable[[], Any]) -> list[int]:
     declared = declared_shape(field)
     if declared is not None:
         return declared
-    return list(np.asarray(first_row(), dtype=np.float64).shape)
+    first = first_row()
+    if first is None:
+        raise ConfigError("dataset.features", field.name, f"the column {field.name!r} is empty in the first row.")
+    return list(np.asarray(first, dtype=np.float64).shape)
 
 
 def sample_shape(fields: Sequence[Any], first_row: Callable[[str], Any]) -> list[int]:
@@ -143,6 +146,8 @@ def flat_values(column: Any, name: str) -> np.ndarray:
 def features_of(table: Any, names: Sequence[str], shape: Sequence[int]) -> np.ndarray:
     """The feature columns ``names`` of a pyarrow table (or record batch) as float32 samples of ``shape``; a
     ConfigError names ``dataset.input_shape`` when they hold another number of values."""
+    if not table.num_rows:
+        return np.zeros((0, *shape), dtype=np.float32)
     parts = [flat_values(table.column(name), name) for name in names]
     values = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
     check_values(shape, values.shape[1], names)

@@ -20,7 +20,7 @@ from typing import Any
 from ray.train import UserCallback
 
 from hydra_raytrain.config import schema
-from hydra_raytrain.config.errors import one_line
+from hydra_raytrain.config.errors import one_line, redacted
 from hydra_raytrain.internals import RAY_TRAIN_CONTROLLER_LOGGER
 from hydra_raytrain.rundir import read_jsonl
 
@@ -89,7 +89,8 @@ class FailureLog(UserCallback):
         failure = self.failure
         verdict = classify(errors, died, failure.not_retried, failure.retry_on, self.failures, failure.max_failures)
         with open(self.path, "a") as file:
-            file.write(json.dumps({"failure": self.failures, "errors": errors, **vars(verdict)}) + "\n")
+            record = {"failure": self.failures, "errors": errors, **vars(verdict)}
+            file.write(redacted(json.dumps(record)) + "\n")  # a URI's credentials in an error: ***
         rank, first = next(iter(errors.items()))
         if verdict.retried:  # otherwise the driver's last line says it
             print(f"Worker failure {self.failures}: worker {rank}: {first[:300]}; retrying: {verdict.why}", flush=True)

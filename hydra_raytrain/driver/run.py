@@ -27,7 +27,7 @@ from hydra_raytrain import locks, rundir
 from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.config.monitor import monitored
-from hydra_raytrain.config.redact import redact_tree, redact_yaml
+from hydra_raytrain.config.redact import redact_tree, redact_yaml, save_redacted
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
@@ -88,9 +88,9 @@ def train(
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     redact_hydra_files(run_dir)  # what Hydra wrote before this ran: the command line's secrets, as typed
-    plan = _checked(cfg, run_dir, rehearse, datasets)
-    wait = plan.resolved.run.if_running == "wait"
+    wait = OmegaConf.select(cfg, "run.if_running", default="refuse") == "wait"  # checked with the rest below
     with locks.holding(run_dir, "a run of this config trains there", RUN_HELD, wait=wait):
+        plan = _checked(cfg, run_dir, rehearse, datasets)
         with _multirun_parent(plan.resolved, run_dir) as resolved:
             return _train(
                 dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
@@ -445,11 +445,14 @@ def _write_config(run_dir: str, cfg: DictConfig, saved: dict[str, Any]) -> None:
 
 
 def redact_hydra_files(run_dir: str) -> None:
-    """Hydra's ``.hydra/`` files (the composed config, its own, the overrides) with their secrets ``***``."""
-    for file in ("config.yaml", "hydra.yaml", "overrides.yaml"):
-        path = os.path.join(run_dir, ".hydra", file)
+    """Hydra's ``.hydra/`` files (the composed config, its own, the overrides) and, in a multirun, the sweep dir's
+    ``multirun.yaml`` with their secrets ``***``."""
+    paths = [os.path.join(run_dir, ".hydra", file) for file in ("config.yaml", "hydra.yaml", "overrides.yaml")]
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        paths.append(os.path.join(HydraConfig.get().sweep.dir, "multirun.yaml"))
+    for path in paths:
         if os.path.exists(path):
-            redact_yaml(path, overrides=file == "overrides.yaml")
+            redact_yaml(path, overrides=path.endswith("overrides.yaml"))
 
 
 def saved_config(resolved: Resolved, unresolved: Any = None) -> dict[str, Any]:
@@ -461,8 +464,7 @@ def saved_config(resolved: Resolved, unresolved: Any = None) -> dict[str, Any]:
 def _save_composed(run_dir: str, cfg: DictConfig) -> None:
     config_path = os.path.join(run_dir, ".hydra", "config.yaml")
     os.makedirs(os.path.dirname(config_path), exist_ok=True)
-    OmegaConf.save(cfg, config_path)
-    redact_yaml(config_path)  # its secrets ***, as Hydra's own files
+    save_redacted(config_path, OmegaConf.to_container(cfg, resolve=False))  # its secrets ***, as Hydra's files
 
 
 def _first_cause(error: TrainingFailedError) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import logging
 import math
 import os
@@ -36,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from hydra_raytrain import locks
-from hydra_raytrain.config.errors import ConfigError, one_line
+from hydra_raytrain.config.errors import ConfigError, did_you_mean, one_line
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.data.decode import FEATURES, LABELS, resized
 from hydra_raytrain.data.files import (
@@ -155,6 +156,11 @@ def input_columns(
     if features is not None or (builder is not tables.table and builder is not streamed.parquet):
         patterns = features or (["features"] if "features" in names else ["*"])
         candidates = [name for name in names if features is not None or name != "label"]
+        for pattern in features or ():  # each column or pattern named is there, as in training
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in candidates):
+                raise ConfigError(
+                    "--features", patterns, f"{pattern!r} names no column of the input{did_you_mean(pattern, names)}."
+                )
         chosen = tables.pick_columns(candidates, patterns, types.__getitem__)
         if not chosen:
             raise ConfigError(
@@ -399,15 +405,25 @@ def writing(location: str) -> Iterator[str]:
     parent, name = os.path.split(location.rstrip("/"))
     partial = os.path.join(parent, f".{name}.partial")
     with locks.holding(partial, "a predict writes it", "Wait for it to end, or write to another --output."):
+        check_output(location)  # again, held: a predict that finished while this one waited is seen
         _clear(partial)  # what a killed predict wrote
         try:
             yield partial
             open(os.path.join(partial, SUCCESS), "w").close()
-            os.rename(partial, location)  # an output written meanwhile by another command is not replaced
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
-    os.remove(os.path.join(location, locks.LOCK_FILE))
+        try:
+            os.rename(partial, location)  # an output another command wrote meanwhile is not replaced
+        except OSError as error:
+            raise ConfigError(
+                "--output",
+                location,
+                f"was written meanwhile by another command ({error.strerror}); these predictions are in {partial}.",
+                "a path that does not exist",
+            ) from None
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(location, locks.LOCK_FILE))
 
 
 def _clear(folder: str) -> None:

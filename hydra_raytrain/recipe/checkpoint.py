@@ -375,14 +375,18 @@ def staging_folder(run_name: str, run_dir: str, rank: int) -> str:
 
 
 def private_temp() -> str:
-    """``<temp dir>/hydra_raytrain-<uid>``, this user's only (mode 700): made here, or one that is this user's
-    own folder already; another user's or a link there is refused (a shared temp dir's names are guessable)."""
+    """``<temp dir>/hydra_raytrain-<uid>``, this user's only (mode 700): made here, or this user's own folder
+    there (closed to others if it was open); another user's or a link there is refused (a shared temp dir's names
+    are guessable)."""
     folder = os.path.join(tempfile.gettempdir(), f"hydra_raytrain-{os.getuid()}")
     try:
         os.mkdir(folder, 0o700)
     except FileExistsError:
         pass
     info = os.lstat(folder)
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and info.st_mode & 0o077:
+        os.chmod(folder, 0o700)  # this user's own folder, made by hand or an older version: closed
+        info = os.lstat(folder)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise PermissionError(
             f"{folder} is not this user's private folder (a link, another user's, or open to others): remove it, "

@@ -50,6 +50,8 @@ def test_another_array_runs_input_is_its_features_column_else_its_number_columns
     assert input_columns(TABLE, NAMES, NUMBERS, ["f0"]) == ["f0"]  # a table run's, named otherwise
     with pytest.raises(ConfigError, match=re.escape("--features=['k*']: picks no column of numbers of the input")):
         input_columns(digits, NAMES, NUMBERS, ["k*"])
+    with pytest.raises(ConfigError, match=re.escape("'sise' names no column of the input (did you mean 'size'?)")):
+        input_columns(digits, NAMES, NUMBERS, ["f0", "sise"])  # a typo is not dropped silently
 
 
 @pytest.mark.parametrize(
@@ -78,6 +80,8 @@ def test_vector_and_scalar_columns_are_decoded_as_training_reads_them():
     vector = pa.FixedSizeListArray.from_arrays(pa.array([1.0, 2.0, 3.0, 4.0]), 2)
     decoded = predictor.decode(pa.table({"s": [9, 8], "v": vector}))
     assert decoded.tolist() == [[[1.0, 2.0, 9.0]], [[3.0, 4.0, 8.0]]]
+    empty = predictor.decode(pa.table({"s": pa.array([], pa.int64()), "v": pa.array([], pa.list_(pa.float64()))}))
+    assert empty.shape == (0, 1, 3)
 
 
 def test_a_column_of_arrays_is_decoded_to_the_runs_input_shape():
