@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +26,7 @@ from rich.console import Console
 
 from hydra_raytrain import locks, rundir
 from hydra_raytrain.callbacks.base import driver_callbacks
-from hydra_raytrain.config.errors import one_line
+from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree, redact_yaml, save_redacted
 from hydra_raytrain.config.resolved import Resolved
@@ -89,12 +90,18 @@ def train(
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
     redact_hydra_files(run_dir)  # what Hydra wrote before this ran: the command line's secrets, as typed
     wait = OmegaConf.select(cfg, "run.if_running", default="refuse") == "wait"  # checked with the rest below
-    with locks.holding(run_dir, "a run of this config trains there", RUN_HELD, wait=wait):
-        plan = _checked(cfg, run_dir, rehearse, datasets)
-        with _multirun_parent(plan.resolved, run_dir) as resolved:
-            return _train(
-                dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
-            )
+    new = not os.path.exists(run_dir)
+    try:
+        with locks.holding(run_dir, "a run of this config trains there", RUN_HELD, wait=wait):
+            plan = _checked(cfg, run_dir, rehearse, datasets)
+            with _multirun_parent(plan.resolved, run_dir) as resolved:
+                return _train(
+                    dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
+                )
+    except ConfigError:
+        if new and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= {locks.LOCK_FILE}:
+            shutil.rmtree(run_dir, ignore_errors=True)  # a refused config leaves nothing: its hold made the folder
+        raise
 
 
 RUN_HELD = (
