@@ -121,16 +121,11 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         _at_least("storage.retry_window_s", self.retry_window_s, 0)
-        name = self.name
-        if name is not None and (
-            not str(name).strip() or any(c in str(name) for c in "/\\") or str(name) in (".", "..")
-        ):
-            raise ConfigError(
-                "storage.name",
-                name,
-                "names one folder inside storage.path (run.resume=never deletes it): no path separator, '.' or '..'.",
-                "a plain name, e.g. my-run",
+        if self.name is not None and (str(self.name).strip() in ("", ".", "..") or {"/", "\\"} & set(str(self.name))):
+            problem = (
+                "names one folder inside storage.path (run.resume=never deletes it): no path separator, '.' or '..'."
             )
+            raise ConfigError("storage.name", self.name, problem, "a plain name, e.g. my-run")
 
 
 # Errors that repeat when the same code meets the same config and data: retrying them costs a start-up each and

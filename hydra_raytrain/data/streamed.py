@@ -214,8 +214,7 @@ def parquet(
         check_columns(test_files[0], (*names, label), "dataset.test_path", test_path)
     train_files, val_files = fold_files(train_files, val_files, folds, fold, split_seed, val_path)
     rows = split_rows({"train": train_files, "val": val_files, "test": test_files})
-    shape = tuple(input_shape)
-    check_sample_values(path, files[0], features, shape)
+    check_sample_values(path, files[0], features, shape := tuple(input_shape))
     decode = Decode(
         features if isinstance(features, str) else names,
         label,

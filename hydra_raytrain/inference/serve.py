@@ -152,34 +152,17 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     """The Ray Serve app: a FastAPI ingress, the run's model in each replica, requests batched across clients."""
     import asyncio
 
-    from fastapi import FastAPI, Request
+    from fastapi import Request
     from fastapi.responses import JSONResponse
     from ray import serve
 
-    from hydra_raytrain.host import import_path
     from hydra_raytrain.inference.predict import Predictor
 
-    pages = options.docs  # the API's pages: off unless asked for
-    app = FastAPI(
-        title=f"hydra_raytrain: {description['run']}",
-        docs_url="/docs" if pages else None,
-        redoc_url="/redoc" if pages else None,
-        openapi_url="/openapi.json" if pages else None,
-    )
+    app = _fastapi(description["run"], options.docs)
     shape, limit, path = tuple(description["input_shape"]), options.max_samples, os.path.abspath(run.path)
     cap = int(options.max_body_mb * 2**20)
 
-    @serve.deployment(
-        num_replicas=options.num_replicas,
-        ray_actor_options={
-            "num_cpus": options.num_cpus,
-            "num_gpus": options.num_gpus,
-            # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
-            "runtime_env": {"env_vars": {"PYTHONPATH": import_path()}},
-        },
-        max_ongoing_requests=max(8, 2 * options.max_batch_size),
-        max_queued_requests=options.max_queued_requests,  # beyond: 503 at once, not a queue without end
-    )
+    @serve.deployment(**deployment_options(options))
     @serve.ingress(app)
     class Model:
         def __init__(self, dataset: dict[str, Any]) -> None:
@@ -219,6 +202,35 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
 
     return Model.bind(run.dataset)  # type: ignore[attr-defined]  # serve.deployment's
+
+
+def _fastapi(run_name: str, docs: bool) -> Any:
+    """The app's FastAPI ingress; its API pages (/docs, /redoc, /openapi.json) only with ``docs``."""
+    from fastapi import FastAPI
+
+    return FastAPI(
+        title=f"hydra_raytrain: {run_name}",
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
+
+
+def deployment_options(options: argparse.Namespace) -> dict[str, Any]:
+    """The replicas' options for ``serve.deployment``: their resources, import path and queues."""
+    from hydra_raytrain.host import import_path
+
+    return {
+        "num_replicas": options.num_replicas,
+        "ray_actor_options": {
+            "num_cpus": options.num_cpus,
+            "num_gpus": options.num_gpus,
+            # Ray's processes do not inherit this folder: the run's own modules import from it and PYTHONPATH
+            "runtime_env": {"env_vars": {"PYTHONPATH": import_path()}},
+        },
+        "max_ongoing_requests": max(8, 2 * options.max_batch_size),
+        "max_queued_requests": options.max_queued_requests,  # beyond: 503 at once, not a queue without end
+    }
 
 
 def check_resources(options: argparse.Namespace) -> None:
