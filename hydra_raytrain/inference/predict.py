@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import logging
 import math
 import os
@@ -46,7 +47,7 @@ from hydra_raytrain.data.files import (
     parquet_files,
     row_counts,
 )
-from hydra_raytrain.data.vectors import declared_shape, features_of, flat_values, holds_numbers
+from hydra_raytrain.data.vectors import features_of, holds_numbers, sample_shape
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.output import check_output, writing
 from hydra_raytrain.program import Command, at_least_one
@@ -419,12 +420,11 @@ def read_rows(dataset: dict[str, Any], input: str, features: list[str] | None = 
                 f"the column holds {fields[name]}, not numbers.",
                 f"columns of numbers, or of lists or tensors of numbers: {', '.join(names)}",
             )
-    shapes = [declared_shape(arrow_field(name, fields[name], schema)) for name in chosen]
-    if any(shape is None for shape in shapes):  # a variable list: its first row says
-        first = data.take_batch(1, batch_format="pyarrow")
-        values = flat_values_width(first, chosen)
-    else:
-        values = sum(math.prod(shape or [1]) for shape in shapes)
+    first = functools.cache(lambda: data.take_batch(1, batch_format="pyarrow"))  # read only for a variable list
+    found = sample_shape(
+        [arrow_field(name, fields[name], schema) for name in chosen], lambda name: first().column(name)[0].as_py()
+    )
+    values = math.prod(found)  # as training's config resolves it (vectors.sample_shape)
     shape = [int(n) for n in dataset["input_shape"]]
     if math.prod(shape) != values:
         raise ConfigError(
@@ -452,10 +452,6 @@ def arrow_field(name: str, kind: Any, schema: Any) -> Any:
     if isinstance(base, pa.Schema) and name in base.names:
         return base.field(name)
     return pa.field(name, kind)
-
-
-def flat_values_width(batch: Any, names: list[str]) -> int:
-    return sum(flat_values(batch.column(name), name).shape[1] for name in names)
 
 
 def predict(
