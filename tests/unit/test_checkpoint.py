@@ -115,3 +115,23 @@ def test_one_run_name_in_two_run_dirs_stages_apart_and_a_restart_empties_its_own
     assert os.path.isdir(in_flight)
     checkpoint.Uploads("ASYNC", checkpoint.staging_folder("mlp-digits-0a1b2c3d4e", str(tmp_path / "a"), 0))
     assert not os.path.exists(in_flight)
+
+
+def test_staging_lives_in_the_users_private_folder_and_a_link_there_is_refused(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    import pytest
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / f"hydra_raytrain-{os.getuid()}"
+    staged = checkpoint.staging_folder("mlp-digits-0a1b2c3d4e", str(tmp_path / "run"), 1)
+    assert os.path.dirname(staged) == str(folder) and oct(folder.stat().st_mode & 0o777) == "0o700"
+    folder.chmod(0o755)  # this user's own, opened by hand: closed again
+    checkpoint.private_temp()
+    assert oct(folder.stat().st_mode & 0o777) == "0o700"
+    folder.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    folder.symlink_to(tmp_path / "elsewhere")  # a link someone put where the folder goes
+    with pytest.raises(PermissionError, match="is not this user's private folder"):
+        checkpoint.private_temp()
