@@ -39,7 +39,7 @@ from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.driver.storage import outages as storage_outages
 from hydra_raytrain.host import import_path
-from hydra_raytrain.inference.scoring import has_test_split, scalars, score, shown
+from hydra_raytrain.inference.scoring import has_test_split, scalars, score, shown, with_example
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.loggers.base import replay
@@ -329,7 +329,14 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
     if tested is not None:
         trackers.replay_test(resolved.logger, config, run_dir, tested)
     summary = summarize("completed", test=test) if test else summarize("completed")
-    ending = trackers.Ending(config, run_dir, logs, best[0] if best else None, lambda model: _run_files(run_dir, model))
+    ending = trackers.Ending(
+        config,
+        run_dir,
+        logs,
+        best[0] if best else None,
+        files=lambda model: _run_files(run_dir, model),
+        model=lambda folder: with_example(folder or run_dir, resolved.to_dict()),
+    )
     trackers.complete_all(resolved.logger, ending)
     print(f"Run dir: {run_dir}", flush=True)
     return summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 
@@ -146,3 +147,17 @@ def _validate_lightning(cfg: dict[str, Any], module: Any, device: torch.device, 
         return f"{split}_{name[4:]}" if split != "val" and name.startswith("val_") else name
 
     return {named(name): float(value) for name, value in logged.items()}
+
+
+def with_example(folder: str, cfg: dict[str, Any], rows: int = 2) -> tuple[torch.nn.Module, np.ndarray]:
+    """The model of a run or checkpoint ``folder`` (eval mode, on the CPU) and a few validation inputs as it takes
+    them (float32): what a tracker's model format records as its signature and input example. A task of several
+    models, or a model without one input tensor, is refused (``ValueError``)."""
+    model = load_weights(folder, cfg["model"])
+    if isinstance(model, dict):
+        raise ValueError(f"the task trains several models ({', '.join(sorted(model))}), not one")
+    batch = next(iter(split_loader(cfg, "val")))
+    inputs = batch[0] if isinstance(batch, (list, tuple)) else batch
+    if not isinstance(inputs, torch.Tensor):
+        raise ValueError(f"the model's inputs are {type(inputs).__name__}, not one tensor")
+    return model.cpu(), inputs[:rows].detach().cpu().float().numpy()

@@ -6,16 +6,20 @@ own files (metrics.jsonl, summary.json, TensorBoard's) are still written.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from hydra.utils import instantiate
 
+from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.rundir import MODEL_FILE
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +111,19 @@ def _drop(
     del loggers[name]
 
 
+def flat_settings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config's leaves by dotted name (``optimizer.lr``), as trackers list a run's settings; an empty
+    mapping is a leaf."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flat_settings(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
 def server_problem(url: str, timeout_s: float = 3.0) -> str | None:
     """Why a TCP connection to a tracking server at ``url`` (or to the proxy that ``HTTPS_PROXY`` / ``HTTP_PROXY``
     name for it, unless ``NO_PROXY`` exempts it) fails, in a few seconds at most; None when it connects."""
@@ -176,6 +193,24 @@ class Ending:
     logs: list[dict[str, Any]]  # metrics.jsonl's epochs, then the test split's figures at the last epoch's step
     best: Any  # Ray's best checkpoint (None where Ray kept none)
     files: Callable[[str | None], list[str]]  # the run's files to keep, given the model file to keep (None: final)
+    # The model with the weights of a checkpoint folder (None: the run's final ones) and a few validation inputs
+    # (numpy): what a model format's signature and input example need. Raises where the task has no one model.
+    model: Callable[[str | None], tuple[Any, Any]]
+
+    @contextlib.contextmanager
+    def kept_model(self, weights: str, tracker: str) -> Iterator[str | None]:
+        """The model file a tracker keeps: with ``weights`` "best", the model.pt of the best checkpoint Ray kept
+        (readable while the block lasts); None for the final model: with "last", where Ray kept none, where that
+        checkpoint is sharded, or where it cannot be read (said)."""
+        kept = None
+        with contextlib.ExitStack() as stack:
+            if weights == "best" and self.best is not None:
+                try:
+                    path = os.path.join(stack.enter_context(self.best.as_directory()), MODEL_FILE)
+                    kept = path if os.path.exists(path) else None  # a sharded checkpoint: the final model
+                except Exception as error:  # noqa: BLE001  (the final model is kept instead)
+                    warn(f"{tracker}: the best checkpoint could not be read ({one_line(error)}): the final model")
+            yield kept
 
 
 def driver_side(node: Mapping[str, Any]) -> DriverSide:

@@ -13,7 +13,6 @@ by the driver when the run ends (``log_artifacts``).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -24,15 +23,15 @@ from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 from hydra_raytrain.config.errors import one_line, redacted
-from hydra_raytrain.loggers.base import DriverSide, Ending, replay, server_problem, warn
+from hydra_raytrain.loggers.base import DriverSide, Ending, flat_settings, replay, server_problem, warn
 from hydra_raytrain.outcome import RunStatus
-from hydra_raytrain.rundir import MODEL_FILE
 
 ARTIFACTS = ("none", "best", "last")  # log_artifacts: no files, the best checkpoint's model, the final model
 DEFAULT_EXPERIMENT = "hydra_raytrain"
 DEFAULT_STORE = "mlflow.db"  # in outputs/, beside runs/ and multirun/
 RUN_NAME_TAG, RUN_DIR_TAG, SWEEP_TAG = "hydra_raytrain.run_name", "hydra_raytrain.run_dir", "hydra_raytrain.sweep_dir"
 PARENT_TAG = "mlflow.parentRunId"
+MODEL_NAME, MODEL_TAG = "model", "hydra_raytrain.model"  # the run's MLflow Model: runs:/<run id>/model
 STATUSES = {"completed": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
 # The credentials stay out of Ray (its dashboard shows a job's environment): workers read their own. The run id is
 # resolved by the driver into the config (a sweep's trials must not all take it).
@@ -55,6 +54,7 @@ class MlflowLogger:
         log_artifacts: str = "last",
         run_id: str | None = None,
         sweep_dir: str | None = None,
+        registered_model_name: str | None = None,  # the driver's (log_run_model): the workers log no model
     ):
         from hydra_raytrain.config.errors import ConfigError
 
@@ -173,13 +173,9 @@ def flat_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """A nested config as MLflow params: ``optimizer.lr`` -> ``"0.001"``; lists as JSON; a URI's credentials
     hidden; names and values within MLflow's rules and limits."""
     flat: dict[str, str] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flat_params(value, f"{name}."))
-        else:
-            text = redacted(json.dumps(value) if isinstance(value, (list, tuple, Mapping)) else str(value))
-            flat[metric_key(name)[:250]] = text if len(text) <= 6000 else text[:5997] + "..."
+    for name, value in flat_settings(tree, prefix).items():
+        text = redacted(json.dumps(value) if isinstance(value, (list, tuple, Mapping)) else str(value))
+        flat[metric_key(name)[:250]] = text if len(text) <= 6000 else text[:5997] + "..."
     return flat
 
 
@@ -353,19 +349,64 @@ class MlflowDriverSide(DriverSide):
         """Into the run's MLflow run (``replay``): the epochs it lacks (rank 0 logged them as they came, unless MLflow
         was away for some), the test split's figures, and the run's files (with ``log_artifacts: best``, the model
         of the best checkpoint Ray kept). A failure warns; the run stands."""
-        with contextlib.ExitStack() as stack:
-            model = None
-            if node.get("log_artifacts") == "best" and ending.best is not None:
-                try:
-                    kept = os.path.join(stack.enter_context(ending.best.as_directory()), MODEL_FILE)
-                except Exception as error:  # noqa: BLE001  (the final model is logged instead)
-                    warn(f"logger.mlflow: the best checkpoint could not be read ({one_line(error)}): the final model")
-                    kept = ""
-                model = kept if os.path.exists(kept) else None  # a sharded checkpoint: the final model
+        with ending.kept_model("best" if node.get("log_artifacts") == "best" else "last", "logger.mlflow") as model:
             replay({"mlflow": node}, ending.config, ending.run_dir, ending.logs, ending.files(model))
+            if node.get("log_artifacts") != "none":
+                log_run_model(node, ending, os.path.dirname(model) if model else None)
 
 
 MlflowLogger.driver_side = MlflowDriverSide()
+
+
+def log_run_model(node: Mapping[str, Any], ending: Ending, folder: str | None) -> None:
+    """The completed run's model as an MLflow Model of its MLflow run (``log_model``), once: a run that has one
+    (its ``hydra_raytrain.model`` tag) keeps it. ``folder``: the checkpoint whose weights to log (None: the final
+    ones). A failure warns; the run and its files stand."""
+    try:
+        with quick_failure():
+            client = _client(node["tracking_uri"])
+            run_id = find_run(client, experiment(client, node), ending.config["run_name"], ending.run_dir)
+            if run_id is None or MODEL_TAG in client.get_run(run_id).data.tags:
+                return
+        model, example = ending.model(folder)
+        uri = log_model(node, run_id, model, example)
+        with quick_failure():
+            client.set_tag(run_id, MODEL_TAG, uri)
+    except Exception as error:  # noqa: BLE001  (a tracker's helper: the run completed)
+        warn(f"logger.mlflow: the run's model was not logged as an MLflow Model ({one_line(error)})")
+
+
+def log_model(node: Mapping[str, Any], run_id: str, model: Any, example: Any) -> str:
+    """``model`` (a torch module) as the MLflow Model ``model`` of the run ``run_id`` (``runs:/<id>/model``): the
+    pytorch flavor, with the signature of ``example`` (a few inputs from the data) and its outputs, the example itself,
+    torch's and cloudpickle's versions as its requirements (the model's own class must import where it is loaded:
+    hydra_raytrain's models do where hydra_raytrain is installed); registered as a new version of
+    ``registered_model_name`` where the node names one. Returns the model's URI."""
+    import cloudpickle
+    import mlflow
+    import mlflow.pytorch
+    import torch
+    from mlflow.models import infer_signature
+
+    with torch.no_grad():
+        output = model(torch.from_numpy(example))
+    signature = infer_signature(example, getattr(output, "logits", output).numpy())
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"cloudpickle=={cloudpickle.__version__}"]
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(node["tracking_uri"])
+    try:
+        with quick_failure(timeout=300), mlflow.start_run(run_id=run_id):
+            info = mlflow.pytorch.log_model(
+                model,
+                name=MODEL_NAME,
+                signature=signature,
+                input_example=example,
+                pip_requirements=requirements,
+                registered_model_name=node.get("registered_model_name"),
+            )
+    finally:
+        mlflow.set_tracking_uri(previous)
+    return str(info.model_uri)
 
 
 class quick_failure:

@@ -14,12 +14,16 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from hydra_raytrain.loggers.base import DriverSide, server_problem, warn
+from hydra_raytrain.config.errors import one_line
+from hydra_raytrain.loggers.base import DriverSide, Ending, build_loggers, server_problem, warn
 from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
 
 MODES = ("online", "offline", "disabled")
 DEFAULT_PROJECT = "hydra_raytrain"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
+LOG_MODEL = (None, False, "best", "last")  # log_model: none, the best checkpoint's weights, the final ones
+MODEL_ARTIFACT = "model-{id}"  # Lightning's WandbLogger's name for a run's model artifact
 NOT_FORWARDED = ("WANDB_API_KEY", "WANDB_SERVICE")  # the key stays out of Ray; the service is this process's own
 
 
@@ -34,16 +38,19 @@ class WandbLogger:
         tags: list[str] | None = None,
         name: str | None = None,
         mode: str | None = None,
+        log_model: str | bool | None = None,  # the driver's (WandbDriverSide.complete): the workers log no model
     ):
-        if mode is not None and mode not in MODES:
-            from hydra_raytrain.config.errors import ConfigError
+        from hydra_raytrain.config.errors import ConfigError
 
+        if mode is not None and mode not in MODES:
             raise ConfigError(
                 "logger.wandb.mode",
                 mode,
                 "unknown W&B mode.",
                 "online, offline, disabled, or null (W&B's WANDB_MODE, else online)",
             )
+        if log_model not in LOG_MODEL:
+            raise ConfigError("logger.wandb.log_model", log_model, "unknown choice.", "best, last, or false")
         given = dict(project=project, entity=entity, group=group, tags=tags or None, name=name, mode=mode)
         self.settings: dict[str, Any] = {key: value for key, value in given.items() if value is not None}
         if project is None and not os.environ.get("WANDB_PROJECT"):
@@ -123,6 +130,40 @@ class WandbDriverSide(DriverSide):
 
     def for_trial(self, node: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
         return node if node.get("group") else {**node, "group": os.path.basename(sweep_dir)}
+
+    def complete(self, node: dict[str, Any], ending: Ending) -> None:
+        """With ``log_model`` (best, last): the weights, with the config that builds their model, as the W&B run's
+        model artifact ``model-<run id>`` (aliases ``latest``, and ``best`` for the best checkpoint's), logged from
+        the driver into the same W&B run (offline: beside rank 0's run files, for ``wandb sync``). A failure warns."""
+        if not node.get("log_model"):
+            return
+        try:
+            with ending.kept_model(node["log_model"], "logger.wandb") as kept:
+                log_model_artifact(node, ending, kept or os.path.join(ending.run_dir, MODEL_FILE), kept is not None)
+        except Exception as error:  # noqa: BLE001  (a tracker's helper: the run completed)
+            warn(f"logger.wandb: the run's model was not logged as a W&B artifact ({one_line(error)})")
+
+
+def log_model_artifact(node: dict[str, Any], ending: Ending, model_file: str, best: bool) -> None:
+    """``model_file`` and the run's config.json as the model artifact of the run's W&B run."""
+    import wandb
+
+    logger = build_loggers({"wandb": node})["wandb"]
+    logger.start(ending.config, ending.run_dir, None)
+    try:
+        run = logger.run  # type: ignore[attr-defined]
+        artifact = wandb.Artifact(
+            MODEL_ARTIFACT.format(id=run.id),
+            type="model",
+            metadata={"weights": "best" if best else "last", "run_name": ending.config["run_name"]},
+        )
+        artifact.add_file(model_file, name=MODEL_FILE)
+        config = os.path.join(ending.run_dir, CONFIG_FILE)
+        if os.path.exists(config):
+            artifact.add_file(config, name=CONFIG_FILE)
+        run.log_artifact(artifact, aliases=["latest", "best"] if best else ["latest"])
+    finally:
+        logger.finish("completed")
 
 
 WandbLogger.driver_side = WandbDriverSide()

@@ -597,6 +597,7 @@ BAD_INPUTS = [
     ),
     (["logger=wandb", "logger.wandb.mode=bogus"], ["logger.wandb.mode='bogus'", "online, offline, disabled"]),
     (["logger=mlflow", "logger.mlflow.log_artifacts=all"], ["logger.mlflow.log_artifacts='all'", "none, best, last"]),
+    (["logger=wandb", "logger.wandb.log_model=always"], ["logger.wandb.log_model='always'", "best, last, or false"]),
     (
         ["~optimizer._partial_"],
         ["optimizer._partial_=None", "needs 'params', which the runner passes", "add `_partial_: true`"],

@@ -1,13 +1,18 @@
 """Experiment trackers from rank 0: W&B offline (no account, no network) and TensorBoard event files."""
 
+import base64
+import hashlib
+
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.api_pb2 import Status
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from hydra_raytrain import train
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.reach import free_port
 from tests.conftest import WANDB_TEST_KEY, compose_config
-from tests.helpers.loggers import read_scalars
-from tests.helpers.wandb_files import run_record, wandb_runs
+from tests.helpers.wandb_files import records, run_record, wandb_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
@@ -21,16 +26,35 @@ def test_wandb_and_tensorboard_log_from_rank_zero_follow_wandbs_environment_and_
     run continues the same W&B run: test_resume.py.)"""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_PROJECT", "from-the-environment")
-    cfg = compose_config("logger=[wandb,tensorboard]", "trainer.max_epochs=2", "debug=smoke")
+    cfg = compose_config(
+        "logger=[wandb,tensorboard]", "trainer.max_epochs=2", "debug=smoke", "logger.wandb.log_model=last"
+    )
     summary = train(cfg, run_dir=str(tmp_path))
-    (run,) = wandb_runs(tmp_path)  # one W&B run: rank 0 only
-    assert run_record(run).project == "from-the-environment"
-    assert run.name == f"run-{validate(cfg, str(tmp_path)).run_name()}.wandb"  # the id is the run's identity
-    content = run.read_bytes()
-    assert b"val_accuracy" in content and b"train_loss" in content and b"hydra_raytrain.models.SimpleCNN" in content
-    scalars = read_scalars(tmp_path / "tensorboard")
-    assert [step for step, _ in scalars["val_accuracy"]] == [1, 2]
-    assert scalars["val_loss"][-1][1] == pytest.approx(summary["final"]["val_loss"], rel=1e-6)
+    # One W&B run (its id the run's identity): rank 0's metrics, then the driver's model artifact into the same run
+    # (offline, W&B writes each process's part to a folder of its own; `wandb sync` joins them by the id)
+    run_id, parts = validate(cfg, str(tmp_path)).run_name(), wandb_runs(tmp_path)
+    [trained] = [part for part in parts if b"val_accuracy" in part.read_bytes()]  # rank 0 only logged metrics
+    [model] = [part for part in parts if part != trained]
+    assert trained.name == model.name == f"run-{run_id}.wandb" and run_record(trained).project == "from-the-environment"
+    content = trained.read_bytes()
+    assert b"train_loss" in content and b"hydra_raytrain.models.SimpleCNN" in content
+    [artifact] = [record.artifact for record in records(model) if record.HasField("artifact")]
+    files = {entry.path: entry.digest for entry in artifact.manifest.contents}
+    assert (artifact.type, artifact.name, list(artifact.aliases)) == ("model", f"model-{run_id}", ["latest"])
+    assert files["model.pt"] == base64.b64encode(hashlib.md5((tmp_path / "model.pt").read_bytes()).digest()).decode()
+    assert set(files) == {"model.pt", "config.json"}
+    # TensorBoard's own reader: the scalars, and the run as an HParams session (its settings, its end)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [scalar.step for scalar in events.Scalars("val_accuracy")] == [1, 2]
+    assert events.Scalars("val_loss")[-1].value == pytest.approx(summary["final"]["val_loss"], rel=1e-6)
+    plugin = {
+        tag: HParamsPluginData.FromString(content) for tag, content in events.PluginTagToContent("hparams").items()
+    }
+    started = plugin["_hparams_/session_start_info"].session_start_info.hparams
+    assert started["optimizer.lr"].number_value == pytest.approx(cfg.optimizer.lr)
+    assert started["model._target_"].string_value == "hydra_raytrain.models.SimpleCNN"
+    assert plugin["_hparams_/session_end_info"].session_end_info.status == Status.Value("STATUS_SUCCESS")
     for path in tmp_path.rglob("*"):  # no secret in anything the run wrote
         if path.is_file():
             assert WANDB_TEST_KEY.encode() not in path.read_bytes(), path

@@ -13,10 +13,15 @@ import threading
 import time
 import urllib.request
 
+import mlflow
+import mlflow.pytorch
+import numpy as np
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
-from hydra_raytrain import train
+from hydra_raytrain import load_model, train
 from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config, run_cli, unused_port
 
@@ -89,6 +94,14 @@ def steps(client, run, key="val_loss"):
     return [metric.step for metric in client.get_metric_history(run.info.run_id, key)]
 
 
+def validation_digits(cfg, rows=16):
+    """The first validation inputs of the run's dataset, as its model takes them."""
+    from hydra_raytrain.inference.scoring import split_loader
+
+    inputs, _ = next(iter(split_loader(OmegaConf.to_container(cfg, resolve=True), "val")))
+    return inputs[:rows].numpy()
+
+
 def artifacts(client, run):
     return sorted(item.path for item in client.list_artifacts(run.info.run_id))
 
@@ -127,10 +140,21 @@ def test_a_restarted_run_continues_its_mlflow_run_in_the_local_store_and_logs_ea
     assert run.data.tags["provenance.command"] and run.data.tags["hydra_raytrain.run_dir"] == str(tmp_path / "run")
     assert artifacts(client, run) == FILES
     assert (tmp_path / "outputs" / "mlartifacts").is_dir()  # the store's artifacts beside it, not in a worker's cwd
+    # The model as an MLflow Model: MLflow's pyfunc loader predicts what load_model predicts, on validation digits
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    served = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    [signature] = served.metadata.get_input_schema().inputs
+    assert signature.shape == (-1, 1, 8, 8) and str(signature.type) == "float32"
+    digits = validation_digits(cfg)
+    with torch.no_grad():
+        expected = load_model(str(tmp_path / "run"))(torch.from_numpy(digits)).numpy()
+    assert np.abs(served.predict(digits) - expected).max() < 1e-6
 
 
 @pytest.mark.workers
-def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(ray_address, tmp_path, mlflow_server):
+def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(
+    ray_address, tmp_path, mlflow_server, monkeypatch
+):
     """MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_NAME from the environment, through the real CLI."""
     args = [
         "-m",
@@ -142,9 +166,11 @@ def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(ray_
         *SHORT,
         "logger=mlflow",
         "logger.mlflow.log_artifacts=best",
+        "logger.mlflow.registered_model_name=sweep-digits",
         "hydra.sweep.dir=sweep-m1",
     ]
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "sweeps"}
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # for MLflow's loaders below
     done = run_cli(args, cwd=str(tmp_path), timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     client = MlflowClient(mlflow_server)
@@ -165,6 +191,12 @@ def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(ray_
         [kept] = glob.glob(os.path.join(run_dir, "ray_storage", "*", f"epoch_{best:04d}", "model.pt"))
         logged = client.download_artifacts(run.info.run_id, "model.pt", str(tmp_path))
         assert open(logged, "rb").read() == open(kept, "rb").read()
+        # ... and that checkpoint's weights are the trial's MLflow Model, registered as a version of sweep-digits
+        model = mlflow.pytorch.load_model(f"runs:/{run.info.run_id}/model")
+        best_weights = torch.load(kept, weights_only=True)
+        assert all(torch.equal(value, best_weights[name]) for name, value in model.state_dict().items())
+    versions = client.search_model_versions("name = 'sweep-digits'")
+    assert sorted(v.run_id for v in versions) == sorted(run.info.run_id for run in trials)
 
 
 def test_an_unreachable_mlflow_warns_and_the_same_command_later_logs_the_finished_run(

@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams.api_pb2 import Status
+from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from hydra_raytrain.sweep.space import start_order
 from tests.conftest import ROOT, run_cli
@@ -63,7 +66,7 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
         "+variant=one_worker,two_workers,fails",
         "trainer.max_epochs=2",
         "trainer.limit_train_batches=5",
-        "logger=wandb",
+        "logger=[wandb,tensorboard]",
         "logger.wandb.mode=offline",
         "hydra.sweeper.keep_checkpoints=1",
         "hydra.sweep.dir=sweep-7f",
@@ -87,6 +90,20 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
     for row in good:
         (run,) = wandb_runs(row["run_dir"])
         assert run_group(run) == "sweep-7f"
+    # TensorBoard's HParams table of the sweep (tensorboard --logdir sweep-7f): a session per trial, its own settings
+    sessions = {}
+    for row in rows.values():
+        events = EventAccumulator(os.path.join(row["run_dir"], "tensorboard"))
+        events.Reload()
+        plugin = {tag: HParamsPluginData.FromString(data) for tag, data in events.PluginTagToContent("hparams").items()}
+        started = plugin["_hparams_/session_start_info"].session_start_info.hparams
+        ended = plugin["_hparams_/session_end_info"].session_end_info.status
+        sessions[row["overrides"]] = (started["scaling.num_workers"].number_value, Status.Name(ended))
+    assert sessions == {
+        "+variant=one_worker": (1, "STATUS_SUCCESS"),
+        "+variant=two_workers": (2, "STATUS_SUCCESS"),
+        "+variant=fails": (1, "STATUS_FAILURE"),
+    }, sessions
     kept = [row for row in good if os.path.isdir(os.path.join(row["run_dir"], "ray_storage"))]
     assert kept == [rows[summary["best"]["overrides"]]]  # keep_checkpoints=1: the best trial's Ray storage only
     assert "hydra_raytrain sweep: 3 trials" in done.stdout and "failed" in done.stdout

@@ -5,7 +5,13 @@ import ast
 import pathlib
 import re
 
+import pytest
+from tensorboard.plugins.hparams import plugin_data_pb2  # TensorBoard's own reader of the plugin's data
+
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.loggers import base as trackers
+from hydra_raytrain.loggers.tensorboard import hparams, session_end, session_start
+from hydra_raytrain.loggers.wandb import WandbLogger
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WANDB = {"_target_": "hydra_raytrain.loggers.wandb.WandbLogger", "mode": "offline"}
@@ -69,3 +75,25 @@ def test_a_sweeps_trials_are_grouped_by_each_tracker_and_only_mlflow_opens_a_rec
 
     parent = MlflowClient(uri).get_run(handles["mlflow"])
     assert parent.info.status == "FINISHED" and parent.data.metrics == {"best_val_loss": 0.5}
+
+
+def test_a_runs_settings_become_hparams_values_and_unset_ones_are_left_out():
+    cfg = {"optimizer": {"lr": 0.01, "betas": [0.9, 0.99]}, "trainer": {"amp": True, "monitor": None}, "tags": {}}
+    assert hparams(cfg) == {"optimizer.lr": 0.01, "optimizer.betas": "[0.9, 0.99]", "trainer.amp": True}
+    [start], [end] = session_start(cfg).value, session_end("failed").value
+    read = plugin_data_pb2.HParamsPluginData.FromString(start.metadata.plugin_data.content).session_start_info
+    assert read.hparams["optimizer.lr"].number_value == 0.01 and read.hparams["trainer.amp"].bool_value is True
+    ended = plugin_data_pb2.HParamsPluginData.FromString(end.metadata.plugin_data.content).session_end_info
+    assert (start.tag, end.tag, ended.status) == (
+        "_hparams_/session_start_info",
+        "_hparams_/session_end_info",
+        2,
+    )  # FAILURE
+
+
+def test_wandbs_log_model_takes_best_last_or_false():
+    for choice in ("best", "last", False, None):
+        WandbLogger(mode="offline", log_model=choice)
+    with pytest.raises(ConfigError) as caught:
+        WandbLogger(mode="offline", log_model="all")
+    assert caught.value.key == "logger.wandb.log_model" and "best, last, or false" in str(caught.value)
