@@ -13,6 +13,7 @@ by the driver when the run ends (``log_artifacts``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -392,21 +393,34 @@ def log_model(node: Mapping[str, Any], run_id: str, model: Any, example: Any) ->
         output = model(torch.from_numpy(example))
     signature = infer_signature(example, getattr(output, "logits", output).numpy())
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"cloudpickle=={cloudpickle.__version__}"]
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(node["tracking_uri"])
-    try:
-        with quick_failure(timeout=300), mlflow.start_run(run_id=run_id):
-            info = mlflow.pytorch.log_model(
-                model,
-                name=MODEL_NAME,
-                signature=signature,
-                input_example=example,
-                pip_requirements=requirements,
-                registered_model_name=node.get("registered_model_name"),
-            )
-    finally:
-        mlflow.set_tracking_uri(previous)
+    with _tracking_uri(node["tracking_uri"]), quick_failure(timeout=300), mlflow.start_run(run_id=run_id):
+        info = mlflow.pytorch.log_model(
+            model,
+            name=MODEL_NAME,
+            signature=signature,
+            input_example=example,
+            pip_requirements=requirements,
+            registered_model_name=node.get("registered_model_name"),
+        )
     return str(info.model_uri)
+
+
+@contextlib.contextmanager
+def _tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``log_model`` has no client form) pointed at ``uri`` for a block, then left as it was:
+    its process-wide URI (unset unless someone set it) and ``MLFLOW_TRACKING_URI``, which ``set_tracking_uri`` also
+    writes (and unsets when given None)."""
+    import mlflow
+    from mlflow.tracking._tracking_service import utils
+
+    saved, variable = getattr(utils, "_tracking_uri", None), os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved)
+        if variable is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = variable
 
 
 class quick_failure:
