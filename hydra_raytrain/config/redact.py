@@ -116,3 +116,34 @@ def _redact_strings(node: Any) -> Any:
     if isinstance(node, list):
         return [_redact_strings(value) for value in node]
     return redact_text(node) if isinstance(node, str) else node
+
+
+def masked(tree: Any, saved: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """What ``saved`` (``tree`` as ``redact_tree`` saves it) hides: each leaf whose saved form differs, by its path
+    (keys, list items by index), with its real value. ``unmasked`` puts them back."""
+    if isinstance(tree, Mapping) and isinstance(saved, Mapping):
+        return {
+            found: value
+            for key, item in tree.items()
+            for found, value in masked(item, saved.get(key), (*path, key)).items()
+        }
+    if isinstance(tree, (list, tuple)) and isinstance(saved, (list, tuple)) and len(tree) == len(saved):
+        return {
+            found: value for i, item in enumerate(tree) for found, value in masked(item, saved[i], (*path, i)).items()
+        }
+    return {} if tree == saved else {path: tree}
+
+
+def unmasked(saved: Any, hidden: Mapping[tuple[Any, ...], Any]) -> Any:
+    """A saved tree with the values ``masked`` found put back (a copy)."""
+    import copy
+
+    tree = copy.deepcopy(saved)
+    for path, value in hidden.items():
+        if not path:
+            return value
+        node = tree
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return tree

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hydra_raytrain.config.redact import masked, redact_text, redact_tree, unmasked
 from hydra_raytrain.config.resolved import Resolved
 
 
@@ -21,6 +23,22 @@ class Job:
         """The plain form of ``<run dir>/job.json`` (from which a re-run of the sweep replays it)."""
         return {**self.__dict__, "cfg": self.cfg.to_dict()}
 
+    def saved(self) -> dict[str, Any]:
+        """``to_dict`` as ``job.json`` holds it: its config and overrides with their secrets ``***``
+        (config/redact.py); ``hidden`` are the values that hides, which the trial gets in memory."""
+        return {
+            **self.to_dict(),
+            "cfg": redact_tree(self.cfg.to_dict()),
+            "overrides": [redact_text(override) for override in self.overrides],
+        }
+
+    def hidden(self) -> dict[tuple[Any, ...], Any]:
+        """The values of its config that ``saved`` writes ``***``, by their paths."""
+        plain = self.cfg.to_dict()
+        return masked(plain, redact_tree(plain))
+
     @classmethod
-    def from_dict(cls, plain: dict[str, Any]) -> Job:
-        return cls(**{**plain, "cfg": Resolved.from_dict(plain["cfg"])})
+    def from_dict(cls, plain: dict[str, Any], hidden: Mapping[tuple[Any, ...], Any] | None = None) -> Job:
+        """A job from its plain form; ``hidden``: the values its saved config hides, put back."""
+        cfg = unmasked(plain["cfg"], hidden) if hidden else plain["cfg"]
+        return cls(**{**plain, "cfg": Resolved.from_dict(cfg)})

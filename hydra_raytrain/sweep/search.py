@@ -16,12 +16,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ray.tune.search import Searcher
 
 from hydra_raytrain import rundir
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.space import Parameter
 
@@ -50,9 +51,21 @@ def earlier_jobs(sweep_dir: str) -> list[Job]:
     return sorted(found, key=lambda job: job.index)
 
 
-def write_job(job: Job) -> None:
+def write_job(job: Job, hidden: Mapping[tuple[Any, ...], Any]) -> None:
+    """``<run dir>/job.json``, its secrets ``***`` (``Job.saved``): the trial puts back ``hidden``, the sweep's
+    secret values, which every trial shares (they come from the command line, the config files or the environment,
+    not from a swept value: one that would is refused)."""
+    if job.hidden() != hidden:
+        swept = sorted(".".join(map(str, path)) for path in set(job.hidden()) ^ set(hidden))
+        raise ConfigError(
+            "hydra.sweeper.params",
+            ", ".join(swept) or "a secret",
+            "a swept value is or holds a secret (a secret-looking key, URI credentials): the sweep's records "
+            "would have to write it.",
+            "secrets from the command line's fixed overrides, the config or the environment (${oc.env:NAME})",
+        )
     os.makedirs(job.run_dir, exist_ok=True)
-    rundir.write_json(os.path.join(job.run_dir, JOB_FILE), job.to_dict())
+    rundir.write_json(os.path.join(job.run_dir, JOB_FILE), job.saved())
 
 
 def final_value(run_dir: str, metric: str) -> float | None:
@@ -62,9 +75,10 @@ def final_value(run_dir: str, metric: str) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def read_job(run_dir: str) -> Job:
+def read_job(run_dir: str, hidden: Mapping[tuple[Any, ...], Any] | None = None) -> Job:
+    """A trial's ``job.json``; ``hidden``: the secret values it was written without (``write_job``), put back."""
     with open(os.path.join(run_dir, JOB_FILE)) as file:
-        return Job.from_dict(json.load(file))
+        return Job.from_dict(json.load(file), hidden)
 
 
 class HydraSearch(Searcher):
@@ -87,9 +101,11 @@ class HydraSearch(Searcher):
         known: list[Job],
         replay: list[Job],
         budget: int,
+        hidden: Mapping[tuple[Any, ...], Any],
     ):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
         self.searcher, self.space, self.fixed, self.compose = searcher, space, fixed, compose
+        self.hidden = hidden  # the sweep's secret values: job.json is written without them
         self.replay, self.budget = list(replay), budget
         self.known = {job.name: job for job in known}
         self.next_index = max((job.index for job in known), default=-1) + 1
@@ -103,7 +119,7 @@ class HydraSearch(Searcher):
         job = self.replay.pop(0) if self.replay else self._new_job(trial_id)
         if not isinstance(job, Job):
             return job  # None (ask later) or FINISHED
-        write_job(job)
+        write_job(job, self.hidden)
         self.jobs.append(job)
         self.known[job.name] = job
         self.running[trial_id] = job

@@ -28,19 +28,21 @@ def run_trial(
     pythonpath: str,
     argv: list[str] | None = None,
     compose: Callable[..., Job] | None = None,
+    hidden: dict[tuple[Any, ...], Any] | None = None,
 ) -> None:
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from hydra_raytrain import rundir
+    from hydra_raytrain.config.redact import redact_text
     from hydra_raytrain.driver.epoch_log import EpochReportsOnly
     from hydra_raytrain.driver.run import train
     from hydra_raytrain.sweep.search import read_job
 
     # The basic search hands every job over up front; a search algorithm's jobs are written by the driver as
-    # they are suggested (the trial runs on the driver's node).
-    job = jobs[config["index"]] if jobs else read_job(os.path.join(sweep_dir, config["name"]))
+    # they are suggested (the trial runs on the driver's node), without the sweep's secrets (``hidden``: put back).
+    job = jobs[config["index"]] if jobs else read_job(os.path.join(sweep_dir, config["name"]), hidden)
     _as_on_the_driver(cwd, pythonpath, argv)
     run_dir = job.run_dir
     os.makedirs(run_dir, exist_ok=True)
@@ -49,7 +51,8 @@ def run_trial(
         tune.report({**finished["final"], "already_complete": True})
         return
     with open(os.path.join(run_dir, TRIAL_FILE), "w") as file:
-        json.dump({"index": config["index"], "overrides": job.overrides, "started": time.time()}, file)
+        overrides = [redact_text(override) for override in job.overrides]  # a typed secret as ***
+        json.dump({"index": config["index"], "overrides": overrides, "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
     if compose is not None:  # PBT: the trial's current generation, each epoch reported with a checkpoint to clone
         from hydra_raytrain.sweep.pbt import run_segment

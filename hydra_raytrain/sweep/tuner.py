@@ -26,6 +26,7 @@ from ray.tune.schedulers import HyperBandForBOHB
 from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
+from hydra_raytrain.config.redact import secret_name
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.preflight.rehearsal import Datasets
@@ -216,10 +217,26 @@ def plan_trials(
             "has nothing to search: no swept key.",
             "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
         )
-    jobs = [compose(job.overrides, job.index, job.params) for job in earlier_jobs(sweep_dir)]
+    secret = [key for key in space if secret_name(key)]
+    if secret:  # job.json would hold it: the trials get the sweep's secrets in memory, one value for them all
+        raise ConfigError(
+            secret[0],
+            "a swept value",
+            "is a secret-looking key swept by a search algorithm, whose records would have to write its values.",
+            "one value for the whole sweep (a fixed override, or ${oc.env:NAME}); sweep the keys around it",
+        )
+    jobs = [compose(_replayed(job, fixed, space), job.index, job.params) for job in earlier_jobs(sweep_dir)]
     done, todo = _finished(jobs, lambda job: _status(job, previous))  # todo: interrupted or failed, suggested first
     budget = settings.num_samples - len(done)
     return Trials(jobs, done, todo, budget, settings.num_samples, probe_jobs(compose, fixed, space), fixed, space)
+
+
+def _replayed(job: Job, fixed: list[str], space: dict[str, Parameter]) -> list[str]:
+    """An earlier trial's overrides: this command's fixed ones (the identical command: its secrets, which job.json
+    does not hold) and the values the search drew for it, as they were first written."""
+    if not set(job.params) <= set(space):  # another command's sweep dir: its trials' overrides as saved
+        return job.overrides
+    return fixed + [space[key].override(key, value) for key, value in job.params.items()]
 
 
 def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets: Datasets | None = None) -> int:
@@ -297,7 +314,14 @@ def run_trials(
     bracketed = settings.scheduler == "hyperband"
     share = math.floor(10_000 / concurrent) / 10_000 if bracketed else 0.001
     tuner = tune.Tuner(
-        _trainable(plan.jobs if searcher is None else [], sweep_dir, compose, settings.scheduler in PAUSING, share),
+        _trainable(
+            plan.jobs if searcher is None else [],
+            sweep_dir,
+            compose,
+            settings.scheduler in PAUSING,
+            share,
+            hidden=secrets_of(plan) if searcher is not None else {},
+        ),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
@@ -355,7 +379,12 @@ def _scheduler(plan: Trials, settings: SweepSettings, space: dict[str, Parameter
 
 
 def _trainable(
-    jobs: list[Job], sweep_dir: str, compose: Callable[..., Job], pausing: bool = False, share: float = 0.001
+    jobs: list[Job],
+    sweep_dir: str,
+    compose: Callable[..., Job],
+    pausing: bool = False,
+    share: float = 0.001,
+    hidden: dict[tuple[Any, ...], Any] | None = None,
 ) -> Any:
     """The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
     nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it): a
@@ -375,6 +404,7 @@ def _trainable(
         pythonpath=import_path(),
         argv=list(sys.argv),
         compose=compose if pausing else None,
+        hidden=hidden or {},  # in Ray's object store, never on disk: job.json is written without it
     )
     return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: share})
 
@@ -520,7 +550,22 @@ def _search(
         inner = _bohb_search(plan.space, *objective, seed, concurrent)
     else:
         inner = _optuna_search(plan.space, *objective, seed, plan.done)
-    return HydraSearch(inner, plan.space, plan.fixed, compose, known=plan.jobs, replay=plan.todo, budget=plan.budget)
+    return HydraSearch(
+        inner,
+        plan.space,
+        plan.fixed,
+        compose,
+        known=plan.jobs,
+        replay=plan.todo,
+        budget=plan.budget,
+        hidden=secrets_of(plan),
+    )
+
+
+def secrets_of(plan: Trials) -> dict[tuple[Any, ...], Any]:
+    """The secret values the sweep's trials share (a probe's: ``Job.hidden``): job.json is written without them and
+    each trial gets them in memory."""
+    return plan.probes[0].hidden() if plan.probes else {}
 
 
 def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[Job]):

@@ -79,6 +79,22 @@ class Slow(Classification):
         return super().train_batch(step, batch)
 
 
+class SlowProbe(Slow):
+    """Slow, and on its first batch rank 0 adds the worker's environment variable ``variable`` to ``path`` (one
+    JSON line per run): what the trials of a sweep received."""
+
+    def __init__(self, seconds_per_batch: float, path: str, variable: str, label_smoothing: float = 0.0):
+        super().__init__(seconds_per_batch, label_smoothing)
+        self.path, self.variable, self.done = path, variable, False
+
+    def train_batch(self, step, batch):
+        if not self.done and ray.train.get_context().get_world_rank() == 0:
+            with open(self.path, "a") as file:
+                file.write(json.dumps({"env": os.environ.get(self.variable)}) + "\n")
+            self.done = True
+        return super().train_batch(step, batch)
+
+
 class Probe(Classification):
     """On its first batch, rank 0 writes what the runner gave it to ``path``: its process id, the worker's
     environment variable ``variable``, the model's wrapper and DDP options, the input's memory format."""

@@ -720,6 +720,12 @@ BAD_INPUTS = [
         + ["dataset.fold=range(0,2)", "hydra.sweep.dir=sweep"],
         ["hydra.sweeper.search_alg='optuna'", "would draw dataset.fold", "search_alg=basic to cross-validate"],
     ),
+    # A search algorithm's trial is started from job.json, written without the sweep's secrets: none may be swept
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.search_alg=optuna", "optimizer.lr=interval(1e-4,1e-1)"]
+        + ["+scaling.worker_env.API_KEY=a1,b2", "hydra.sweep.dir=sweep"],
+        ["scaling.worker_env.API_KEY='a swept value'", "secret-looking key swept", "${oc.env:NAME}"],
+    ),
 ]
 
 

@@ -183,10 +183,14 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     assert f"Run already complete: 4 epochs, best val_accuracy {best['best']:.4f}" in again.stdout
 
 
-def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials(ray_address, tmp_path):
+def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials(ray_address, tmp_path, monkeypatch):
     """search_alg=optuna, one trial at a time. The sweep's driver is killed during its second trial; the identical
     command then tells Optuna the finished trial instead of re-running it, resumes the interrupted trial from its
-    checkpoint, and asks Optuna for the third."""
+    checkpoint, and asks Optuna for the third. Secrets (one typed, one from the environment) reach every trial's
+    workers, and no file of the sweep holds them (a trial's job.json is written without them)."""
+    typed, from_env = "typed-secret-5d1e", "env-secret-a77c"
+    monkeypatch.setenv("TEST_SWEEP_TOKEN", from_env)
+    probe = tmp_path / "probe.jsonl"  # outside the sweep dir: what each trial's workers received
     args = [
         "-m",
         "hydra/sweeper=ray_tune",
@@ -199,8 +203,11 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
         "optimizer.lr=tag(log,interval(1e-3,1e-1))",
         "trainer.max_epochs=3",
         "trainer.limit_train_batches=3",
-        "task._target_=tests.helpers.tasks.Slow",
+        "task._target_=tests.helpers.tasks.SlowProbe",
         "+task.seconds_per_batch=0.4",
+        f"+task.path={probe}",
+        "+task.variable=API_KEY",
+        "scaling.worker_env={API_KEY: " + typed + ", HF_TOKEN: ${oc.env:TEST_SWEEP_TOKEN}}",
         "hydra.sweep.dir=sweep",
     ]
     driver, log = start_driver(args, tmp_path)
@@ -235,6 +242,13 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
     )
     lrs = [json.loads((tmp_path / "sweep" / name / "job.json").read_text())["params"]["optimizer.lr"] for name in rows]
     assert len(set(lrs)) == 3 and all(1e-3 <= lr <= 1e-1 for lr in lrs)
+    received = [json.loads(line)["env"] for line in probe.read_text().splitlines()]
+    assert len(received) >= 3 and set(received) == {typed}, received  # each trial's workers, the resumed one's too
+    written = [path for path in (tmp_path / "sweep").rglob("*") if path.is_file()] + [log]
+    assert len(written) > 30
+    for path in written:
+        content = path.read_bytes()
+        assert typed.encode() not in content and from_env.encode() not in content, path
 
 
 def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_address, tmp_path):

@@ -209,7 +209,9 @@ def test_optuna_suggestions_become_jobs_and_earlier_trials_are_replayed_first(tm
     interrupted = compose(
         ["trainer.max_epochs=2", "optimizer.lr=0.01", "model=mlp"], 4, {"optimizer.lr": 0.01, "model": "mlp"}
     )
-    wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[interrupted], replay=[interrupted], budget=3)
+    wrapper = search.HydraSearch(
+        optuna, space, fixed, compose, known=[interrupted], replay=[interrupted], budget=3, hidden={}
+    )
     assert wrapper.suggest("t0") == {"index": 4, "name": interrupted.name}  # the interrupted trial first, as it was
     second = wrapper.suggest("t1")
     job = search.read_job(str(tmp_path / second["name"]))  # what the trial reads
@@ -242,7 +244,7 @@ def test_a_suggestion_that_repeats_a_finished_trial_is_told_its_result_and_asked
     finished = compose(["model=mlp"], 0, {"model": "mlp"})
     (tmp_path / finished.name).mkdir()
     (tmp_path / finished.name / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "val_accuracy": 0.7}) + "\n")
-    wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[finished], replay=[], budget=1)
+    wrapper = search.HydraSearch(optuna, space, fixed, compose, known=[finished], replay=[], budget=1, hidden={})
     suggestion = wrapper.suggest("t0")
     assert suggestion == {"index": 1, "name": "run-model_simple_cnn"}  # never the finished mlp trial again
     told = [t for t in optuna._ot_study.trials if t.value is not None]
@@ -376,3 +378,23 @@ def test_keep_checkpoints_removes_the_other_trials_ray_storage_and_names_storage
     assert "keep_checkpoints=1: 2 trials stored elsewhere keep their checkpoints" in said
     assert str(tmp_path / "shared" / "run1") in said and "s3://sweep-bucket/sweeps/run3" in said
     assert "run0" not in said.split(": ", 2)[-1] and "sweeps/run2" not in said
+
+
+def test_a_trials_job_file_holds_no_secret_and_the_trial_gets_it_back_in_memory(tmp_path):
+    """job.json (what a search algorithm's trial reads) is written with the sweep's secrets ``***``; the trial puts
+    back the values the driver hands it in memory. A swept value that is a secret is refused by name."""
+    base = config()
+    secret = dataclasses.replace(base, scaling=dataclasses.replace(base.scaling, worker_env={"API_KEY": "s3cr3t"}))
+    job = Job(0, ["scaling.worker_env.API_KEY=s3cr3t", "optimizer.lr=0.1"], {"optimizer.lr": 0.1}, secret, "r0", "")
+    job = dataclasses.replace(job, run_dir=str(tmp_path / "r0"))
+    hidden = job.hidden()
+    assert hidden == {("scaling", "worker_env", "API_KEY"): "s3cr3t"}
+    search.write_job(job, hidden)
+    written = (tmp_path / "r0" / search.JOB_FILE).read_text()
+    assert "s3cr3t" not in written and "API_KEY=***" in written
+    assert search.read_job(str(tmp_path / "r0"), hidden).cfg.scaling.worker_env == {"API_KEY": "s3cr3t"}
+    assert search.read_job(str(tmp_path / "r0")).cfg.scaling.worker_env == {"API_KEY": "***"}
+    with pytest.raises(ConfigError) as refused:  # this trial's secret differs from the sweep's: a swept secret
+        search.write_job(dataclasses.replace(job, run_dir=str(tmp_path / "r1")), {})
+    assert refused.value.key == "hydra.sweeper.params" and "scaling.worker_env.API_KEY" in str(refused.value)
+    assert not (tmp_path / "r1").exists()
