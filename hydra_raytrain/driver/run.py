@@ -28,7 +28,7 @@ from hydra_raytrain import locks, rundir
 from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.config.monitor import monitored
-from hydra_raytrain.config.redact import redact_tree, redact_yaml, save_redacted
+from hydra_raytrain.config.redact import redact_text, redact_tree, redact_yaml, save_redacted
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.driver import builders, cluster, failures, report
@@ -215,7 +215,7 @@ def _fit(
     except TrainingFailedError as error:
         summarize("failed", error=str(error))
         raise TrainingFailed(
-            f"Training failed: {_first_cause(error)}\nRun dir: {run_dir} (summary.json has the full error)"
+            f"Training failed: {redact_text(_first_cause(error))}\nRun dir: {run_dir} (summary.json has the full error)"
         ) from None
     outcome: WorkerResult = result.return_value
     if local_mode:  # local mode runs no callbacks: write the epochs it returned

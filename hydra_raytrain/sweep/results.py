@@ -397,7 +397,7 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 def _one_line(error: Any) -> str:
     """The cause of a failed trial in one line: our TrainingFailed line when the traceback holds one."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    lines = [line.strip() for line in redact_text(str(error)).splitlines() if line.strip()]
     ours = [line.split("Training failed: ", 1)[1] for line in lines if "Training failed: " in line and "{" not in line]
     if ours:
         return ours[-1]

@@ -14,10 +14,12 @@ composed, validated config with a run identity, and an earlier run of the sweep 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from ray.tune.search import Searcher
 
@@ -81,6 +83,35 @@ def read_job(run_dir: str, hidden: Mapping[tuple[Any, ...], Any] | None = None) 
         return Job.from_dict(json.load(file), hidden)
 
 
+class InMemory:
+    """A value kept in this process only: a pickle of what holds it (Tune writes its searcher into the sweep's
+    files) holds a key, never the value; a copy in this process reads the same value."""
+
+    _values: ClassVar[dict[int, Any]] = {}
+    _keys = itertools.count()
+
+    def __init__(self, value: Any):
+        self.key = next(InMemory._keys)
+        InMemory._values[self.key] = value
+
+    @property
+    def value(self) -> Any:
+        return InMemory._values[self.key]
+
+
+@dataclass
+class _Held:
+    """What HydraSearch holds in memory only (``InMemory``)."""
+
+    fixed: list[str]
+    compose: Callable[..., Job]
+    hidden: Mapping[tuple[Any, ...], Any]
+    replay: list[Job]
+    known: dict[str, Job]
+    jobs: list[Job] = field(default_factory=list)
+    running: dict[str, Job] = field(default_factory=dict)  # Tune trial id -> its job
+
+
 class HydraSearch(Searcher):
     """Wraps a Tune searcher: its suggestions become composed Hydra jobs; earlier trials are replayed first.
 
@@ -104,25 +135,37 @@ class HydraSearch(Searcher):
         hidden: Mapping[tuple[Any, ...], Any],
     ):
         super().__init__(metric=searcher.metric, mode=searcher.mode)
-        self.searcher, self.space, self.fixed, self.compose = searcher, space, fixed, compose
-        self.hidden = hidden  # the sweep's secret values: job.json is written without them
-        self.replay, self.budget = list(replay), budget
-        self.known = {job.name: job for job in known}
+        self.searcher, self.space, self.budget = searcher, space, budget
         self.next_index = max((job.index for job in known), default=-1) + 1
-        self.jobs: list[Job] = []  # every job this run handed to Tune
-        self.running: dict[str, Job] = {}  # Tune trial id -> its job
+        # What holds the sweep's secrets (the fixed overrides, the jobs' configs, Hydra's composition) stays in this
+        # process: Tune pickles its searcher into the sweep's files (tuner.pkl), which get its key only.
+        self.held = InMemory(
+            _Held(
+                fixed=fixed,
+                compose=compose,
+                hidden=hidden,  # the sweep's secret values: job.json is written without them
+                replay=list(replay),
+                known={job.name: job for job in known},
+            )
+        )
         self.asked: dict[str, str] = {}  # Tune trial id -> the id the wrapped searcher knows the trial by
 
+    @property
+    def jobs(self) -> list[Job]:
+        """Every job this run handed to Tune."""
+        return self.held.value.jobs
+
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # or Searcher.FINISHED
-        if len(self.jobs) >= self.budget:
+        held = self.held.value
+        if len(held.jobs) >= self.budget:
             return Searcher.FINISHED
-        job = self.replay.pop(0) if self.replay else self._new_job(trial_id)
+        job = held.replay.pop(0) if held.replay else self._new_job(trial_id)
         if not isinstance(job, Job):
             return job  # None (ask later) or FINISHED
-        write_job(job, self.hidden)
-        self.jobs.append(job)
-        self.known[job.name] = job
-        self.running[trial_id] = job
+        write_job(job, held.hidden)
+        held.jobs.append(job)
+        held.known[job.name] = job
+        held.running[trial_id] = job
         return {"index": job.index, "name": job.name}
 
     def _new_job(self, trial_id: str) -> Job | str | None:
@@ -131,12 +174,13 @@ class HydraSearch(Searcher):
             params = self.searcher.suggest(ask_id)
             if params is None or params == Searcher.FINISHED:
                 return params
-            job = self.compose(
-                self.fixed + [self.space[key].override(key, value) for key, value in params.items()],
+            held = self.held.value
+            job = held.compose(
+                held.fixed + [self.space[key].override(key, value) for key, value in params.items()],
                 self.next_index,
                 params,
             )
-            twin = self.known.get(job.name)
+            twin = held.known.get(job.name)
             if twin is None:
                 self.next_index += 1
                 self.asked[trial_id] = ask_id
@@ -152,7 +196,7 @@ class HydraSearch(Searcher):
             self.searcher.on_trial_result(self.asked[trial_id], result)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        job = self.running.pop(trial_id, None)
+        job = self.held.value.running.pop(trial_id, None)
         if trial_id in self.asked:
             self.searcher.on_trial_complete(self.asked.pop(trial_id), result, error)
         elif job is not None and result and isinstance(result.get(self.metric), (int, float)):  # a replayed trial

@@ -143,8 +143,12 @@ class FailsInTraining(Classification):
     """Raises in its first training step: a failure only a running worker can meet (the driver rehearses the
     validation step, not training)."""
 
+    def __init__(self, message: str = "the loss diverged at the first step", label_smoothing: float = 0.0):
+        super().__init__(label_smoothing)
+        self.message = message
+
     def train_batch(self, step, batch):
-        raise RuntimeError("the loss diverged at the first step")
+        raise RuntimeError(self.message)
 
 
 class Counted(Classification):

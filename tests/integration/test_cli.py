@@ -497,11 +497,13 @@ def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
 def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     """Both workers raise: the terminal gets one cause in one line (the lowest rank's that Ray reports: the
     controller may end the group on one rank's error before the other's arrives), not a traceback per rank;
-    summary.json keeps the tracebacks."""
+    summary.json keeps the tracebacks. A URI's credentials in the error are *** wherever the driver writes it."""
+    message = "the loss diverged at the first step (data: s3://AKIA7:wJalr-secret-e41@minio:9000/b)"
     done = run_cli(
         [
             f"ray.address={ray_address}",
             "task._target_=tests.helpers.tasks.FailsInTraining",
+            f"+task.message='{message}'",
             "debug=smoke",
             "hydra.run.dir=run",
         ],
@@ -517,6 +519,10 @@ def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     assert "Traceback" in summary["error"] and "the loss diverged" in summary["error"]
     [failure] = summary["failures"]
     assert failure["retried"] is False and failure["why"] == "failure.max_failures=0 reached"
+    assert "s3://***@minio:9000/b" in done.stderr and "s3://***@minio:9000/b" in summary["error"]
+    for written in ("summary.json", "failures.jsonl", "driver.log", ".hydra/overrides.yaml", ".hydra/config.yaml"):
+        assert "wJalr-secret-e41" not in (tmp_path / "run" / written).read_text(), written
+    assert "wJalr-secret-e41" not in output
     # The failed rank removed its checkpoint staging folder on the way out (the other may be killed by Ray first)
     from hydra_raytrain.recipe.checkpoint import private_temp, staging_folder
 

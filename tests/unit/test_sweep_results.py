@@ -398,3 +398,19 @@ def test_a_trials_job_file_holds_no_secret_and_the_trial_gets_it_back_in_memory(
         search.write_job(dataclasses.replace(job, run_dir=str(tmp_path / "r1")), {})
     assert refused.value.key == "hydra.sweeper.params" and "scaling.worker_env.API_KEY" in str(refused.value)
     assert not (tmp_path / "r1").exists()
+
+
+def test_the_search_wrapper_pickles_without_the_sweeps_secrets(tmp_path):
+    """Tune pickles its searcher into the sweep's tuner.pkl: what holds the secrets (the fixed overrides, the jobs'
+    configs) stays in this process; a copy here still reads it."""
+    import copy
+    import pickle
+
+    from ray.tune.search.optuna import OptunaSearch
+
+    fixed, space = parameter_space(["optimizer.lr=tag(log,interval(1e-4,1e-1))", "+scaling.worker_env.API_KEY=k3y"])
+    optuna = OptunaSearch(space=search.optuna_distributions(space), metric="val_accuracy", mode="max", seed=0)
+    wrapper = search.HydraSearch(optuna, space, fixed, fake_compose(tmp_path), known=[], replay=[], budget=2, hidden={})
+    assert b"k3y" not in pickle.dumps(wrapper)
+    assert copy.deepcopy(wrapper).held.value.fixed == ["+scaling.worker_env.API_KEY=k3y"]
+    assert wrapper.suggest("t0")["index"] == 0 and b"k3y" not in pickle.dumps(wrapper)  # with a job in it too
