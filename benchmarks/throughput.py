@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from hydra_raytrain.host import TIMELINE_ENV, mark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH, TRAIN, VAL, SHAPE = 6, 64, 2048, 256, (3, 32, 32)
 GPU_EPOCHS = 8
@@ -217,6 +219,7 @@ def handwritten(record_to: str, out: str, *overrides: str) -> None:
     from ray.train.torch import TorchTrainer
 
     def train_func(config):
+        mark("worker")
         import torch
         from torch.utils.data import DataLoader
 
@@ -230,6 +233,7 @@ def handwritten(record_to: str, out: str, *overrides: str) -> None:
         model = ray.train.torch.prepare_model(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.002)
         loader = ray.train.torch.prepare_data_loader(DataLoader(splits.train, batch_size=BATCH, shuffle=True))
+        mark("setup")
         state = {}
         for _ in range(EPOCHS):
             rate = _epoch(model, optimizer, loader, config["record_to"], state)
@@ -237,7 +241,10 @@ def handwritten(record_to: str, out: str, *overrides: str) -> None:
         return None
 
     storage = tempfile.mkdtemp()
+    mark("composed")  # its imports: nothing to compose or check
+    mark("checked")
     ray.init(address="local", logging_level="WARNING")
+    mark("ray")
 
     class Rates(ray.train.UserCallback):
         def after_report(self, run_context, metrics, checkpoint):
@@ -292,10 +299,24 @@ def ours(record_to: str, out: str, *overrides: str) -> None:
         )
 
 
+# Where the time from launch to the first optimizer step goes (``HYDRA_RAYTRAIN_TIMELINE``: hydra_raytrain's marks,
+# the hand-written script's own): each part ends at its mark.
+PARTS = (
+    ("composed", "imports, composition"),
+    ("checked", "checks"),
+    ("ray", "Ray started"),
+    ("worker", "Ray Train workers"),
+    ("setup", "setup in the worker"),
+    ("first_step", "first step"),
+)
+
+
 def measure(name: str, overrides: tuple = ()) -> dict:
     folder = tempfile.mkdtemp()
     record_to, out = os.path.join(folder, "first_step.json"), os.path.join(folder, "rates.json")
+    timeline = os.path.join(folder, "timeline.txt")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    env[TIMELINE_ENV] = timeline
     launched = time.time()
     done = subprocess.run(
         [sys.executable, __file__, name, record_to, out, *overrides], cwd=ROOT, env=env, capture_output=True, text=True
@@ -307,11 +328,28 @@ def measure(name: str, overrides: tuple = ()) -> dict:
     with open(out) as file:
         figures = json.load(file)
     data = [seconds for seconds in figures.get("data", [])[1:] if seconds is not None]
+    marks = {"first_step": first_step}
+    if os.path.exists(timeline):
+        with open(timeline) as file:
+            for line in file:
+                at, event = line.split()
+                marks.setdefault(event, float(at) - launched)  # the first of each (a run marks each once)
     return {
         "samples_per_second": statistics.median(figures["rates"][1:]),
         "first_step_seconds": first_step,
         "data_seconds": statistics.median(data) if data else None,
+        "marks": marks,
     }
+
+
+def parts(marks: dict) -> list:
+    """The seconds of each start-up part (``PARTS``) from a run's marks; None where it marked none."""
+    seconds, last = [], 0.0
+    for event, _ in PARTS:
+        at = marks.get(event)
+        seconds.append(None if at is None else at - last)
+        last = at if at is not None else last
+    return seconds
 
 
 def alternate(contenders: dict, rounds: int) -> dict:
@@ -331,14 +369,25 @@ def alternate(contenders: dict, rounds: int) -> dict:
 
 
 def best(runs: dict) -> dict:
-    """Per contender, the best samples/s and the shortest time to the first step over its rounds."""
+    """Per contender, the best samples/s and the shortest time to the first step over its rounds (with that
+    round's start-up marks)."""
     return {
         label: {
             "samples_per_second": max(r["samples_per_second"] for r in rs),
             "first_step_seconds": min(r["first_step_seconds"] for r in rs),
+            "marks": min(rs, key=lambda r: r["first_step_seconds"]).get("marks", {}),
         }
         for label, rs in runs.items()
     }
+
+
+def print_parts(results: dict, labels: list) -> None:
+    """Launch to first step, part by part, for the contenders that mark theirs (the fastest round of each)."""
+    print(f"\n{'launch to first step (s)':26}" + "".join(f"{label:>24}" for label in labels))
+    rows = list(zip(*(parts(results[label]["marks"]) for label in labels), strict=True))
+    for (_, part), row in zip(PARTS, rows, strict=True):
+        print(f"{part:26}" + "".join(f"{'-' if s is None else f'{s:.1f}':>24}" for s in row))
+    print(f"{'total':26}" + "".join(f"{results[label]['first_step_seconds']:>24.1f}" for label in labels))
 
 
 # The default experiment (SimpleCNN on the bundled digits, 2 workers) long enough for steady epochs, with the
@@ -361,6 +410,7 @@ def main(rounds: int = 3) -> None:
     print(
         f"first step vs hand-written Ray:     {results[ours][start] / results[hand][start]:.3f}x time  (target <= 1.0)"
     )
+    print_parts(results, [hand, ours])
 
     resident, loaded = "default experiment, data on device", "default experiment, DataLoaders"
     runs = alternate(

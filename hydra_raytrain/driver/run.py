@@ -38,7 +38,7 @@ from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.driver.storage import outages as storage_outages
-from hydra_raytrain.host import import_path
+from hydra_raytrain.host import import_path, mark
 from hydra_raytrain.inference.scoring import has_test_split, scalars, score, shown, with_example
 from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.loggers import base as trackers
@@ -85,6 +85,7 @@ def train(
     resumes it.
     """
     started = time.time()
+    mark("composed")  # the interpreter, the imports and Hydra's composition before this
     run_dir = os.path.abspath(run_dir or hydra_run_dir() or "")
     if not run_dir or run_dir == os.getcwd():
         raise ValueError("train(cfg) needs run_dir= when it is not called from the hydra_raytrain CLI.")
@@ -94,6 +95,7 @@ def train(
     try:
         with locks.holding(run_dir, "a run of this config trains there", RUN_HELD, wait=wait):
             plan = _checked(cfg, run_dir, rehearse, datasets)
+            mark("checked")
             with _multirun_parent(plan.resolved, run_dir) as resolved:
                 return _train(
                     dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
@@ -129,6 +131,7 @@ def _train(
     for note in plan.notes:
         print(note, flush=True)
     resolved, nodes = _size_and_connect(resolved, plan.request)
+    mark("ray")
     # A storage that does not answer before the run: waited for a minute at most (a mistyped endpoint looks alike).
     check_storage(storage, nodes, resolved.storage.shared_filesystem, min(resolved.storage.retry_window_s, 60))
     if resolved.run.resume == "never":

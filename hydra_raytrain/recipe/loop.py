@@ -31,6 +31,7 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import checkpointed_modules
+from hydra_raytrain.host import mark
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
@@ -73,9 +74,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
     """Rank 0 returns the status (completed, or preempted after a notice), the epoch history, the optimizer steps
     and the final weights as ``torch.save`` bytes (``Result.return_value``; Ray refuses tensors there). Ray's local
     mode persists no checkpoint, so this is how the driver gets ``model.pt`` in every mode."""
+    rank = ray.train.get_context().get_world_rank()
+    if rank == 0:
+        mark("worker")  # Ray Train's controller and worker group started, this module imported
     cfg = Resolved.from_dict(config["cfg"])
     quiet_ray_train(cfg.ray.logging_level)
-    link_process_logs(config["run_dir"], f"rank{ray.train.get_context().get_world_rank()}")
+    link_process_logs(config["run_dir"], f"rank{rank}")
     recipe = Recipe(
         cfg,
         run_dir=config["run_dir"],
@@ -88,6 +92,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
     status: RunStatus = "failed"
     try:
         recipe.setup()
+        if recipe.rank == 0:
+            mark("setup")  # data, model, optimizer, DDP
         weights = recipe.train()
         status = recipe.status
     finally:

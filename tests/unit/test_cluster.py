@@ -181,3 +181,15 @@ def test_the_cluster_is_ray_address_else_the_environments_ray_address_and_local_
     assert cluster_address("auto", job) == "auto" and cluster_address("local", job) is None
     assert cluster_address(None, {}) is None and cluster_address(None, {"RAY_ADDRESS": ""}) is None
     assert cluster_address(None, {"RAY_ADDRESS": "local"}) is None
+
+
+def test_start_up_marks_go_to_the_timeline_file_only_when_one_is_named(tmp_path, monkeypatch):
+    from hydra_raytrain.host import TIMELINE_ENV, mark
+
+    monkeypatch.delenv(TIMELINE_ENV, raising=False)
+    mark("composed")  # nothing named: nothing written, no error
+    monkeypatch.setenv(TIMELINE_ENV, str(tmp_path / "timeline.txt"))
+    mark("composed")
+    mark("checked")
+    lines = [line.split() for line in (tmp_path / "timeline.txt").read_text().splitlines()]
+    assert [event for _, event in lines] == ["composed", "checked"] and float(lines[0][0]) <= float(lines[1][0])
