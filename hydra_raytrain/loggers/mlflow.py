@@ -418,7 +418,7 @@ def _tracking_uri(uri: str) -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(saved)
+        mlflow.set_tracking_uri(saved)  # type: ignore[arg-type]  # None unsets it, as MLflow's _use_tracking_uri does
         if variable is not None:
             os.environ["MLFLOW_TRACKING_URI"] = variable
 
