@@ -29,7 +29,7 @@ class TensorBoardLogger:
         self.writer = SummaryWriter(os.path.join(run_dir, self.subdir))
         if config.get("provenance"):  # where the run came from: the command, git commit, versions, host
             self.writer.add_text("provenance", f"```\n{json.dumps(config['provenance'], indent=2)}\n```")
-        self.writer.file_writer.add_summary(session_start(config["cfg"]))
+        self.writer.file_writer.add_summary(session_start(config.get("cfg") or {}))
         return run_id or config["run_name"]
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
