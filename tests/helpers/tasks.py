@@ -7,6 +7,7 @@ import signal
 import time
 
 import ray.train
+import torch
 
 from hydra_raytrain.tasks.classification import Classification
 from hydra_raytrain.tasks.gan import GAN
@@ -158,7 +159,10 @@ class Counted(Classification):
     def training_step(self, model, batch):
         output = super().training_step(model, batch)
         output.sums["label_sum"] = batch[1].sum()
+        # Each label weighted by its place in the batch: the same rows in another order give another sum
+        output.sums["label_order"] = (batch[1] * torch.arange(1, len(batch[1]) + 1, device=batch[1].device)).sum()
         return output
 
     def compute(self, sums):
-        return {**super().compute(sums), "samples": sums["count"], "label_sum": sums["label_sum"]}
+        counted = {"samples": sums["count"], "label_sum": sums["label_sum"], "label_order": sums["label_order"]}
+        return {**super().compute(sums), **counted}

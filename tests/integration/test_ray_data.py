@@ -48,9 +48,11 @@ def test_digits_as_parquet_train_to_the_bar_over_two_workers_and_validate_every_
     assert len(history) == 12 and history[-1]["world_size"] == 2
     # Validation: every sample once per epoch over the two shards (uneven, nothing dropped), never twice.
     assert {(m["val_samples"], m["val_label_sum"]) for m in history} == {(val_rows, val_labels)}
-    # Training: equal shards, at most one row of 1,437 dropped per epoch; a new order (and dropped row) each epoch.
+    # Training: equal shards, at most one row of 1,437 dropped per epoch; the files in a new order each epoch (the
+    # labels weighted by their place in their batches differ; which row is dropped varies less: often one of the
+    # same label, so the label sums alone repeat, all 12 alike about one run in a hundred).
     assert {m["train_samples"] for m in history} == {2 * (train_rows // 2)}
-    assert len({m["train_label_sum"] for m in history}) > 1
+    assert len({m["train_label_order"] for m in history}) > 1
     # The driver's evaluation reads every validation row itself: it scores the model as the workers did.
     evaluated = evaluate(str(tmp_path / "run"))
     assert abs(evaluated["val_loss"] - history[-1]["val_loss"]) < 1e-5
