@@ -25,6 +25,7 @@ from ray.tune.search import Searcher
 
 from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.config.redact import secret_name
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.space import Parameter
 
@@ -75,6 +76,33 @@ def final_value(run_dir: str, metric: str) -> float | None:
     history = rundir.read_history(run_dir)
     value = history[-1].get(metric) if history else None
     return value if isinstance(value, (int, float)) else None
+
+
+def check_no_swept_secret(space: dict[str, Parameter]) -> None:
+    """A search algorithm's trial starts from job.json, written without the sweep's secrets, which the trials get in
+    memory, one value for them all: a swept secret-looking key is refused."""
+    secret = [key for key in space if secret_name(key)]
+    if secret:
+        raise ConfigError(
+            secret[0],
+            "a swept value",
+            "is a secret-looking key swept by a search algorithm, whose records would have to write its values.",
+            "one value for the whole sweep (a fixed override, or ${oc.env:NAME}); sweep the keys around it",
+        )
+
+
+def shared_secrets(probes: list[Job]) -> dict[tuple[Any, ...], Any]:
+    """The secret values the sweep's trials share (a probe's: ``Job.hidden``): job.json is written without them and
+    each trial gets them in memory."""
+    return probes[0].hidden() if probes else {}
+
+
+def replayed(job: Job, fixed: list[str], space: dict[str, Parameter]) -> list[str]:
+    """An earlier trial's overrides: this command's fixed ones (the identical command: its secrets, which job.json
+    does not hold) and the values the search drew for it, as they were first written."""
+    if not set(job.params) <= set(space):  # another command's sweep dir: its trials' overrides as saved
+        return job.overrides
+    return fixed + [space[key].override(key, value) for key, value in job.params.items()]
 
 
 def read_job(run_dir: str, hidden: Mapping[tuple[Any, ...], Any] | None = None) -> Job:

@@ -26,7 +26,6 @@ from ray.tune.schedulers import HyperBandForBOHB
 from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
-from hydra_raytrain.config.redact import secret_name
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.preflight.rehearsal import Datasets
@@ -35,7 +34,15 @@ from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.sweep import pbt, results
 from hydra_raytrain.sweep.job import Job
-from hydra_raytrain.sweep.search import HydraSearch, earlier_jobs, final_value, optuna_distributions
+from hydra_raytrain.sweep.search import (
+    HydraSearch,
+    check_no_swept_secret,
+    earlier_jobs,
+    final_value,
+    optuna_distributions,
+    replayed,
+    shared_secrets,
+)
 from hydra_raytrain.sweep.settings import EVOLVING, PAUSING, SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial
@@ -217,26 +224,11 @@ def plan_trials(
             "has nothing to search: no swept key.",
             "a comma list, choice(), range() or interval() on the command line or in hydra.sweeper.params",
         )
-    secret = [key for key in space if secret_name(key)]
-    if secret:  # job.json would hold it: the trials get the sweep's secrets in memory, one value for them all
-        raise ConfigError(
-            secret[0],
-            "a swept value",
-            "is a secret-looking key swept by a search algorithm, whose records would have to write its values.",
-            "one value for the whole sweep (a fixed override, or ${oc.env:NAME}); sweep the keys around it",
-        )
-    jobs = [compose(_replayed(job, fixed, space), job.index, job.params) for job in earlier_jobs(sweep_dir)]
+    check_no_swept_secret(space)
+    jobs = [compose(replayed(job, fixed, space), job.index, job.params) for job in earlier_jobs(sweep_dir)]
     done, todo = _finished(jobs, lambda job: _status(job, previous))  # todo: interrupted or failed, suggested first
     budget = settings.num_samples - len(done)
     return Trials(jobs, done, todo, budget, settings.num_samples, probe_jobs(compose, fixed, space), fixed, space)
-
-
-def _replayed(job: Job, fixed: list[str], space: dict[str, Parameter]) -> list[str]:
-    """An earlier trial's overrides: this command's fixed ones (the identical command: its secrets, which job.json
-    does not hold) and the values the search drew for it, as they were first written."""
-    if not set(job.params) <= set(space):  # another command's sweep dir: its trials' overrides as saved
-        return job.overrides
-    return fixed + [space[key].override(key, value) for key, value in job.params.items()]
 
 
 def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets: Datasets | None = None) -> int:
@@ -320,7 +312,7 @@ def run_trials(
             compose,
             settings.scheduler in PAUSING,
             share,
-            hidden=secrets_of(plan) if searcher is not None else {},
+            hidden=shared_secrets(plan.probes) if searcher is not None else {},
         ),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
@@ -558,14 +550,8 @@ def _search(
         known=plan.jobs,
         replay=plan.todo,
         budget=plan.budget,
-        hidden=secrets_of(plan),
+        hidden=shared_secrets(plan.probes),
     )
-
-
-def secrets_of(plan: Trials) -> dict[tuple[Any, ...], Any]:
-    """The secret values the sweep's trials share (a probe's: ``Job.hidden``): job.json is written without them and
-    each trial gets them in memory."""
-    return plan.probes[0].hidden() if plan.probes else {}
 
 
 def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[Job]):
