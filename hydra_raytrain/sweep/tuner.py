@@ -305,15 +305,10 @@ def run_trials(
     # under it all are created, and each takes 1/concurrent of the driver's node to run.
     bracketed = settings.scheduler == "hyperband"
     share = math.floor(10_000 / concurrent) / 10_000 if bracketed else 0.001
+    # The grid's jobs go to the trials in memory; a search's are written as suggested, without the secrets
+    handed, hidden = (plan.jobs, {}) if searcher is None else ([], dict(searcher.held.value.hidden))
     tuner = tune.Tuner(
-        _trainable(
-            plan.jobs if searcher is None else [],
-            sweep_dir,
-            compose,
-            settings.scheduler in PAUSING,
-            share,
-            hidden=shared_secrets(plan.probes) if searcher is not None else {},
-        ),
+        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden=hidden),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
