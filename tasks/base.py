@@ -37,14 +37,18 @@ class Step(Protocol):
 
     def forward(self) -> contextlib.AbstractContextManager: ...
 
-    def optimize(self, loss: torch.Tensor, name: str | None = None) -> None: ...
+    def optimize(self, loss: torch.Tensor, name: str | None = None, normalizer: torch.Tensor | None = None) -> None: ...
 
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor  # what backward() runs on: a mean over the batch
+    loss: torch.Tensor  # what backward() runs on: a mean over the batch (a sum, with a normalizer)
     sums: Sums  # detached per-batch sums the metrics are made of; must include "count"
     outputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (the model's outputs, the targets): task.metrics'
+    # When set, ``loss`` is a sum over this many units (supervised tokens): the runner divides each optimizer
+    # step's gradients by the units of its whole accumulation window on every worker (exact per unit), instead
+    # of averaging per-batch means.
+    normalizer: torch.Tensor | None = None
 
 
 class Task:
@@ -74,7 +78,7 @@ class Task:
         an optimizer step. Override for several models or optimizers."""
         with step.forward():
             output = self.training_step(step.model, batch)
-        step.optimize(output.loss)
+        step.optimize(output.loss, normalizer=output.normalizer)
         return output.sums
 
     def on_epoch_end(self, model: Any, epoch: int, run_dir: str) -> None:

@@ -49,6 +49,8 @@ def run_name(cfg: Mapping[str, Any]) -> str:
     identity["dataset"] = _split_identity(identity["dataset"])
     if not any((identity.get("finetune") or {}).values()):
         identity.pop("finetune", None)
+    if (identity.get("peft") or {}).get("method", "none") == "none":  # adapters, when asked for
+        identity.pop("peft", None)
     if cfg["trainer"].get("data_on_device") is True:
         identity["trainer"]["data_on_device"] = True
     if (cfg.get("run") or {}).get("init_from"):  # a warm start: another starting point, another run

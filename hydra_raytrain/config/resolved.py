@@ -20,6 +20,7 @@ from hydra_raytrain.config.schema import (
     FailureConfig,
     FinetuneConfig,
     FSDPConfig,
+    PeftConfig,
     RayConfig,
     RunSettings,
     ScalingConfig,
@@ -49,6 +50,7 @@ class Resolved:
     datamodule: dict[str, Any] = dataclasses.field(default_factory=dict)
     finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)  # absent from older config.json files
     callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)  # name -> _target_ node; absent from older
+    peft: PeftConfig = dataclasses.field(default_factory=PeftConfig)  # absent from older config.json files
 
     @classmethod
     def from_dict(cls, plain: Mapping[str, Any]) -> Resolved:

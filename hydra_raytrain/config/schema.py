@@ -22,6 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
+from hydra_raytrain.config.finetuning import FinetuneConfig, PeftConfig
 
 
 def _mapping(key: str, value: Any, example: str) -> None:
@@ -529,34 +530,6 @@ class RunSettings:
 
 
 @dataclass
-class FinetuneConfig:
-    """Which of the model's parameters train, and at which learning rate, by module name: a pattern (fnmatch:
-    ``layer*``, ``features.0``) names modules of ``model.named_modules()``, and everything inside them
-    (docs/model-zoo.md)::
-
-        python -m hydra_raytrain model=resnet18 model.weights=DEFAULT 'finetune.freeze=[conv1,bn1,layer1]'
-        python -m hydra_raytrain model=resnet18 'finetune.param_groups=[{modules: [layer*], lr: 1e-4}]'
-
-    A parameter in several groups belongs to the first; the others train with the optimizer's own settings.
-    """
-
-    freeze: list[str] = field(default_factory=list)  # modules whose parameters do not train
-    # [{modules: [PATTERN, ...], lr: ..., any other setting of a torch.optim param group}, ...]
-    param_groups: list[dict[str, Any]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        for index, group in enumerate(self.param_groups):
-            modules = group.get("modules")
-            if not modules or isinstance(modules, str) or len(group) < 2:
-                raise ConfigError(
-                    f"finetune.param_groups[{index}]",
-                    dict(group),
-                    "a group names its modules (a list of patterns) and at least one setting of its own.",
-                    "{modules: [layer4, fc], lr: 0.01}",
-                )
-
-
-@dataclass
 class TrainConfig:
     """The root: free-form component nodes plus the typed framework settings."""
 
@@ -572,6 +545,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    peft: PeftConfig = field(default_factory=PeftConfig)
     logger: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node; {} means none
     callbacks: dict[str, Any] = field(default_factory=dict)  # name -> _target_ node (hydra_raytrain.callbacks)
     # task=lightning: a LightningDataModule's _target_ node; {}: the dataset group's splits feed the module
@@ -589,6 +563,7 @@ TYPED_SECTIONS = (
     "trainer",
     "fsdp",
     "finetune",
+    "peft",
     "scheduler",
     "ray",
     "run",

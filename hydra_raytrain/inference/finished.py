@@ -50,7 +50,7 @@ class FinishedRun:
         """Its model built from its config, with its weights, in eval mode (``{name: model}`` for several)."""
         from hydra_raytrain.inference.scoring import load_weights
 
-        return load_weights(self.path, self.models)
+        return load_weights(self.path, self.models, self.config.get("peft"))
 
     def checked(self, command: str, finished: bool = True) -> FinishedRun:
         """This run, once its targets import here (and, with ``finished``, a run dir completed); else one

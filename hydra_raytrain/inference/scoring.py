@@ -29,9 +29,12 @@ def has_test_split(dataset: dict[str, Any]) -> bool:
     return any(dataset.get(key) for key in ("test_fraction", "test_path", "test_size"))
 
 
-def load_weights(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str, torch.nn.Module]:
-    """The model ``spec`` builds, with the weights of ``path`` (a run dir's model.pt, a checkpoint folder, a
-    sharded FSDP checkpoint read whole, a Lightning checkpoint), in eval mode; a task of several: ``{name: model}``."""
+def load_weights(
+    path: str, spec: dict[str, Any], peft: dict[str, Any] | None = None
+) -> torch.nn.Module | dict[str, torch.nn.Module]:
+    """The model ``spec`` builds (with the run's adapters, ``peft``), with the weights of ``path`` (a run dir's
+    model.pt, a checkpoint folder, a sharded FSDP checkpoint read whole, a Lightning checkpoint), in eval mode; a
+    task of several: ``{name: model}``."""
     from hydra_raytrain.recipe.checkpoint import read_weights
 
     lightning_checkpoint = os.path.join(path, "checkpoint.ckpt")  # a task=lightning checkpoint folder
@@ -40,8 +43,8 @@ def load_weights(path: str, spec: dict[str, Any]) -> torch.nn.Module | dict[str,
     else:
         state = read_weights(path)["model"]
     if "_target_" not in spec:
-        return {name: _build(node, state[name]) for name, node in spec.items()}
-    return _build(spec, state)
+        return {name: _build(node, state[name], peft) for name, node in spec.items()}
+    return _build(spec, state, peft)
 
 
 def lightning_state(checkpoint: str) -> dict[str, Any]:
@@ -63,8 +66,12 @@ def lightning_state(checkpoint: str) -> dict[str, Any]:
         return torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
 
 
-def _build(spec: dict[str, Any], state: dict[str, Any]) -> torch.nn.Module:
-    model = instantiate(spec, _convert_="all")
+def _build(spec: dict[str, Any], state: dict[str, Any], peft: dict[str, Any] | None) -> torch.nn.Module:
+    from hydra_raytrain.config.finetuning import PeftConfig
+    from hydra_raytrain.config.resolved import typed
+    from hydra_raytrain.recipe.finetune import add_adapters
+
+    model = add_adapters(instantiate(spec, _convert_="all"), typed(PeftConfig, peft or {}))
     model.load_state_dict(state)
     return model.eval()
 
@@ -75,7 +82,7 @@ def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, Any]:
     if split not in SPLITS:
         raise ConfigError("--split", split, "is no split to score.", " | ".join(SPLITS))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_weights(path, cfg["model"])
+    model = load_weights(path, cfg["model"], cfg.get("peft"))
     model = {name: m.to(device) for name, m in model.items()} if isinstance(model, dict) else model.to(device)
     if is_lightning(cfg["task"]["_target_"]):
         return _validate_lightning(cfg, model, device, split)
@@ -153,7 +160,7 @@ def with_example(folder: str, cfg: dict[str, Any], rows: int = 2) -> tuple[torch
     """The model of a run or checkpoint ``folder`` (eval mode, on the CPU) and a few validation inputs as it takes
     them (float32): what a tracker's model format records as its signature and input example. A task of several
     models, or a model without one input tensor, is refused (``ValueError``)."""
-    model = load_weights(folder, cfg["model"])
+    model = load_weights(folder, cfg["model"], cfg.get("peft"))
     if isinstance(model, dict):
         raise ValueError(f"the task trains several models ({', '.join(sorted(model))}), not one")
     batch = next(iter(split_loader(cfg, "val")))

@@ -10,6 +10,7 @@ _EXPORTS = {
     "torchvision_model": "zoo",
     "timm_model": "zoo",
     "huggingface_model": "zoo",
+    "causal_lm": "text",
     "Generator": "dcgan",
     "Discriminator": "dcgan",
 }

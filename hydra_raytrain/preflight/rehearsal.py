@@ -21,14 +21,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
+from hydra_raytrain.config.finetuning import FinetuneConfig, PeftConfig
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import typed
-from hydra_raytrain.config.schema import FinetuneConfig
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.models.zoo import weights_on_disk
 from hydra_raytrain.recipe import checkpoint, finetune, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.lightning_setup import MODULE_LOADERS, check_module, import_lightning, one_device_trainer
+from hydra_raytrain.recipe.loaders import collate_of
 from hydra_raytrain.recipe.parallel import matching_modules, module_classes
 from hydra_raytrain.recipe.step import build_lr_scheduler
 from hydra_raytrain.tasks.base import Task
@@ -131,7 +132,10 @@ def rehearse_lightning(
         if splits is None:
             return None
         count = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val))
-        loaders = [DataLoader(Subset(split, range(count)), batch_size=count) for split in (splits.train, splits.val)]
+        loaders = [
+            DataLoader(Subset(split, range(count)), batch_size=count, collate_fn=collate_of(split))
+            for split in (splits.train, splits.val)
+        ]
     levels = {log: log.level for log in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric"))}
     try:
         for log in levels:
@@ -269,7 +273,8 @@ def _build_models(cfg: Mapping[str, Any], on_gpu: bool) -> dict[str, Any] | None
         return None
     fits = _fits_dataset(cfg["dataset"])
     try:
-        return {name: _build(keys[name], spec, fits) for name, spec in specs.items()}
+        peft = typed(PeftConfig, cfg.get("peft") or {})
+        return {name: finetune.add_adapters(_build(keys[name], spec, fits), peft) for name, spec in specs.items()}
     except ConfigError as error:
         if on_gpu and "building it on the driver failed" in error.problem:  # a model that builds on GPUs only
             warn(f"{error.key} was not built on the driver's CPU ({error.problem}); it is built on the workers' GPUs.")
@@ -466,7 +471,7 @@ def _spread_samples(dataset: Any) -> Any:
     count = min(REHEARSED_SAMPLES, len(dataset))
     indices = sorted({round(i * (len(dataset) - 1) / max(1, count - 1)) for i in range(count)})
     try:
-        return default_collate([dataset[index] for index in indices])
+        return (collate_of(dataset) or default_collate)([dataset[index] for index in indices])
     except Exception as error:
         raise ConfigError(
             "dataset",

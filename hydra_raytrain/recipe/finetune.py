@@ -1,6 +1,7 @@
 """Fine-tuning by module name (``finetune.freeze``, ``finetune.param_groups``): which parameters train, and in
-which of the optimizer's param groups. Pure functions of a model and the settings; the loop and the driver's
-rehearsal build the optimizer through ``build_optimizer`` alike."""
+which of the optimizer's param groups; adapters trained instead of the weights (``peft``). Pure functions of a
+model and the settings; the loop and the driver's rehearsal build the optimizer through ``build_optimizer``
+alike."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
-from hydra_raytrain.config.schema import FinetuneConfig
+from hydra_raytrain.config.finetuning import FinetuneConfig, PeftConfig
 from hydra_raytrain.recipe.parallel import unwrap
 
 # What wrappers put into parameter names: DDP's module, activation checkpointing's wrapper, torch.compile's.
@@ -117,3 +118,34 @@ def check_patterns(models: dict[str, nn.Module], finetune: FinetuneConfig) -> No
     ]
     if not trainable:
         raise ConfigError("finetune.freeze", list(finetune.freeze), "freezes every parameter: nothing would train.")
+
+
+def add_adapters(model: nn.Module, settings: PeftConfig) -> nn.Module:
+    """``peft=lora``: the model inside peft's ``PeftModel`` with LoRA adapters, its own weights frozen (a Hugging
+    Face causal LM as a ``PeftModelForCausalLM``, which generates); the model as it is for ``peft=none``."""
+    if settings.method == "none":
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError(
+            "peft.method", settings.method, "needs the peft library.", "pip install 'hydra_raytrain[text]'"
+        ) from None
+    modules = settings.target_modules
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(modules) if isinstance(modules, (list, tuple)) else modules,
+        task_type="CAUSAL_LM" if hasattr(model, "generate") and hasattr(model, "config") else None,
+    )
+    try:
+        return get_peft_model(model, config)
+    except ValueError as error:  # peft: no module of these names, or no default for this architecture
+        names = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name})
+        raise ConfigError(
+            "peft.target_modules",
+            modules,
+            f"{str(error).splitlines()[0]}",
+            f"names of the model's modules (e.g. {', '.join(names[:12])}), or all-linear",
+        ) from None

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import DataLoaderConfig
@@ -64,7 +64,16 @@ def build_loader(
         # every epoch so that a resumed epoch draws what the uninterrupted one drew.
         generator=torch.Generator().manual_seed(loader_seed(seed, rank, 0)),
         prefetch_factor=options.prefetch_factor if num_workers else None,  # None: torch's default
+        collate_fn=collate_of(dataset),
     )
+
+
+def collate_of(dataset: Dataset) -> Callable[[list[Any]], Any] | None:
+    """A dataset's own batching (``collate``: text pads a batch to its longest row), through ``Subset``s; None:
+    torch's default_collate."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return getattr(dataset, "collate", None)
 
 
 def sharded_sampler(

@@ -425,6 +425,7 @@ class Recipe:
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
             finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
+            module = finetune.add_adapters(module, self.cfg.peft)  # peft=lora: only the adapters train
             if self.float_dtype is not None:
                 module = module.to(self.float_dtype)
             if trainer.channels_last:
@@ -542,6 +543,11 @@ class Recipe:
                 "step": self.global_step,
                 "world_size": self.world_size,
                 "samples_per_second": trained_here / train_seconds,
+                **(
+                    {"tokens_per_second": (train["tokens"] - position["sums"].get("tokens", 0)) / train_seconds}
+                    if "tokens" in train
+                    else {}
+                ),  # fmt: skip
                 "epoch_seconds": time.perf_counter() - started,
                 **parallel.memory(self.step.models.values(), self.step.optimizers.values()),  # rank 0's share
                 **self.step.timer.pop(),

@@ -86,6 +86,21 @@ class StepTimer:
         return figures
 
 
+def divide_gradients(optimizer: torch.optim.Optimizer, units: torch.Tensor) -> None:
+    """Gradients of a sum over ``units`` (this worker's) made the mean over every worker's units: summed over the
+    workers (one all-reduce), times the number of workers (DDP's and FSDP's reductions averaged them)."""
+    total = units.to(torch.float64)
+    world = 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(total)
+        world = torch.distributed.get_world_size()
+    factor = world / max(total.item(), 1.0)  # a window with no unit at all has zero gradients anyway
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            if parameter.grad is not None:
+                parameter.grad.mul_(factor)
+
+
 class TrainStep:
     def __init__(
         self,
@@ -109,6 +124,7 @@ class TrainStep:
         self.step_scheduler_per_batch = step_scheduler_per_batch
         self.timer = timer or StepTimer(False, torch.device("cpu"))
         self.sync = True  # False on all but the last micro-batch of an accumulation window (set by the runner)
+        self.units: dict[str, torch.Tensor] = {}  # per optimizer: the window's normalizer units so far (optimize)
 
     @property
     def model(self) -> nn.Module:
@@ -144,16 +160,24 @@ class TrainStep:
                 stack.enter_context(model.no_sync())
         return stack
 
-    def optimize(self, loss: torch.Tensor, name: str | None = None) -> None:
+    def optimize(self, loss: torch.Tensor, name: str | None = None, normalizer: torch.Tensor | None = None) -> None:
         """Backward (scaled for fp16, divided over the accumulation window); on a window's last micro-batch, also
-        unscale, clip, step optimizer ``name`` and its per-step schedules, and zero its gradients."""
+        unscale, clip, step optimizer ``name`` and its per-step schedules, and zero its gradients.
+
+        ``normalizer`` (a task's units: supervised tokens): ``loss`` is a sum over them; the window's units are
+        added up, summed over the workers once at the window's end, and the gradients divided by that total (times
+        the workers, as DDP and FSDP average): each step's loss is exact per unit, however the units fall."""
         name = name or self._single_name()
         with self.timer("backward"):
-            self.precision.scaler.scale(loss / self.accumulate).backward()
+            self.precision.scaler.scale(loss if normalizer is not None else loss / self.accumulate).backward()
+        if normalizer is not None:
+            self.units[name] = self.units.get(name, 0) + normalizer.detach()
         if not self.sync:
             return
         optimizer, scaler = self.optimizers[name], self.precision.scaler
         with self.timer("optimizer"):
+            if name in self.units:
+                divide_gradients(optimizer, self.units.pop(name))
             if self.clip is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                 parameters = [p for group in optimizer.param_groups for p in group["params"]]

@@ -9,6 +9,8 @@ import time
 import ray.train
 import torch
 
+from hydra_raytrain.tasks.base import StepOutput
+from hydra_raytrain.tasks.causal_lm import CausalLM
 from hydra_raytrain.tasks.classification import Classification
 from hydra_raytrain.tasks.gan import GAN
 
@@ -166,3 +168,12 @@ class Counted(Classification):
     def compute(self, sums):
         counted = {"samples": sums["count"], "label_sum": sums["label_sum"], "label_order": sums["label_order"]}
         return {**super().compute(sums), **counted}
+
+
+class MeanPerBatchLM(CausalLM):
+    """The causal LM loss as most hand-written loops take it: each micro-batch's mean over its own tokens (no
+    normalizer), which DDP then averages over the workers: a short row's tokens weigh more than a long row's."""
+
+    def training_step(self, model, batch):
+        output = super().training_step(model, batch)
+        return StepOutput(output.loss / output.normalizer.clamp(min=1), output.sums)

@@ -5,7 +5,7 @@ import torch
 import torchvision
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.config.schema import FinetuneConfig
+from hydra_raytrain.config.finetuning import FinetuneConfig
 from hydra_raytrain.recipe.finetune import build_optimizer, check_patterns, freeze, module_names, param_groups
 
 

@@ -1,0 +1,98 @@
+"""A Hugging Face causal language model (``model=causal_lm``): loaded from a local directory or a hub id, or
+built with new weights from a config (``model_type`` and its keys), with its tokenizer's vocabulary.
+
+Needs the text extra (``pip install 'hydra_raytrain[text]'``: transformers, tokenizers, peft). The hub is asked
+only for an id that is not a local directory, and only when it answers: a hub id that is neither cached nor
+reachable is refused at once, by name, never waited on."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+from urllib.parse import urlparse
+
+from torch import nn
+
+from hydra_raytrain.config.errors import ConfigError
+
+
+def causal_lm(
+    path: str | None = None,
+    model_type: str | None = None,
+    tokenizer: str | None = None,
+    gradient_checkpointing: bool = False,
+    **config: Any,
+) -> nn.Module:
+    """``path``: a directory that ``save_pretrained`` wrote, or a hub id; else ``model_type`` (llama, gpt2, ...)
+    with ``config``'s keys (``+model.hidden_size=64``) and new weights. The input embeddings grow to the
+    tokenizer's vocabulary when it holds more tokens (added special tokens). ``gradient_checkpointing``:
+    activations recomputed in backward (non-reentrant: works under DDP, FSDP2 and with LoRA)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # a bar per worker for reading one file
+    if (path is None) == (model_type is None):
+        raise ConfigError(
+            "model.path", path, "a causal LM is loaded from a path or built from a model type: one of them.",
+            "model.path=DIR (or a hub id), or model.model_type=llama with model.tokenizer=DIR",
+        )  # fmt: skip
+    vocabulary = len(load_tokenizer(tokenizer or path, "model.tokenizer" if tokenizer else "model.path"))
+    if path is not None:
+        check_reachable("model.path", path)
+        model = AutoModelForCausalLM.from_pretrained(path, **config)
+    else:
+        settings = AutoConfig.for_model(model_type, **{"vocab_size": vocabulary, **config})
+        model = AutoModelForCausalLM.from_config(settings)
+    if model.get_input_embeddings().num_embeddings < vocabulary:
+        model.resize_token_embeddings(vocabulary)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False  # the cache is of no use in training, and checkpointing refuses it
+    return model
+
+
+def load_tokenizer(source: str | None, key: str = "model.tokenizer") -> Any:
+    """The tokenizer at ``source`` (a directory or a hub id), with a padding token (its end-of-sequence token
+    when it has none, as most causal LMs ship)."""
+    from transformers import AutoTokenizer
+
+    if source is None:
+        raise ConfigError(key, None, "a model built from a model type needs a tokenizer.", "model.tokenizer=DIR")
+    check_reachable(key, source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise ConfigError(key, source, f"no tokenizer loads from it: {str(error).splitlines()[0]}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def check_reachable(key: str, source: str) -> None:
+    """A local directory, or a hub id that is cached or whose hub answers (HF_HUB_OFFLINE=1: cached only); else
+    a ConfigError naming ``key``, before anything waits on the network."""
+    if os.path.isdir(source):
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise ConfigError(key, source, "no such directory.", "a directory that save_pretrained wrote, or a hub id")
+    if isinstance(try_to_load_from_cache(source, "config.json"), str) or isinstance(
+        try_to_load_from_cache(source, "tokenizer_config.json"), str
+    ):
+        return
+    where = f"the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            key, source, f"not a local directory, not in {where}, and HF_HUB_OFFLINE is set.",
+            "a directory that save_pretrained wrote (download it where there is network and copy it here)",
+        )  # fmt: skip
+    host = urlparse(constants.ENDPOINT).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=5).close()
+    except OSError as error:
+        raise ConfigError(
+            key, source, f"not a local directory, not in {where}, and {host} cannot be reached "
+            f"({error.strerror or error}).", "a directory that save_pretrained wrote",
+        ) from None  # fmt: skip

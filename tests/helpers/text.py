@@ -1,0 +1,100 @@
+"""Text the tests train on, made here: a byte-level BPE tokenizer trained on Python's own help topics
+(``pydoc_data.topics``: ships with Python), tiny Llama and GPT-2 models built from configs, both saved as local
+Hugging Face directories, and JSON-lines files in each ``dataset.format``. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The chat template: a role header per turn; the assistant's turns end with the end-of-sequence token.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+# 20 prompt -> code pairs (the learnability test's): a short name, a distinct line of code.
+PAIRS = [(f"op {name}:", f" {code}") for name, code in [
+    ("add", "a + b"), ("sub", "a - b"), ("mul", "a * b"), ("div", "a / b"), ("mod", "a % b"),
+    ("pow", "a ** b"), ("neg", "-a"), ("abs", "abs(a)"), ("max", "max(a, b)"), ("min", "min(a, b)"),
+    ("len", "len(a)"), ("sum", "sum(a)"), ("sort", "sorted(a)"), ("rev", "a[::-1]"), ("first", "a[0]"),
+    ("last", "a[-1]"), ("str", "str(a)"), ("int", "int(a)"), ("list", "list(a)"), ("set", "set(a)"),
+]]  # fmt: skip
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 320) -> Path:
+    """A byte-level BPE trained on pydoc's topics (well under a second), saved with bos/eos/pad tokens and the
+    chat template: what ``AutoTokenizer.from_pretrained(folder)`` loads."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = ["<|pad|>", "<|bos|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator(list(topics.values())[:60], trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def write_model(folder: Path, model_type: str = "llama", tokenizer: Path | None = None, seed: int = 0) -> Path:
+    """A tiny causal LM of ``model_type`` (llama, gpt2) with new weights (``seed``), saved with its tokenizer
+    (trained here unless given): a local model directory as ``model.path`` takes it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = tokenizer or write_tokenizer(folder)
+    loaded = AutoTokenizer.from_pretrained(tokenizer)
+    sizes = {
+        "llama": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128),
+        "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0),
+    }[model_type]  # fmt: skip
+    ids = dict(bos_token_id=loaded.bos_token_id, eos_token_id=loaded.eos_token_id, pad_token_id=loaded.pad_token_id)
+    config = AutoConfig.for_model(model_type, vocab_size=len(loaded), **sizes, **ids)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    loaded.save_pretrained(folder)
+    return folder
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def pair_rows(repeat: int = 1) -> list[dict]:
+    """The 20 pairs as prompt_completion rows, ``repeat`` times."""
+    return [{"prompt": prompt, "completion": code} for prompt, code in PAIRS] * repeat
+
+
+def varied_rows(count: int = 48) -> list[dict]:
+    """Prompt/completion rows whose supervised token counts differ a lot from row to row (so a per-worker or
+    per-batch mean of the loss differs from the mean over tokens)."""
+    from pydoc_data.topics import topics
+
+    words = " ".join(list(topics.values())[:5]).split()
+    rows = []
+    for i in range(count):
+        start = (i * 37) % (len(words) - 40)
+        rows.append(
+            {
+                "prompt": " ".join(words[start : start + 3 + i % 5]),
+                "completion": " " + " ".join(words[start + 8 : start + 9 + (i * 7) % 23]),
+            }
+        )
+    return rows
