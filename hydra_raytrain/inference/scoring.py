@@ -69,9 +69,15 @@ def lightning_state(checkpoint: str) -> dict[str, Any]:
 def _build(spec: dict[str, Any], state: dict[str, Any], peft: dict[str, Any] | None) -> torch.nn.Module:
     from hydra_raytrain.config.finetuning import PeftConfig
     from hydra_raytrain.config.resolved import typed
+    from hydra_raytrain.recipe.checkpoint import check_trained_only
     from hydra_raytrain.recipe.finetune import add_adapters
 
-    model = add_adapters(instantiate(spec, _convert_="all"), typed(PeftConfig, peft or {}))
+    settings = typed(PeftConfig, peft or {})
+    model = add_adapters(instantiate(spec, _convert_="all"), settings)
+    if settings.method != "none" and set(state) != set(model.state_dict()):  # the adapters alone: on the base
+        check_trained_only(model, state, "the run")
+        model.load_state_dict(state, strict=False)
+        return model.eval()
     model.load_state_dict(state)
     return model.eval()
 

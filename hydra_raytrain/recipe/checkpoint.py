@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from hydra_raytrain import storage_retry
+from hydra_raytrain.recipe.parallel import unwrap
 from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
 
 # torch.distributed.checkpoint is imported where it is used: importing it takes 0.6 s (sympy, for its planner), of
@@ -84,19 +85,47 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def gather(
-    models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer]
+    models: dict[str, nn.Module], optimizers: dict[str, torch.optim.Optimizer], trained_only: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Full (unsharded, unwrapped) model and optimizer states on rank 0's CPU, whatever wraps the models
-    (DDP, FSDP, nothing). A collective under FSDP: every rank calls it; ranks other than 0 get empty dicts."""
+    (DDP, FSDP, nothing). A collective under FSDP: every rank calls it; ranks other than 0 get empty dicts.
+    ``trained_only`` (adapters: ``peft``): the frozen parameters left out, which the model's builder gives again."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_states = {name: get_model_state_dict(model, options=options) for name, model in models.items()}
+    if trained_only:
+        model_states = {
+            name: {key: value for key, value in state.items() if key not in frozen_names(models[name])}
+            for name, state in model_states.items()
+        }
     optimizer_states = {
         name: get_optimizer_state_dict(models[name], optimizer, options=options)
         for name, optimizer in optimizers.items()
     }
     return model_states, optimizer_states
+
+
+def trained_only(peft_method: str, init_from: str | None) -> bool:
+    """Whether a run's weights leave its frozen parameters out: adapters (``peft``) trained on the weights its
+    model's builder loads, not on those of a warm start (``run.init_from``)."""
+    return peft_method != "none" and not init_from
+
+
+def frozen_names(model: nn.Module) -> set[str]:
+    """The state_dict keys of a model's parameters that do not train."""
+    return {name for name, parameter in unwrap(model).named_parameters() if not parameter.requires_grad}
+
+
+def check_trained_only(model: nn.Module, state: dict[str, Any], where: str) -> None:
+    """A state that :func:`gather` saved ``trained_only`` holds every key of ``model`` but its frozen parameters."""
+    expected = set(unwrap(model).state_dict()) - frozen_names(model)
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - set(unwrap(model).state_dict()))
+    if missing or unexpected:
+        raise ValueError(
+            f"the weights at {where} do not fit the model and its adapters: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
 
 
 def load(
@@ -105,12 +134,16 @@ def load(
     model_states: dict[str, Any],
     optimizer_states: dict[str, Any],
     strict: bool = True,
+    trained_only: bool = False,
 ) -> None:
     """The inverse of :func:`gather`; every rank passes the full states it read from the checkpoint (a model's
-    state may leave keys out with ``strict=False``: a warm start)."""
+    state may leave keys out with ``strict=False``: a warm start; ``trained_only``: its frozen parameters, checked)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, strict=strict)
+    if trained_only:
+        for name, model in models.items():
+            check_trained_only(model, model_states[name], "the checkpoint")
+    options = StateDictOptions(full_state_dict=True, strict=strict and not trained_only)
     for name, model in models.items():
         set_model_state_dict(model, model_states[name], options=options)
     for name, optimizer in optimizers.items():

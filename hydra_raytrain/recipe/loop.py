@@ -131,6 +131,9 @@ class Recipe:
         self.default_dtype = torch.get_default_dtype()
         self.memory_format = torch.channels_last if cfg.trainer.channels_last else None  # read once: not per step
         self.sync_debug_mode = cfg.trainer.sync_debug_mode
+        # peft: checkpoints and model.pt hold the adapters (and what else trains), not the frozen weights that the
+        # model's builder gives again; unless those came from a warm start (run.init_from).
+        self.trained_only = checkpoint.trained_only(cfg.peft.method, cfg.run.init_from)
         augment = cfg.trainer.augment
         self.augment = Augment(augment.random_crop_padding, augment.horizontal_flip, cfg.trainer.seed)
 
@@ -240,7 +243,9 @@ class Recipe:
             saved = checkpoint.unpack_models(state["model"], self.several_models)
             averaged = train.get("ema")  # trainer.ema: model.pt holds the averages, the raw weights are here
             models = checkpoint.unpack_models(averaged["raw"], self.several_models) if averaged else saved
-            checkpoint.load(self.step.models, self.step.optimizers, models, train["optimizers"])
+            checkpoint.load(
+                self.step.models, self.step.optimizers, models, train["optimizers"], trained_only=self.trained_only
+            )
             if averaged and self.averages:
                 ema.load(self.averages, saved, averaged["n_averaged"])
         self.step.load_state_dict(train["step"])
@@ -694,7 +699,7 @@ class Recipe:
         if self.averages:  # never sharded (FSDP refuses trainer.ema)
             averages = checkpoint.pack_models(ema.states(self.averages), self.several_models)
             return _to_bytes(averages) if self.rank == 0 else None
-        model_states, _ = checkpoint.gather(self.step.models, {})
+        model_states, _ = checkpoint.gather(self.step.models, {}, self.trained_only)
         return _to_bytes(checkpoint.pack_models(model_states, self.several_models)) if self.rank == 0 else None
 
     def _epoch_checkpoint_due(self, epochs_done: int) -> bool:
@@ -733,7 +738,9 @@ class Recipe:
         if sharded:  # every rank writes its shards; the full weights are gathered only for the final model.pt
             weights = self._weights() if final else None
         else:
-            model_states, optimizer_states = checkpoint.gather(self.step.models, self.step.optimizers)  # every rank
+            model_states, optimizer_states = checkpoint.gather(  # every rank
+                self.step.models, self.step.optimizers, self.trained_only
+            )
             if self.rank == 0:
                 model_state = checkpoint.pack_models(model_states, self.several_models)
         averaged = None  # with trainer.ema: model.pt holds the averages, the train state the raw weights

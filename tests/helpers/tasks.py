@@ -177,3 +177,7 @@ class MeanPerBatchLM(CausalLM):
     def training_step(self, model, batch):
         output = super().training_step(model, batch)
         return StepOutput(output.loss / output.normalizer.clamp(min=1), output.sums)
+
+
+class CrashOnceLM(_CrashOnce, CausalLM):
+    pass

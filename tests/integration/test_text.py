@@ -76,3 +76,47 @@ def test_the_loss_is_exact_in_supervised_tokens_whatever_the_workers_and_accumul
     mean = ("task._target_=tests.helpers.tasks.MeanPerBatchLM", *LAYOUTS["2 workers x 4"])
     assert train(compose_config(*text_run, *mean), run_dir=str(mean_dir))["status"] == "completed"
     assert abs(history(mean_dir)[-1]["val_loss"] - reference[-1]["val_loss"]) > 1e-4
+
+
+LORA = ("peft=lora", "peft.r=4", "peft.alpha=8", "optimizer.lr=0.05")
+# 5 optimizer steps an epoch, a checkpoint every 3: rank 1 is SIGKILLed before its 8th batch (epoch 2), once step 6's
+# checkpoint (one batch into epoch 2) is counted; the run resumes there.
+CRASH = (
+    "checkpoint.every_n_steps=3",
+    "task._target_=tests.helpers.tasks.CrashOnceLM",
+    "+task.at_step=8",
+    "+task.after=step_00000006",
+    "failure.max_failures=1",
+)
+
+
+def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_a_kill(ray_address, text_run, tmp_path):
+    """peft=lora: model.pt and every checkpoint hold the adapters alone, and the optimizer holds their state
+    alone; the model's own weights stay as they were; 2 workers whose rank 1 is killed mid-epoch (resumed from a
+    checkpoint of adapters) end with the adapters of 1 worker (float64, to 1e-9)."""
+    from transformers import AutoModelForCausalLM
+
+    from hydra_raytrain import load_model
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train(compose_config(*text_run, *LORA, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
+    crash = (*CRASH, f"+task.marker={tmp_path / 'crashed'}")
+    summary = train(compose_config(*text_run, *LORA, *LAYOUTS["2 workers x 4"], *crash), run_dir=str(two))
+    assert summary["status"] == "completed" and (tmp_path / "crashed").exists()
+    adapters = weights(one)
+    assert adapters and all("lora_" in name for name in adapters)  # nothing of the frozen model
+    for name, tensor in weights(two).items():
+        assert torch.allclose(tensor, adapters[name], rtol=1e-9, atol=1e-10), name
+    for epoch, expected in zip(history(two), history(one), strict=True):
+        assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
+    states = sorted(two.glob("ray_storage/*/*/train_state.pt"))
+    assert len(states) == 5  # epochs 1 and 2, steps 3, 6 and 9
+    for state in states:
+        optimizer = torch.load(state, weights_only=True)["optimizers"]["model"]["state"]
+        assert optimizer and all("lora_" in name for name in optimizer)
+        assert all("lora_" in name for name in torch.load(state.with_name("model.pt"), weights_only=True))
+    base = AutoModelForCausalLM.from_pretrained(text_run[2].split("=", 1)[1], dtype=torch.float64).state_dict()
+    trained = load_model(str(one))  # the base from model.path, the adapters from model.pt
+    for name, parameter in trained.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(parameter, base[name.replace("base_model.model.", "").replace(".base_layer", "")])
