@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .base import StepOutput, Task
 
-IGNORE = -100  # labels the loss skips: the prompt, padding (hydra_raytrain/data/text.py)
+IGNORE = -100  # labels the loss skips: the prompt, padding (hydra_raytrain/data/tokenized.py)
 
 
 class CausalLM(Task):

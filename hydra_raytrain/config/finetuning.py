@@ -55,7 +55,7 @@ class PeftConfig:
 
     method: str = "none"  # none | lora
     r: int = 8  # the rank of each adapter's update
-    alpha: float = 16.0  # the update is scaled by alpha / r
+    alpha: int = 16  # the update is scaled by alpha / r (peft's lora_alpha)
     dropout: float = 0.0  # on the adapter's input, in training
     target_modules: Any = None  # [q_proj, v_proj] | all-linear | null (peft's default for the architecture)
 

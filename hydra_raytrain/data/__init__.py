@@ -14,7 +14,7 @@ _EXPORTS = {
     "torchvision_builtin": "vision",
     "module_loaders": "module",
     "table": "tables",
-    "text": "text",
+    "text": "tokenized",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

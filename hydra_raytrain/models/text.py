@@ -42,9 +42,10 @@ def causal_lm(
         check_reachable("model.path", path)
         model = AutoModelForCausalLM.from_pretrained(path, **config)
     else:
-        settings = AutoConfig.for_model(model_type, **{"vocab_size": vocabulary, **config})
+        settings = AutoConfig.for_model(str(model_type), **{"vocab_size": vocabulary, **config})
         model = AutoModelForCausalLM.from_config(settings)
-    if model.get_input_embeddings().num_embeddings < vocabulary:
+    embeddings: Any = model.get_input_embeddings()
+    if embeddings.num_embeddings < vocabulary:
         model.resize_token_embeddings(vocabulary)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -44,11 +44,12 @@ def weights(run_dir):
     return torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
 
 
+ACCUMULATED = ("scaling.num_workers=0", "trainer.batch_size=4", "trainer.accumulate_grad_batches=2")
 LAYOUTS = {
     "1 worker x 8": ("scaling.num_workers=0", "trainer.batch_size=8"),
-    "1 worker x 4 x 2 accumulated": ("scaling.num_workers=0", "trainer.batch_size=4", "trainer.accumulate_grad_batches=2"),
+    "1 worker x 4 x 2 accumulated": ACCUMULATED,
     "2 workers x 4": ("scaling.num_workers=2", "trainer.batch_size=8"),
-}  # fmt: skip
+}
 
 
 def test_the_loss_is_exact_in_supervised_tokens_whatever_the_workers_and_accumulation(ray_address, text_run, tmp_path):

@@ -15,6 +15,7 @@ from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from tests.conftest import compose_config
 from tests.helpers.data import write_digits_parquet, write_images, write_mnist
+from tests.helpers.text import write_jsonl, write_model
 
 CONF = pathlib.Path(hydra_raytrain.__file__).parent.parent / "conf"
 OPTIONS = sorted(
@@ -40,9 +41,19 @@ REQUIRED = {
     # a module that brings its loaders (the command line's rules drop the default model's arguments)
     ("dataset", "module"): ["task=lightning", "model._target_=lightning.pytorch.demos.boring_classes.BoringModel"],
 }
+# Text: a tiny causal LM and its tokenizer (written by the test under lm/) learning from text.jsonl.
+TEXT = ["task=causal_lm", "model=causal_lm", "model.path=lm", "dataset=text", "dataset.path=text.jsonl"]
+REQUIRED.update({option: TEXT for option in (("dataset", "text"), ("model", "causal_lm"), ("task", "causal_lm"))})
+REQUIRED[("peft", "lora")] = TEXT
+TEXT_MODELS = {"causal_lm"}
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.
 NO_DATA = {("dataset", "cifar10")}
+
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("lm"), "llama")
 
 
 def test_every_group_is_found():
@@ -63,7 +74,7 @@ def test_every_group_is_found():
 def test_the_schema_is_the_one_source_of_the_typed_sections_defaults():
     """The typed sections have no option files (their defaults live in the schema alone); scheduler options set
     only what differs from the schema's defaults; the composed default config is the schema's values."""
-    typed = set(TYPED_SECTIONS) - {"scheduler"}
+    typed = set(TYPED_SECTIONS) - {"scheduler", "peft"}  # their options: a schedule, an adapter method
     assert not typed & {group for group, _ in OPTIONS}
     defaults = OmegaConf.structured(TrainConfig)
     for option in (CONF / "scheduler").glob("*.yaml"):
@@ -75,8 +86,10 @@ def test_the_schema_is_the_one_source_of_the_typed_sections_defaults():
 
 
 @pytest.mark.parametrize("group, option", OPTIONS)
-def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypatch):
+def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypatch, text_model):
     monkeypatch.chdir(tmp_path)  # relative paths are the driver's: dataset.root=pets is read where the CLI runs
+    (tmp_path / "lm").symlink_to(text_model)
+    write_jsonl(tmp_path / "text.jsonl", [{"text": "def f(a):"}, {"text": "return a + 1"}] * 5)
     write_images(tmp_path / "pets", ["cat", "dog"], 2)
     for name in ("MNIST", "FashionMNIST"):
         write_mnist(tmp_path / "data", name)
@@ -101,7 +114,7 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     assert models and all(node["_target_"] for node in models.values()) and resolved.dataset["_target_"]
 
 
-MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml") if p.stem not in TEXT_MODELS)
 # Every image dataset that ships or that the test writes (CIFAR-10 needs its real files, checked by checksum).
 IMAGE_DATASETS = ["digits", "fake", "mnist", "fashion_mnist", "imagefolder"]
 

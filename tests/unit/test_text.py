@@ -1,0 +1,179 @@
+"""Text's pure parts: each format's ids and supervised labels, cuts and drops, the refusals by name, the padding
+collate, the split rules, the hub's refusal offline, and the token-exact gradient division."""
+
+import pytest
+import torch
+
+from hydra_raytrain.config import ConfigError
+from hydra_raytrain.config.finetuning import PeftConfig
+from hydra_raytrain.data.tokenized import IGNORE, text
+from hydra_raytrain.models.text import causal_lm, load_tokenizer
+from hydra_raytrain.recipe.step import divide_gradients
+from tests.helpers.text import write_jsonl, write_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    return write_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    return load_tokenizer(str(tokenizer_dir))
+
+
+def rows_of(dataset):
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_prompt_completion_supervises_the_completion_and_its_end(tmp_path, tokenizer_dir, tokenizer):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "op add:", "completion": " a + b"}] * 4)
+    splits = text(str(data), str(tokenizer_dir), "prompt_completion", val_fraction=0.25)
+    assert (len(splits.train), len(splits.val), splits.test) == (3, 1, None)
+    row = splits.train[0]
+    prompt, completion = ids(tokenizer, "op add:"), ids(tokenizer, " a + b") + [tokenizer.eos_token_id]
+    assert row["input_ids"].tolist() == prompt + completion
+    assert row["labels"].tolist() == [IGNORE] * len(prompt) + completion
+
+
+def test_text_supervises_every_token(tmp_path, tokenizer_dir, tokenizer):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"text": "def f(a): return a"}] * 3)
+    row = text(str(data), str(tokenizer_dir), "text", val_fraction=0.3).train[0]
+    assert row["input_ids"].tolist() == row["labels"].tolist() == ids(tokenizer, "def f(a): return a") + [2]
+
+
+def test_messages_supervise_the_assistant_turns_alone(tmp_path, tokenizer_dir, tokenizer):
+    conversation = [
+        {"role": "system", "content": "be short"},
+        {"role": "user", "content": "op add:"},
+        {"role": "assistant", "content": "a + b"},
+        {"role": "user", "content": "op sub:"},
+        {"role": "assistant", "content": "a - b"},
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": conversation}] * 3)
+    row = text(str(data), str(tokenizer_dir), "messages", val_fraction=0.3).train[0]
+    rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
+    assert row["input_ids"].tolist() == ids(tokenizer, rendered)
+    learned = [i for i, label in zip(row["input_ids"].tolist(), row["labels"].tolist(), strict=True) if label != IGNORE]
+    assert tokenizer.decode(learned) == "a + b<|eos|>a - b<|eos|>"
+
+
+def test_max_length_cuts_and_says_so_and_rows_left_with_nothing_to_learn_are_dropped(tmp_path, tokenizer_dir):
+    rows = [{"prompt": "op add: " * 20, "completion": " a"}] * 2 + [{"prompt": "op", "completion": " a + b"}] * 4
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.warns(UserWarning) as said:
+        splits = text(str(data), str(tokenizer_dir), "prompt_completion", max_length=16, val_fraction=0.25)
+    messages = [str(warning.message) for warning in said]
+    assert any("dataset.max_length=16 cut 2 of 6 rows" in message for message in messages)
+    assert any("2 rows of dataset.path supervise no token: dropped" in message for message in messages)
+    assert len(splits.train) + len(splits.val) == 4
+    assert all(len(row["input_ids"]) <= 16 for row in rows_of(splits.train))
+
+
+@pytest.mark.parametrize(
+    "rows, options, key, words",
+    [
+        (
+            [{"messages": [{"role": "user", "content": "hi"}]}] * 3,
+            {"format": "messages"},
+            "dataset.format",
+            "supervises",
+        ),
+        ([{"question": "op", "answer": " a"}] * 3, {"format": "prompt_completion"}, "dataset.path", "no column prompt"),
+        ([{"text": "a"}] * 3, {"format": "poem"}, "dataset.format", "unknown format"),
+        ([{"text": "a"}] * 3, {"format": "text", "max_length": 1}, "dataset.max_length", "at least 2"),
+    ],
+)
+def test_bad_text_is_refused_by_name(tmp_path, tokenizer_dir, rows, options, key, words):
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    with pytest.raises(ConfigError) as caught:
+        text(str(data), str(tokenizer_dir), **options)
+    assert caught.value.key == key and words in str(caught.value)
+
+
+def test_columns_rename_what_a_format_reads(tmp_path, tokenizer_dir):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"question": "op", "answer": " a"}] * 3)
+    splits = text(
+        str(data), str(tokenizer_dir), "prompt_completion", columns={"prompt": "question", "completion": "answer"}
+    )
+    assert len(splits.train) + len(splits.val) == 3
+
+
+def test_a_tokenizer_without_a_chat_template_is_refused_for_messages(tmp_path, tokenizer_dir):
+    plain = tmp_path / "plain"
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 3)
+    with pytest.raises(ConfigError, match="has no chat template") as caught:
+        text(str(data), str(plain), "messages")
+    assert caught.value.key == "dataset.format"
+
+
+def test_parquet_folders_and_a_validation_file(tmp_path, tokenizer_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "train"
+    folder.mkdir()
+    for part in range(2):
+        pq.write_table(pa.table({"text": [f"row {part} {i}" for i in range(5)]}), folder / f"part-{part}.parquet")
+    val = write_jsonl(tmp_path / "val.jsonl", [{"text": "held out"}] * 2)
+    splits = text(str(folder), str(tokenizer_dir), "text", val_path=str(val), test_fraction=0.2)
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (8, 2, 2)
+
+
+def test_collate_pads_to_the_longest_row(tmp_path, tokenizer_dir, tokenizer):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"text": "a"}, {"text": "return a + b"}, {"text": "x"}])
+    dataset = text(str(data), str(tokenizer_dir), "text", val_fraction=0.3).train
+    batch = dataset.collate(rows_of(dataset))
+    lengths = [len(row["input_ids"]) for row in rows_of(dataset)]
+    assert batch["input_ids"].shape == (len(dataset), max(lengths))
+    assert batch["attention_mask"].sum(dim=1).tolist() == lengths
+    short = lengths.index(min(lengths))
+    assert (batch["labels"][short, min(lengths) :] == IGNORE).all()
+    assert (batch["input_ids"][short, min(lengths) :] == tokenizer.pad_token_id).all()
+
+
+def test_a_hub_id_offline_and_not_cached_is_refused_at_once(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set") as caught:
+        causal_lm(path="nobody/no-such-model")
+    assert caught.value.key == "model.path"
+    with pytest.raises(ConfigError, match="no such directory"):
+        causal_lm(path="./models/missing")
+
+
+def test_a_model_built_from_its_type_takes_the_tokenizer_s_vocabulary(tokenizer_dir, tokenizer):
+    model = causal_lm(
+        model_type="llama", tokenizer=str(tokenizer_dir), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, gradient_checkpointing=True,
+    )  # fmt: skip
+    assert model.get_input_embeddings().num_embeddings == len(tokenizer)
+    assert model.is_gradient_checkpointing
+
+
+def test_gradients_of_summed_losses_become_the_mean_over_the_window_s_units():
+    weight = torch.nn.Parameter(torch.tensor([2.0, -1.0]))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    values = torch.tensor([[1.0, 3.0], [2.0, 0.5], [4.0, 1.0]])
+    (values @ weight).sum().backward()
+    divide_gradients(optimizer, torch.tensor(3))
+    assert torch.allclose(weight.grad, values.mean(dim=0))
+
+
+@pytest.mark.parametrize(
+    "settings, key",
+    [({"method": "qlora"}, "peft.method"), ({"method": "lora", "r": 0}, "peft.r"), ({"dropout": 1.0}, "peft.dropout")],
+)
+def test_peft_settings_are_checked(settings, key):
+    with pytest.raises(ConfigError) as caught:
+        PeftConfig(**settings)
+    assert caught.value.key == key
