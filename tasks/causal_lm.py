@@ -51,32 +51,10 @@ class CausalLM(Task):
     def on_epoch_end(self, model, epoch: int, run_dir: str) -> None:
         if not self.prompts:
             return
-        completions = complete(model, self.tokenizer, self.prompts, self.max_new_tokens)
+        from hydra_raytrain.models.text import complete, load_tokenizer
+
+        tokenizer = load_tokenizer(self.tokenizer, "task.tokenizer")
+        completions = complete(model, tokenizer, self.prompts, self.max_new_tokens)
         with open(os.path.join(run_dir, "samples.jsonl"), "a") as out:
             for prompt, completion in zip(self.prompts, completions, strict=True):
                 out.write(json.dumps({"epoch": epoch, "prompt": prompt, "completion": completion}) + "\n")
-
-
-@torch.no_grad()
-def complete(model, tokenizer_path: str | None, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
-    """Each prompt's greedy completion (the new tokens, decoded; special tokens left out), one prompt at a time
-    (no padding to get wrong)."""
-    from hydra_raytrain.models.text import load_tokenizer
-
-    tokenizer = load_tokenizer(tokenizer_path, "task.tokenizer")
-    device = next(model.parameters()).device
-    training = model.training
-    model.eval()
-    completions = []
-    for prompt in prompts:
-        ids = torch.tensor([tokenizer(prompt)["input_ids"]], device=device)
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        completions.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
-    model.train(training)
-    return completions

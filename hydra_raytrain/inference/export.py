@@ -3,6 +3,7 @@
     python -m hydra_raytrain.export outputs/runs/<name> --format onnx            # -> <run>/export/model.onnx
     python -m hydra_raytrain.export outputs/runs/<name> --format torch_export    # -> <run>/export/model.pt2
     python -m hydra_raytrain.export outputs/runs/<name> --format safetensors --output weights.safetensors
+    python -m hydra_raytrain.export outputs/runs/<name> --format hf              # a causal LM: inference/export_text.py
 
 The model is rebuilt from the run's config with its final weights (``load_model``; a GAN exports its generator),
 traced with an example batch built from the dataset's ``input_shape`` (the generator's: ``[task.latent_dim]``),
@@ -24,11 +25,17 @@ from typing import Any
 import torch
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.inference.export_text import FOLDERS, export_text, is_text
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.program import Command
 from hydra_raytrain.rundir import write_json
 
-FORMATS = {"onnx": "model.onnx", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
+FORMATS = {
+    "onnx": "model.onnx",
+    "torch_export": "model.pt2",
+    "safetensors": "model.safetensors",
+    **FOLDERS,  # a causal language model's Hugging Face folders (inference/export_text.py)
+}
 EXPORT_DIR = "export"
 INPUT_NAME = "input"
 
@@ -57,6 +64,8 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
         raise ConfigError("--format", format, "is no export format.", " | ".join(FORMATS))
     finished = FinishedRun.read(run).checked("export")
     cfg = finished.config
+    if format in FOLDERS or is_text(cfg):
+        return _export_folder(run, finished, format, output, tolerance)
     model, sample_shape, role = _exported_model(finished)
     path = os.path.abspath(output or os.path.join(run, EXPORT_DIR, FORMATS[format]))
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -98,6 +107,23 @@ def export(run: str, format: str = "onnx", output: str | None = None, tolerance:
         "torch": torch.__version__,
     }
     write_json(path + ".json", description)
+    return description
+
+
+def _export_folder(run: str, finished: FinishedRun, format: str, output: str | None, tolerance: float) -> dict:
+    """A causal language model's run as a Hugging Face folder (``hf``, ``peft``), and its ``.json`` beside it."""
+    if not (format in FOLDERS and is_text(finished.config)):
+        formats = "hf | peft" if is_text(finished.config) else " | ".join(set(FORMATS) - set(FOLDERS))
+        raise ConfigError("--format", format, "does not fit this run's model.", formats)
+    try:
+        description = export_text(run, finished, format, output, tolerance)
+    except (ConfigError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:
+        reason = " ".join(str(error).split())[:500]
+        raise ExportRefused(f"the {format} export failed: {type(error).__name__}: {reason}") from error
+    folder = os.path.abspath(output or os.path.join(run, EXPORT_DIR, FOLDERS[format]))
+    write_json(folder + ".json", description)
     return description
 
 

@@ -48,7 +48,10 @@ from hydra_raytrain.data.files import (
     row_counts,
 )
 from hydra_raytrain.data.vectors import features_of, holds_numbers, sample_shape
+from hydra_raytrain.inference.actors import allocator, model_actor_env
+from hydra_raytrain.inference.export_text import is_text
 from hydra_raytrain.inference.finished import FinishedRun
+from hydra_raytrain.inference.generate import completions, prompt_column
 from hydra_raytrain.inference.output import check_output, writing
 from hydra_raytrain.program import Command, at_least_one
 
@@ -203,53 +206,6 @@ def check_arrays(cfg: dict[str, Any], run: str) -> None:
             "hold its input_shape's values) or on images (INPUT: image files); a GAN's generator: "
             "python -m hydra_raytrain.export RUN_DIR",
         )
-
-
-# jemalloc's setting for the actors: no separate arena for allocations of 8 MiB and more (which returns their pages
-# at once), so a model's big activations are reused from batch to batch like the rest (and purged after its decay)
-JEMALLOC_CONF = "oversize_threshold:0"
-ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
-
-
-def model_actor_env(import_path: str) -> dict[str, str]:
-    """The environment of a model actor's process (predict's pool): the driver's import path (Ray's processes do
-    not inherit its folder: the run's own modules import from it), and its memory allocator: the environment's
-    ``LD_PRELOAD`` (even empty: the C library's malloc) and ``MALLOC_CONF`` where it sets them (passed on, as a
-    joined cluster's processes do not inherit them), else the jemalloc in Ray's wheel (``RAY_JEMALLOC_LIB_PATH``
-    where set; the one Ray's raylet runs on), preloaded.
-
-    Why not glibc's malloc: Ray Data calls the model in a thread of its own, and there glibc neither reused nor
-    returned a big model's freed activations: every batch got fresh pages (an MLP 64-2,048-2,048-10, batches of
-    1,024: ~30 MB more per batch, 9 GiB resident after 300 batches, a sixth of the actor's time in page faults).
-    On jemalloc the actor's memory stays flat, and beyond its start it predicts as fast as a plain loop."""
-    from hydra_raytrain.internals import ray_jemalloc
-
-    env = {"PYTHONPATH": import_path}
-    env.update({name: os.environ[name] for name in ("LD_PRELOAD", "MALLOC_CONF") if name in os.environ})
-    library = ray_jemalloc()
-    if "LD_PRELOAD" not in env and library and os.path.isfile(library):
-        env.setdefault("MALLOC_CONF", JEMALLOC_CONF)
-        env["LD_PRELOAD"] = library
-    return env
-
-
-def allocator() -> str:
-    """This process's memory allocator: "jemalloc" (or tcmalloc, mimalloc) where ``LD_PRELOAD`` put one in it, else
-    "malloc" (the C library's), saying which preloaded one is missing here (Ray at another path on this node)."""
-    preloaded = [
-        library
-        for library in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
-        if any(name in os.path.basename(library) for name in ALLOCATORS)
-    ]
-    try:
-        with open("/proc/self/maps") as maps:
-            mapped = maps.read()
-    except OSError:  # not Linux
-        return "malloc"
-    for library in preloaded:
-        if os.path.realpath(library) in mapped or library in mapped:
-            return next(name for name in ALLOCATORS if name in os.path.basename(library))
-    return f"malloc ({', '.join(preloaded)}: not found on this node)" if preloaded else "malloc"
 
 
 class Predictor:
@@ -463,6 +419,7 @@ def predict(
     num_gpus: float = 0,
     num_cpus: int = 1,
     columns: list[str] | None = None,
+    max_new_tokens: int = 32,
 ) -> dict[str, Any]:
     """Predict every row of ``input`` with a pool of ``num_workers`` model actors of ``num_cpus`` CPUs (as
     many torch threads) each; write ``output`` (Parquet). ``columns``: the input's feature columns (names or
@@ -474,7 +431,7 @@ def predict(
     cfg = FinishedRun.read(run).checked("predict").config
     location = check_output(output)
     images = image_builder(cfg["dataset"]) is not None
-    if not images:
+    if not images and not is_text(cfg):
         check_arrays(cfg, run)
     check_pool(num_workers, num_gpus, num_cpus)
     with writing(location) as folder:  # held from here: another predict writing it is refused before any work
@@ -483,34 +440,58 @@ def predict(
         cpus = f"{num_cpus} CPU{'s' if num_cpus > 1 else ''}"
         print(f"Predicting with {num_workers} model actor{plural} x {cpus}{gpus}", flush=True)
         started = time.time()
-        data, features = (
-            (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input, columns)
-        )
-        predictions = data.map_batches(
-            Predictor,
-            fn_constructor_kwargs={
-                "run": os.path.abspath(run),
-                "features": features,
-                "dataset": cfg["dataset"],
-                "device": "cuda" if num_gpus else "cpu",
-                "classes": class_names(cfg["dataset"]) if images else None,
-                "scheme": absolute_location(input).split("://")[0] + "://" if "://" in input else "",
-                "threads": num_cpus,
-                "batch_size": batch_size,
-            },
+        pool = dict(
             compute=ActorPoolStrategy(size=num_workers),
-            batch_size=call_rows(batch_size, cfg["dataset"]),
-            batch_format="pyarrow",
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             runtime_env={"env_vars": model_actor_env(import_path())},
         )
+        device = "cuda" if num_gpus else "cpu"
+        if is_text(cfg):  # a causal LM: each row's prompt completed
+            data = read_input(input)
+            features = [prompt_column(data, columns)]
+            generating = dict(device=device, max_new_tokens=max_new_tokens, batch_size=batch_size, threads=num_cpus)
+            predictions = completions(data, run, features[0], generating, {**pool, "batch_size": batch_size})
+        else:
+            predictions, features = _predictions(cfg, run, input, columns, images, device, num_cpus, batch_size, pool)
         # The writes hold no CPU: the actors may take every CPU of a small cluster, and a write waiting for one would
         # wait for ever (Ray Data keeps the pool until the dataset ends).
         predictions.write_parquet(folder, ray_remote_args={"num_cpus": 0})
     rows = row_counts(parquet_files(location, "--output"))
     seconds = time.time() - started
     return {"rows": sum(rows), "output": location, "seconds": seconds, "features": features}
+
+
+def _predictions(
+    cfg: dict[str, Any],
+    run: str,
+    input: str,
+    columns: list[str] | None,
+    images: bool,
+    device: str,
+    num_cpus: int,
+    batch_size: int,
+    pool: dict[str, Any],
+) -> tuple[Any, list[str]]:
+    """A table's or images' rows predicted by the pool's Predictors, and the input's columns they read."""
+    data, features = (read_images(input), ["bytes", "path"]) if images else read_rows(cfg["dataset"], input, columns)
+    predictions = data.map_batches(
+        Predictor,
+        fn_constructor_kwargs={
+            "run": os.path.abspath(run),
+            "features": features,
+            "dataset": cfg["dataset"],
+            "device": device,
+            "classes": class_names(cfg["dataset"]) if images else None,
+            "scheme": absolute_location(input).split("://")[0] + "://" if "://" in input else "",
+            "threads": num_cpus,
+            "batch_size": batch_size,
+        },
+        batch_size=call_rows(batch_size, cfg["dataset"]),
+        batch_format="pyarrow",
+        **pool,
+    )
+    return predictions, features
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
@@ -524,6 +505,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
         "not trained on a table, the column 'features', else every column of numbers but 'label')",
     )
     parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
+    parser.add_argument(
+        "--max-new-tokens", type=at_least_one, default=32, help="a causal LM's run: new tokens a completion (greedy)"
+    )
     parser.add_argument("--batch-size", type=at_least_one, default=256, help="rows per model call")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
     parser.add_argument(
@@ -559,6 +543,7 @@ def _predict(options: argparse.Namespace) -> None:
             options.num_gpus,
             cpus,
             options.features,
+            options.max_new_tokens,
         )
     finally:
         ray.shutdown()

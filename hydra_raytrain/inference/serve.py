@@ -5,6 +5,8 @@
 
     curl -s 127.0.0.1:8000/predict -d '{"inputs": [<sample>, ...]}'
       -> {"predictions": [...], "probabilities": [[...], ...]}      (regression: no "probabilities")
+    curl -s 127.0.0.1:8000/predict -d '{"inputs": ["def add(a, b):", ...]}'    (a causal LM's run)
+      -> {"predictions": ["<greedy completion>", ...]}                (--max-new-tokens new tokens at most)
     curl -s 127.0.0.1:8000/health
       -> {"status": "ready", "run": ..., "input_shape": [...], "classes": [...]}
 
@@ -25,6 +27,7 @@ stops it: the app is deleted, and Serve itself is shut down when this command st
 # ``application`` because Ray Serve is an extra) as objects.
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -90,6 +93,20 @@ def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
     return samples(inputs, shape)
 
 
+def parse_prompts(body: bytes, limit: int) -> list[str]:
+    """``{"inputs": ["prompt", ...]}`` as the list of prompts, or ``BadRequest``."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise BadRequest(400, f"the body is not JSON ({one_line(str(error)) or type(error).__name__})") from None
+    inputs = data.get("inputs") if isinstance(data, dict) else None
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(prompt, str) for prompt in inputs):
+        raise BadRequest(422, 'the body must be a JSON object {"inputs": ["prompt", ...]}: a non-empty list of strings')
+    if len(inputs) > limit:
+        raise BadRequest(413, f'"inputs" holds {len(inputs)} prompts; at most {limit} per request (--max-samples)')
+    return inputs
+
+
 def samples(inputs: list[Any], shape: tuple[int, ...]) -> np.ndarray:
     """A request's samples as float32 ``(n, *shape)``: numbers only, of that shape, finite; else ``BadRequest``."""
     try:
@@ -136,8 +153,11 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
             "samples (a GAN's generator is exported: python -m hydra_raytrain.export RUN_DIR).",
             "a run of a classification, regression or Lightning task",
         )
+    from hydra_raytrain.inference.export_text import is_text
     from hydra_raytrain.inference.predict import class_names, image_builder
 
+    if is_text(cfg):  # a causal LM: prompts in, completions out
+        return {"run": os.path.basename(os.path.abspath(run)), "inputs": "prompts", "classes": None}
     dataset = cfg["dataset"]
     classes = dataset.get("classes") or (class_names(dataset) if image_builder(dataset) else None)
     return {
@@ -156,11 +176,15 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     from fastapi.responses import JSONResponse
     from ray import serve
 
+    from hydra_raytrain.inference.generate import Completer
     from hydra_raytrain.inference.predict import Predictor
 
     app = _fastapi(description["run"], options.docs)
-    shape, limit, path = tuple(description["input_shape"]), options.max_samples, os.path.abspath(run.path)
+    limit, path, text = options.max_samples, os.path.abspath(run.path), description.get("inputs") == "prompts"
     cap = int(options.max_body_mb * 2**20)
+    parse = functools.partial(parse_prompts, limit=limit) if text else functools.partial(
+        parse_inputs, shape=tuple(description["input_shape"]), limit=limit
+    )  # fmt: skip
 
     @serve.deployment(**deployment_options(options))
     @serve.ingress(app)
@@ -169,7 +193,10 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             device = "cuda" if options.num_gpus else "cpu"
             # A batch of requests goes through the model --max-samples samples at a time (one request's most)
             chunk = options.max_samples
-            self.predictor = Predictor(path, [], dataset, device, classes=description["classes"], batch_size=chunk)
+            if text:
+                self.completer = Completer(path, device, options.max_new_tokens, batch_size=chunk)
+            else:
+                self.predictor = Predictor(path, [], dataset, device, classes=description["classes"], batch_size=chunk)
 
         @app.get("/health")
         def health(self) -> dict[str, Any]:
@@ -181,7 +208,7 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
                 body = await read_body(request, cap)
                 # Parsed in a thread: json's parser holds the GIL, so a body near the cap still delays the loop by
                 # its parse (about 35 ms a MB here); the cap bounds that
-                x = await asyncio.get_running_loop().run_in_executor(None, parse_inputs, body, shape, limit)
+                x = await asyncio.get_running_loop().run_in_executor(None, parse, body)
                 answered = await self.batched(x)
                 if isinstance(answered, BadRequest):
                     raise answered
@@ -190,12 +217,15 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             return answered
 
         @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)
-        async def batched(self, requests: list[np.ndarray]) -> list[dict[str, Any] | BadRequest]:
+        async def batched(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
             # The model runs beside the event loop, which goes on taking requests (and /health) meanwhile
             outputs = await asyncio.get_running_loop().run_in_executor(None, self.forward, requests)
             return outputs
 
-        def forward(self, requests: list[np.ndarray]) -> list[dict[str, Any] | BadRequest]:
+        def forward(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
+            if text:  # lists of prompts: their completions, request by request
+                done = iter(self.completer.complete([prompt for prompts in requests for prompt in prompts]))
+                return [{"predictions": [next(done) for _ in prompts]} for prompts in requests]
             predictions, probabilities = self.predictor.answer(self.predictor.forward(np.concatenate(requests)))
             ends = np.cumsum([len(x) for x in requests])[:-1]
             split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
@@ -354,6 +384,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--batch-wait-timeout-s", type=float, default=0.001, help="how long a batch waits to fill")
     parser.add_argument("--max-samples", type=at_least_one, default=1024, help="samples one request may hold")
+    parser.add_argument(
+        "--max-new-tokens", type=at_least_one, default=32, help="a causal LM's run: new tokens a completion (greedy)"
+    )
     parser.add_argument(
         "--max-body-mb", type=positive, default=16, help="a request's largest body (MB): beyond, 413 before parsing"
     )

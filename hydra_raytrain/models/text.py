@@ -97,3 +97,28 @@ def check_reachable(key: str, source: str) -> None:
             key, source, f"not a local directory, not in {where}, and {host} cannot be reached "
             f"({error.strerror or error}).", "a directory that save_pretrained wrote",
         ) from None  # fmt: skip
+
+
+def complete(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch_size: int = 8) -> list[str]:
+    """Each prompt's greedy completion: the new tokens decoded (special tokens left out), ``batch_size`` prompts
+    a call, padded on the left so that every prompt's last token is where generation starts."""
+    import torch
+
+    device = next(model.parameters()).device
+    training, side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    completions: list[str] = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(prompts), batch_size):
+                encoded = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(device)
+                out = model.generate(
+                    **encoded, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+                new = out[:, encoded["input_ids"].shape[1] :]
+                completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+    finally:
+        tokenizer.padding_side = side
+        model.train(training)
+    return completions

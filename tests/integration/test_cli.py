@@ -1,14 +1,10 @@
 """The real CLI: the embedded default, user code in workers, and every kind of bad input."""
 
-import contextlib
-import http.client
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -18,6 +14,7 @@ from PIL import Image
 
 from tests.conftest import ROOT, run_cli, unused_port
 from tests.helpers.data import write_images
+from tests.helpers.serving import ask, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
@@ -207,17 +204,6 @@ def held_up_while_a_big_body_arrives(port, x, expected):
     assert replicas() == before and len(before) == 1
 
 
-def ask(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
-    """One real HTTP request to 127.0.0.1: its status and body."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        connection.close()
-
-
 def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, ray_address, tmp_path):
     """python -m hydra_raytrain.serve on the session's cluster, asked by real HTTP requests on 127.0.0.1: answers
     equal load_model's on validation digits, 8 concurrent clients each get their own answers, every malformed
@@ -231,23 +217,8 @@ def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, r
     _, run_dir = default_run
     port = unused_port()
     command = [sys.executable, "-m", "hydra_raytrain.serve", str(run_dir), "--port", str(port)]
-    errors = tmp_path / "stderr.txt"
-    with errors.open("w") as stderr:
-        server = subprocess.Popen(
-            [*command, "--address", ray_address], cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-    printed: list[str] = []  # its terminal, read as it comes
-    reader = threading.Thread(target=lambda: printed.extend(iter(server.stdout.readline, "")), daemon=True)
-    reader.start()
-    try:
-        deadline, status = time.time() + 120, 0
-        while not (status == 200 and any(line.startswith("Serving ") for line in printed)):
-            assert server.poll() is None, errors.read_text()[-3000:]
-            assert time.time() < deadline, f"serve was not ready in 120 s: {printed}"
-            time.sleep(0.5)
-            with contextlib.suppress(OSError):
-                status, text = ask(port, "GET", "/health")
-        described = json.loads(text)
+    with serving([*command, "--address", ray_address], tmp_path, port) as server:
+        described = json.loads(server.health)
         assert described == {
             "status": "ready",
             "run": "run",
@@ -278,11 +249,8 @@ def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, r
 
         malformed_requests_get_a_4xx_and_one_line(port)
         held_up_while_a_big_body_arrives(port, x, expected)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
-        reader.join(timeout=10)
-    assert server.returncode == 0, errors.read_text()[-3000:]
+    printed, errors = server.printed, server.errors
+    assert server.process.returncode == 0, errors.read_text()[-3000:]
     assert (
         printed[0].startswith(f"Serving {run_dir} at http://127.0.0.1:{port}/predict (POST)")
         and "Stopping.\n" in printed

@@ -116,8 +116,90 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
         optimizer = torch.load(state, weights_only=True)["optimizers"]["model"]["state"]
         assert optimizer and all("lora_" in name for name in optimizer)
         assert all("lora_" in name for name in torch.load(state.with_name("model.pt"), weights_only=True))
-    base = AutoModelForCausalLM.from_pretrained(text_run[2].split("=", 1)[1], dtype=torch.float64).state_dict()
+    path = text_run[2].split("=", 1)[1]
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).state_dict()
     trained = load_model(str(one))  # the base from model.path, the adapters from model.pt
     for name, parameter in trained.named_parameters():
         if "lora_" not in name:
             assert torch.equal(parameter, base[name.replace("base_model.model.", "").replace(".base_layer", "")])
+    # The adapter alone, as peft saves it: PeftModel.from_pretrained puts it on the base and computes the run's logits
+    from peft import PeftModel
+
+    from hydra_raytrain.inference.export import export
+
+    export(str(one), "peft")
+    base_model = AutoModelForCausalLM.from_pretrained(path)  # float32, as load_model builds it
+    adapted = PeftModel.from_pretrained(base_model, one / "export" / "adapter").eval()
+    ids = torch.randint(300, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(adapted(input_ids=ids).logits, trained(input_ids=ids).logits, atol=1e-6)
+
+
+def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_serve_complete_them(
+    ray_address, text_run, tmp_path
+):
+    """20 prompt -> code pairs learned on 2 workers (the samples the task writes say so); then, offline: the
+    exported Hugging Face folder loads with transformers' own Auto classes and generates each code greedily;
+    predict writes each prompt's completion beside its id; serve answers them over HTTP."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hydra_raytrain.inference.export import export
+    from tests.conftest import ROOT, unused_port
+    from tests.helpers.serving import ask, serving
+    from tests.helpers.text import PAIRS, pair_rows
+
+    data, pairs = (
+        write_jsonl(tmp_path / "train.jsonl", pair_rows(8)),
+        write_jsonl(tmp_path / "pairs.jsonl", pair_rows()),
+    )
+    learn = (
+        f"dataset.path={data}",
+        f"dataset.val_path={pairs}",
+        "scaling.num_workers=2",
+        "trainer.max_epochs=12",
+        "trainer.batch_size=16",
+        "trainer.precision=32",
+        "optimizer=adamw",
+        "task.prompts=[op add:,op rev:]",
+        "task.max_new_tokens=8",
+    )
+    run = tmp_path / "run"
+    assert train(compose_config(*text_run, *learn), run_dir=str(run))["status"] == "completed"
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [(s["epoch"], s["completion"]) for s in samples[-2:]] == [(12, " a + b"), (12, " a[::-1]")]
+
+    export(str(run), "hf")
+    folder = run / "export" / "hf"
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+    for prompt, code in PAIRS:
+        ids = tokenizer(prompt, return_tensors="pt")
+        out = model.generate(**ids, max_new_tokens=8)  # the folder's generation config: greedy
+        assert tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True) == code, prompt
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i, "prompt": p} for i, (p, _) in enumerate(PAIRS)])
+    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(prompts), "--output", "completions"]
+    done = subprocess.run(
+        [*command, "--max-new-tokens", "8", "--address", ray_address],
+        capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = pq.read_table(tmp_path / "completions").to_pydict()
+    assert sorted(zip(written["id"], written["prompt"], written["prediction"], strict=True)) == [
+        (i, prompt, code) for i, (prompt, code) in enumerate(PAIRS)
+    ]
+
+    port = unused_port()
+    command = [sys.executable, "-m", "hydra_raytrain.serve", str(run), "--port", str(port), "--max-new-tokens", "8"]
+    with serving([*command, "--address", ray_address], tmp_path, port) as server:
+        assert json.loads(server.health) == {"status": "ready", "run": "run", "inputs": "prompts", "classes": None}
+        status, text = ask(port, "POST", "/predict", json.dumps({"inputs": [p for p, _ in PAIRS[:5]]}).encode())
+        assert status == 200 and json.loads(text) == {"predictions": [code for _, code in PAIRS[:5]]}, text
+        status, text = ask(port, "POST", "/predict", json.dumps({"inputs": [1, 2]}).encode())
+        assert status == 422 and "a non-empty list of strings" in text
+    assert server.process.returncode == 0, server.errors.read_text()[-3000:]

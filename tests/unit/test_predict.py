@@ -168,7 +168,7 @@ def test_actors_share_a_local_clusters_cpus_less_the_reads_one_and_take_rays_one
 
 
 def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_allocator(monkeypatch, tmp_path):
-    from hydra_raytrain.inference.predict import JEMALLOC_CONF, model_actor_env
+    from hydra_raytrain.inference.actors import JEMALLOC_CONF, model_actor_env
 
     for name in ("LD_PRELOAD", "MALLOC_CONF", "RAY_JEMALLOC_LIB_PATH"):
         monkeypatch.delenv(name, raising=False)
@@ -193,7 +193,7 @@ def test_model_actors_run_on_rays_jemalloc_unless_the_environment_names_an_alloc
 
 
 def test_an_actor_says_its_allocator_and_a_preloaded_one_missing_on_its_node(monkeypatch):
-    from hydra_raytrain.inference.predict import allocator
+    from hydra_raytrain.inference.actors import allocator
 
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     assert allocator() == "malloc"

@@ -1,0 +1,73 @@
+"""Completions of prompts by a causal language model's run: what ``predict`` writes for a file of prompts and
+``serve`` answers for ``{"inputs": ["prompt", ...]}``. Greedy by default; ``max_new_tokens`` new tokens at most."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hydra_raytrain.config.errors import ConfigError
+
+PROMPT_COLUMN = "prompt"
+
+
+class Completer:
+    """The run's model and tokenizer in one actor or replica: prompts in, greedy completions out."""
+
+    def __init__(
+        self, run: str, device: str = "cpu", max_new_tokens: int = 32, batch_size: int = 8, threads: int | None = None
+    ) -> None:
+        import torch
+
+        from hydra_raytrain.inference.evaluate import load_model
+        from hydra_raytrain.inference.finished import FinishedRun
+        from hydra_raytrain.models.text import load_tokenizer
+
+        if threads is not None:
+            torch.set_num_threads(threads)
+        model = FinishedRun.read(run).config["model"]
+        self.tokenizer = load_tokenizer(model.get("tokenizer") or model.get("path"))
+        self.model = load_model(run).to(torch.device(device)).eval()  # type: ignore[union-attr]
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+
+    def complete(self, prompts: list[str]) -> list[str]:
+        from hydra_raytrain.models.text import complete
+
+        return complete(self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size)
+
+
+class PromptRows(Completer):
+    """predict's actor: each row's ``column`` completed into ``prediction``, the other columns carried."""
+
+    def __init__(self, run: str, column: str, **options: Any) -> None:
+        super().__init__(run, **options)
+        self.column = column
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+
+        completions = self.complete([str(prompt) for prompt in batch.column(self.column).to_pylist()])
+        return batch.append_column("prediction", pa.array(completions, pa.string()))
+
+
+def prompt_column(data: Any, columns: list[str] | None) -> str:
+    """The input's column of prompts: the one ``--features`` names, else ``prompt``; checked on the schema."""
+    names = list(data.schema().names)
+    column = columns[0] if columns else PROMPT_COLUMN
+    if column not in names or (columns and len(columns) > 1):
+        raise ConfigError(
+            "--features" if columns else "INPUT", columns or column, "names no single column of prompts.",
+            f"one column of prompts (--features NAME), of: {', '.join(names)}",
+        )  # fmt: skip
+    return column
+
+
+def completions(data: Any, run: str, column: str, options: dict[str, Any], pool: dict[str, Any]) -> Any:
+    """``data`` with each row's prompt completed (``prediction``) by a pool of model actors (``pool``: Ray Data's
+    ``map_batches`` resources)."""
+    return data.map_batches(
+        PromptRows,
+        fn_constructor_kwargs={"run": os.path.abspath(run), "column": column, **options},
+        batch_format="pyarrow",
+        **pool,
+    )
