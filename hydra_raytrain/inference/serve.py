@@ -98,7 +98,7 @@ def parse_prompts(body: bytes, limit: int) -> list[str]:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as error:
-        raise BadRequest(400, f"the body is not JSON ({one_line(str(error)) or type(error).__name__})") from None
+        raise BadRequest(400, f"the body is not JSON ({one_line(error)})") from None
     inputs = data.get("inputs") if isinstance(data, dict) else None
     if not isinstance(inputs, list) or not inputs or not all(isinstance(prompt, str) for prompt in inputs):
         raise BadRequest(422, 'the body must be a JSON object {"inputs": ["prompt", ...]}: a non-empty list of strings')
