@@ -16,6 +16,9 @@ from omegaconf import DictConfig
 import hydra_raytrain  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
 from tests.helpers.s3 import CuttableProxy, s3_environment, start_moto_server
 
+# The model hub is never asked: the text tests build their tokenizers and models here (HF_HUB_OFFLINE is read when
+# huggingface_hub is first imported; Ray's processes and the CLI's inherit it).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WANDB_TEST_KEY = "0123456789abcdef0123456789abcdef01234567"
 # Logical CPUs of the test cluster: enough for the 4-worker resnet18 run on a 2-core machine.

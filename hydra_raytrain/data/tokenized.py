@@ -41,6 +41,11 @@ class TokenizedRows(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def longest(self) -> int:
+        """The most tokens a row holds."""
+        return max((len(ids) for ids, _ in self.rows), default=0)
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         ids, labels = self.rows[index]
         return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}

@@ -113,8 +113,9 @@ def trained_only(peft_method: str, init_from: str | None) -> bool:
 
 
 def frozen_names(model: nn.Module) -> set[str]:
-    """The state_dict keys of a model's parameters that do not train."""
-    return {name for name, parameter in unwrap(model).named_parameters() if not parameter.requires_grad}
+    """The state_dict keys of a model's parameters that do not train (a tied one's every name: GPT-2's lm_head)."""
+    named = unwrap(model).named_parameters(remove_duplicate=False)
+    return {name for name, parameter in named if not parameter.requires_grad}
 
 
 def check_trained_only(model: nn.Module, state: dict[str, Any], where: str) -> None:
