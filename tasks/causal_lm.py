@@ -58,4 +58,3 @@ class CausalLM(Task):
         with open(os.path.join(run_dir, "samples.jsonl"), "a") as out:
             for prompt, completion in zip(self.prompts, completions, strict=True):
                 out.write(json.dumps({"epoch": epoch, "prompt": prompt, "completion": completion}) + "\n")
-
