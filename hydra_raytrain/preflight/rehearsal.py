@@ -342,7 +342,7 @@ def check_module_classes(cfg: Mapping[str, Any], models: dict[str, Any]) -> None
 def check_positions(cfg: Mapping[str, Any], splits: Any, models: dict[str, Any]) -> None:
     """Text rows no longer than the model's positions (GPT-2's 1,024): refused by name here, not an index error in
     a worker's embeddings."""
-    parts = [getattr(splits, name, None) for name in ("train", "val", "test")]
+    parts: list[Any] = [getattr(splits, name, None) for name in ("train", "val", "test")]
     longest = max((part.longest for part in parts if hasattr(part, "longest")), default=0)
     for model in models.values():
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
