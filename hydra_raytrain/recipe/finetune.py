@@ -142,7 +142,10 @@ def add_adapters(model: nn.Module, settings: PeftConfig) -> nn.Module:
     try:
         return get_peft_model(model, config)
     except ValueError as error:  # peft: no module of these names, or no default for this architecture
-        names = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name})
+        adaptable = ("Linear", "Conv1D", "Conv1d", "Conv2d", "Embedding")  # the layers peft's LoRA adapts
+        names = sorted(
+            {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if type(module).__name__ in adaptable}
+        )
         raise ConfigError(
             "peft.target_modules",
             modules,

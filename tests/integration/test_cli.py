@@ -15,6 +15,7 @@ from PIL import Image
 from tests.conftest import ROOT, run_cli, unused_port
 from tests.helpers.data import write_images
 from tests.helpers.serving import ask, serving
+from tests.helpers.text import write_jsonl, write_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
@@ -306,7 +307,10 @@ def test_help_is_the_projects_page_and_cfg_job_still_prints_the_config(tmp_path)
     assert page.startswith("hydra-raytrain: train PyTorch models declared in Hydra configs, with DDP")
     for command in ("check", "evaluate", "export", "predict", "serve"):
         assert f"hydra-raytrain {command} " in page, command
-    assert "\nmodel: dcgan, huggingface, lit_classifier, mlp, resnet18" in page and "\nlogger: mlflow, none" in page
+    assert (
+        "\nmodel: causal_lm, dcgan, huggingface, lit_classifier, mlp, resnet18" in page
+        and "\nlogger: mlflow, none" in page
+    )
     assert "scaling.num_workers=4" in page and "Docs: README.md and docs/" in page and "--cfg job" in page
     assert "powered by Hydra" not in page and "train_schema" not in page and "max_epochs: 12" not in page
     shown = run_cli(["--cfg", "job"], cwd=str(tmp_path))
@@ -500,6 +504,7 @@ def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     assert oct(os.stat(private_temp()).st_mode & 0o777) == "0o700"
 
 
+TEXT = ["task=causal_lm", "model=causal_lm", "model.path=lm", "dataset=text", "dataset.path=text.jsonl"]
 BAD_INPUTS = [
     # (overrides, what the message must name)
     (["model=resnet19"], ["model/resnet19", "resnet18"]),
@@ -700,6 +705,15 @@ BAD_INPUTS = [
         + ["+scaling.worker_env.API_KEY=a1,b2", "hydra.sweep.dir=sweep"],
         ["scaling.worker_env.API_KEY='a swept value'", "secret-looking key swept", "${oc.env:NAME}"],
     ),
+    # Text (a tiny Llama under lm/, rows of text in text.jsonl): refused by name before Ray starts
+    ([*TEXT, "dataset.format=messages"], ["dataset.path=", "has no column messages", "its columns: text"]),
+    ([*TEXT, "dataset.format=poem"], ["dataset.format='poem'", "unknown format", "prompt_completion"]),
+    (
+        ["task=causal_lm", "model=causal_lm", "model.path=nobody/no-such-model", "dataset=text"]
+        + ["dataset.path=text.jsonl", "model.tokenizer=lm"],
+        ["model.path='nobody/no-such-model'", "HF_HUB_OFFLINE is set"],
+    ),
+    ([*TEXT, "peft=lora", "peft.target_modules=[qkv]"], ["peft.target_modules=['qkv']", "q_proj"]),
 ]
 
 
@@ -748,8 +762,11 @@ print("RESULTS " + json.dumps(results))
 @pytest.fixture(scope="module")
 def bad_input_results(ray_address, tmp_path_factory):  # the session cluster up: the ASHA case is refused beside it
     folders = [tmp_path_factory.mktemp("bad_input") for _ in BAD_INPUTS]
+    model = write_model(tmp_path_factory.mktemp("lm"), "llama")
     for folder in folders:
         write_images(folder / "pets", ["a", "b", "c"], 2)
+        (folder / "lm").symlink_to(model)
+        write_jsonl(folder / "text.jsonl", [{"text": "def f(a): return a"}] * 10)
         (folder / "cfg" / "model").mkdir(parents=True)  # a user's option file that is not YAML
         (folder / "cfg" / "model" / "bad.yaml").write_text("_target_: my.Net\nhidden: [32\ninput_shape: [1]\n")
     cases = [[str(folder), overrides] for folder, (overrides, _) in zip(folders, BAD_INPUTS, strict=True)]

@@ -37,7 +37,7 @@ def page(name):
             commands += [
                 line.split("  #")[0].strip()
                 for line in body.replace("\\\n", " ").splitlines()
-                if line.startswith("python -m hydra_raytrain")
+                if line.startswith("python -m hydra_raytrain ")  # training (python -m hydra_raytrain.export: not)
             ]
         elif language == "python":
             snippets.append(body)
@@ -168,3 +168,20 @@ def test_own_task_page(ray_address, tmp_path):
     summary = by_monitor["val_top2"]
     assert summary["best"]["epoch"] == 1
     assert 0 <= summary["final"]["val_top2"] <= 1 and 0 <= summary["final"]["train_top2"] <= 1
+
+
+def test_text_page(ray_address, tmp_path):
+    """The text page's runs on a tiny Llama written at models/base: prompt/completion rows, and chats with LoRA."""
+    from tests.helpers.text import PAIRS, pair_rows, write_jsonl, write_model
+
+    write_model(tmp_path / "models" / "base", "llama")
+    write_jsonl(tmp_path / "data" / "train.jsonl", pair_rows(2))
+    chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
+    write_jsonl(tmp_path / "data" / "chats.jsonl", chats)
+    done = run_page("text.md", tmp_path, ray_address)
+    assert len(done) == 2
+    summaries = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
+    assert sorted(s["status"] for s in summaries) == ["completed", "completed"]
+    assert all(s["final"]["train_tokens"] > 0 and s["final"]["val_perplexity"] > 1 for s in summaries)
+    configs = [run_config(tmp_path, f"{Path(s['run_dir']).name}") for s in summaries]
+    assert sorted(c["peft"]["method"] for c in configs) == ["lora", "none"]
