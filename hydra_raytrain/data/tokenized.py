@@ -33,22 +33,34 @@ LAYOUT = "a .jsonl or .parquet file, or a folder (or s3:// prefix) of them, one 
 
 
 class TokenizedRows(Dataset):
-    """Tokenized rows: ``{"input_ids", "labels"}`` per row; :meth:`collate` pads a batch to its longest row."""
+    """Tokenized rows: ``{"input_ids", "labels"}`` per row; :meth:`collate` pads a batch to its longest row.
+
+    Held as three flat arrays (every row's ids, labels, and where each row starts), so that the splits the driver
+    tokenized reach every worker through Ray's object store in one piece, read in place (``recipe/loop.py``)."""
 
     def __init__(self, rows: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int):
-        self.rows, self.pad_id = list(rows), pad_id
+        lengths = [len(ids) for ids, _ in rows]
+        self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+        self.ids = np.concatenate([ids for ids, _ in rows]).astype(np.int32) if rows else np.zeros(0, np.int32)
+        self.labels = np.concatenate([labels for _, labels in rows]).astype(np.int32) if rows else self.ids.copy()
+        self.pad_id = pad_id
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.offsets) - 1
 
     @property
     def longest(self) -> int:
         """The most tokens a row holds."""
-        return max((len(ids) for ids, _ in self.rows), default=0)
+        return int(np.diff(self.offsets).max(initial=0))
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        ids, labels = self.rows[index]
-        return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"row {index} of {len(self)}")
+        start, end = self.offsets[index % len(self)], self.offsets[index % len(self) + 1]
+        return {
+            "input_ids": torch.from_numpy(self.ids[start:end].astype(np.int64)),  # a copy: the arrays may be read-only
+            "labels": torch.from_numpy(self.labels[start:end].astype(np.int64)),
+        }
 
     def collate(self, rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Right-padded to the batch's longest row: padding ids, ``IGNORE`` labels, a zero attention mask."""

@@ -148,6 +148,7 @@ def _train(
             local_mode=nodes == 0,
             started=started,
             stream=stream,
+            built=plan.built,
             extra_callbacks=extra_callbacks,
             show_summary=show_summary,
             unresolved=unresolved,
@@ -194,10 +195,11 @@ def _fit(
     show_summary: bool = True,
     stream: Streamed | None = None,
     unresolved: Any = None,
+    built: Any = None,
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``); ``unresolved``: the composed config before
-    resolution (what is saved of it: ``saved_config``)."""
+    resolution (what is saved of it: ``saved_config``); ``built``: splits the driver built for the workers."""
     origin = provenance(str(resolved.model.get("_target_") or ""))
     tracked, tracker_env = trackers.prepare_all(resolved.logger)  # a tracker that cannot be reached: dropped
     resolved = dataclasses.replace(resolved, logger=tracked)
@@ -208,7 +210,9 @@ def _fit(
     callbacks = [epoch_log, *driver_callbacks(resolved.callbacks), failures.FailureLog(run_dir, resolved.failure)]
     callbacks += extra_callbacks
     saved = saved_config(resolved, unresolved)
-    trainer_for = _trainer_factory(resolved, run_dir, storage, name, stream, callbacks, origin, tracker_env, saved)
+    trainer_for = _trainer_factory(
+        resolved, run_dir, storage, name, stream, callbacks, origin, tracker_env, saved, built
+    )
     try:
         if local_mode:  # nothing persists a checkpoint: no notice to act on
             result = trainer_for(None).fit()
@@ -237,6 +241,7 @@ def _trainer_factory(
     origin: dict[str, Any] | None = None,
     tracker_env: dict[str, str] | None = None,
     saved: dict[str, Any] | None = None,
+    built: Any = None,
 ) -> Callable[[str | None], TorchTrainer]:
     """The run's ``TorchTrainer`` for a preemption notice's name (None: no notice): the workers' loop (ours, or
     Lightning's), its config, Ray Data's datasets, and Ray's config objects (``builders.py``); ``tracker_env``: the
@@ -247,6 +252,8 @@ def _trainer_factory(
     loop_config: dict[str, Any] = {"cfg": resolved.to_dict(), "run_dir": run_dir, "run_name": name}
     loop_config["provenance"] = origin  # the loggers record it
     loop_config["saved_cfg"] = saved  # what checkpoints and trackers keep of the config: redacted
+    if built is not None:  # in the object store once, read in place by every worker of the node
+        loop_config["built"] = ray.put(built) if ray.is_initialized() else built
     data: dict[str, Any] = {}
     if stream is not None:
         from ray.data import DataContext  # each dataset keeps a copy of the driver's; Ray Train hands it on

@@ -48,7 +48,11 @@ def causal_lm(
     if embeddings.num_embeddings < vocabulary:
         model.resize_token_embeddings(vocabulary)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        recompute = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=recompute)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=recompute)
         model.config.use_cache = False  # the cache is of no use in training, and checkpointing refuses it
     return model
 

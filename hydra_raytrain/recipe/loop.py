@@ -88,6 +88,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
         rows=config.get("rows"),
         provenance=config.get("provenance"),
         saved=config.get("saved_cfg"),
+        built=config.get("built"),
     )
     status: RunStatus = "failed"
     try:
@@ -114,11 +115,14 @@ class Recipe:
         rows: dict[str, int] | None = None,
         provenance: dict[str, Any] | None = None,
         saved: dict[str, Any] | None = None,
+        built: Any = None,
     ):
         """``rows``: the rows of each split of a dataset that Ray Data streams (None: the workers build it);
         ``provenance``: where the run came from (the driver's), for the loggers; ``saved``: the config as the run
-        saves and logs it (redacted: the driver's ``saved_config``), for checkpoints and the loggers."""
+        saves and logs it (redacted: the driver's ``saved_config``), for checkpoints and the loggers; ``built``:
+        the splits the driver built (tokenized text), or a reference to them in Ray's object store."""
         self.cfg, self.run_dir, self.run_name, self.notice, self.rows = cfg, run_dir, run_name, notice, rows
+        self.built = built
         self.provenance = provenance
         self.saved = saved if saved is not None else redact_tree(cfg.to_dict())
         context = ray.train.get_context()
@@ -367,7 +371,7 @@ class Recipe:
     def _setup_loaders(self, batch: int, val_batch: int, cpus: int) -> str:
         """The splits, built here: on the device-resident path or behind DataLoaders."""
         trainer = self.cfg.trainer
-        splits = instantiate(self.cfg.dataset, _convert_="all")
+        splits = self._splits()
         held = {"train": in_memory_tensors(splits.train), "val": in_memory_tensors(splits.val)}
         in_memory = all(tensors is not None for tensors in held.values())
         options = trainer.dataloader
@@ -394,6 +398,12 @@ class Recipe:
                 + ")"
             )
         return where
+
+    def _splits(self) -> Any:
+        """The dataset's splits: the driver's (through the object store), else built here."""
+        if self.built is None:
+            return instantiate(self.cfg.dataset, _convert_="all")
+        return ray.get(self.built) if isinstance(self.built, ray.ObjectRef) else self.built
 
     def _on_device(
         self, splits: Any, held: dict[str, tuple[torch.Tensor, ...] | None], in_memory: bool, loader_processes: int

@@ -58,7 +58,7 @@ def write_model(folder: Path, model_type: str = "llama", tokenizer: Path | None 
     loaded = AutoTokenizer.from_pretrained(tokenizer)
     sizes = {
         "llama": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=128),
+                      num_key_value_heads=2, max_position_embeddings=256),
         "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0),
     }[model_type]  # fmt: skip
