@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict bench-serve bench-loader clean
+.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict bench-serve bench-loader bench-text clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,9 @@ bench-predict: install
 
 bench-serve: install
 	$(BIN)/python benchmarks/serve.py
+
+bench-text: install
+	$(BIN)/python benchmarks/text.py
 
 bench-loader: install
 	$(BIN)/python benchmarks/loader.py

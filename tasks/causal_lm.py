@@ -8,7 +8,7 @@ or per micro-batch would weigh a short row's tokens more than a long row's.
 
 Reports ``loss`` (per supervised token), ``perplexity`` and ``tokens`` (supervised) as ``train_*`` / ``val_*``
 (the loop adds ``tokens_per_second``). After each epoch, rank 0 completes ``prompts`` greedily into
-``<run dir>/samples.jsonl`` (one line per prompt and epoch).
+``<run dir>/samples.jsonl`` (one line per prompt and epoch), which the trackers keep with the run's other files.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from hydra_raytrain.rundir import SAMPLES_FILE
 
 from .base import StepOutput, Task
 
@@ -55,6 +57,6 @@ class CausalLM(Task):
 
         tokenizer = load_tokenizer(self.tokenizer, "task.tokenizer")
         completions = complete(model, tokenizer, self.prompts, self.max_new_tokens)
-        with open(os.path.join(run_dir, "samples.jsonl"), "a") as out:
+        with open(os.path.join(run_dir, SAMPLES_FILE), "a") as out:
             for prompt, completion in zip(self.prompts, completions, strict=True):
                 out.write(json.dumps({"epoch": epoch, "prompt": prompt, "completion": completion}) + "\n")

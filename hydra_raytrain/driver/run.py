@@ -418,8 +418,8 @@ def _tracked_logs(run_dir: str, test: dict[str, Any] | None) -> tuple[list[dict[
 
 def _run_files(run_dir: str, model: str | None = None) -> list[str]:
     """What a tracker keeps of a completed run: ``model.pt`` (``model``, else the run dir's), ``curves.png``,
-    ``config.json``, ``summary.json``."""
-    names = (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE)
+    ``config.json``, ``summary.json``, and a task's ``samples.jsonl`` where it wrote one."""
+    names = (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE, rundir.SAMPLES_FILE)
     paths = [model or os.path.join(run_dir, rundir.MODEL_FILE), *(os.path.join(run_dir, n) for n in names)]
     return [path for path in paths if os.path.exists(path)]
 

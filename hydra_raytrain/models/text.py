@@ -28,6 +28,8 @@ def causal_lm(
     with ``config``'s keys (``+model.hidden_size=64``) and new weights. The input embeddings grow to the
     tokenizer's vocabulary when it holds more tokens (added special tokens). ``gradient_checkpointing``:
     activations recomputed in backward (non-reentrant: works under DDP, FSDP2 and with LoRA)."""
+    import torch
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -40,7 +42,10 @@ def causal_lm(
     vocabulary = len(load_tokenizer(tokenizer or path, "model.tokenizer" if tokenizer else "model.path"))
     if path is not None:
         check_reachable("model.path", path)
-        model = AutoModelForCausalLM.from_pretrained(path, **config)
+        # float32 weights whatever the checkpoint's dtype (transformers 5 keeps a bf16 checkpoint's): the optimizer
+        # steps full-precision weights, and trainer.precision=bf16-mixed computes in bf16 (autocast, FSDP's policy)
+        dtype = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+        model = AutoModelForCausalLM.from_pretrained(path, **{dtype: torch.float32, **config})
     else:
         settings = AutoConfig.for_model(str(model_type), **{"vocab_size": vocabulary, **config})
         model = AutoModelForCausalLM.from_config(settings)

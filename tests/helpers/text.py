@@ -48,20 +48,24 @@ def write_tokenizer(folder: Path, vocab_size: int = 320) -> Path:
     return folder
 
 
-def write_model(folder: Path, model_type: str = "llama", tokenizer: Path | None = None, seed: int = 0) -> Path:
+def write_model(
+    folder: Path, model_type: str = "llama", tokenizer: Path | None = None, seed: int = 0, **sizes: int
+) -> Path:
     """A tiny causal LM of ``model_type`` (llama, gpt2) with new weights (``seed``), saved with its tokenizer
-    (trained here unless given): a local model directory as ``model.path`` takes it."""
+    (trained here unless given): a local model directory as ``model.path`` takes it. ``sizes``: its config's
+    sizes instead of the tiny ones."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = tokenizer or write_tokenizer(folder)
     loaded = AutoTokenizer.from_pretrained(tokenizer)
-    sizes = {
+    tiny = {
         "llama": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=256),
         "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0),
     }[model_type]  # fmt: skip
+    sizes = {**tiny, **sizes}
     ids = dict(bos_token_id=loaded.bos_token_id, eos_token_id=loaded.eos_token_id, pad_token_id=loaded.pad_token_id)
     config = AutoConfig.for_model(model_type, vocab_size=len(loaded), **sizes, **ids)
     torch.manual_seed(seed)

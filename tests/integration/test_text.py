@@ -3,6 +3,7 @@ Llama built here with a tokenizer trained here: the loss exact in supervised tok
 accumulation, LoRA's adapters alone training, the same on 1 and 2 workers."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,10 +172,18 @@ def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_ser
         "task.prompts=[op add:,op rev:]",
         "task.max_new_tokens=8",
     )
-    run = tmp_path / "run"
-    assert train(compose_config(*text_run, *learn), run_dir=str(run))["status"] == "completed"
+    run, tracked = tmp_path / "run", ("logger=mlflow", f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")
+    assert train(compose_config(*text_run, *learn, *tracked), run_dir=str(run))["status"] == "completed"
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [(s["epoch"], s["completion"]) for s in samples[-2:]] == [(12, " a + b"), (12, " a[::-1]")]
+    from mlflow.tracking import MlflowClient  # the tracker has the samples and the perplexity
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (logged,) = client.search_runs([client.get_experiment_by_name("hydra_raytrain").experiment_id])
+    assert "samples.jsonl" in {item.path for item in client.list_artifacts(logged.info.run_id)}
+    assert logged.data.metrics["val_perplexity"] == pytest.approx(
+        json.loads((run / "summary.json").read_text())["final"]["val_perplexity"]
+    )
 
     export(str(run), "hf")
     folder = run / "export" / "hf"
@@ -235,3 +244,39 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
         assert torch.allclose(tensor, adapters[name], rtol=1e-6, atol=1e-7), name
     for epoch, expected in zip(history(two), history(one), strict=True):
         assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
+
+
+def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rates(ray_address, text_run, tmp_path):
+    """hydra/sweeper=ray_tune with ASHA on val_perplexity, two trials at a time in ASHA's seeded start order (seed 0
+    starts this list's trials 2, 0, 1, 3: the two learning rates that learn first): the two that barely move fall
+    under the first rung's bar and stop there; the best trial is one that learns, and every trial logged its
+    perplexity and supervised tokens/s."""
+    from hydra_raytrain.sweep.space import start_order
+    from tests.conftest import run_cli
+
+    assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=asha",
+        "hydra.sweeper.reduction_factor=2",
+        "hydra.sweeper.max_concurrent_trials=2",
+        f"ray.address={ray_address}",
+        *(a for a in text_run if not a.startswith(("trainer.max_epochs", "trainer.precision", "optimizer.lr"))),
+        "trainer.monitor=val_perplexity",
+        "trainer.monitor_mode=min",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-8,1e-2,1e-9",
+        "trainer.max_epochs=3",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    status = {row["overrides"].split("lr=")[1]: (row["status"], row["epochs"]) for row in summary["trials"]}
+    assert status["0.003"] == status["0.01"] == ("completed", 3), status
+    assert all(state == "stopped" and epochs < 3 for state, epochs in (status["1e-08"], status["1e-09"])), status
+    assert summary["best"]["overrides"] in ("optimizer.lr=0.003", "optimizer.lr=0.01"), summary["best"]
+    for row in summary["trials"]:
+        last = json.loads(Path(row["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["val_perplexity"] > 1 and last["tokens_per_second"] > 0

@@ -177,3 +177,31 @@ def test_peft_settings_are_checked(settings, key):
     with pytest.raises(ConfigError) as caught:
         PeftConfig(**settings)
     assert caught.value.key == key
+
+
+def test_a_folder_of_json_lines_on_s3_is_read(s3_endpoint, tmp_path, tokenizer_dir):
+    """``dataset.path=s3://...`` against a real S3 server (moto): every file of the prefix, in order."""
+    import pyarrow.fs
+
+    for part in range(3):
+        write_jsonl(tmp_path / "chats" / f"part-{part}.jsonl", [{"text": f"row {part} {i}"} for i in range(4)])
+    s3 = pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True)
+    s3.create_dir("text-bucket")
+    pyarrow.fs.copy_files(str(tmp_path / "chats"), "text-bucket/chats", pyarrow.fs.LocalFileSystem(), s3)
+    splits = text("s3://text-bucket/chats", str(tokenizer_dir), "text", val_fraction=0.25)
+    assert (len(splits.train), len(splits.val)) == (9, 3)
+    with pytest.raises(ConfigError, match="no such file or folder") as caught:
+        text("s3://text-bucket/nothing", str(tokenizer_dir), "text")
+    assert caught.value.key == "dataset.path"
+
+
+def test_a_bf16_checkpoint_loads_as_float32_weights(tmp_path):
+    """transformers 5 loads a checkpoint in its own dtype; the optimizer steps float32 weights (bf16 compute is
+    trainer.precision=bf16-mixed's)."""
+    from tests.helpers.text import write_model
+
+    folder = write_model(tmp_path / "lm", "llama")
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
+    assert {p.dtype for p in causal_lm(path=str(folder)).parameters()} == {torch.float32}
