@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.files import absolute_location, filesystem_of, listing
-from hydra_raytrain.data.splits import Splits, split_indices
+from hydra_raytrain.data.splits import Splits, check_fractions, split_indices
 
 FORMATS = ("text", "prompt_completion", "messages")
 IGNORE = -100  # a label the loss skips (torch's cross_entropy ignore_index)
@@ -132,6 +132,12 @@ def _split(
     fraction of the rows (as every dataset splits, ``data/splits.py``)."""
     if "val" not in held:
         return split_indices(n, val_fraction, seed, 0.0 if "test" in held else test_fraction, folds, fold)
+    if folds is not None:
+        raise ConfigError(
+            "dataset.folds", folds, "dataset.val_path holds the validation rows: cross-validation cuts its folds "
+            "from dataset.path's rows.", "dataset.val_path=null (the folds from dataset.path), or dataset.folds=null",
+        )  # fmt: skip
+    check_fractions(val_fraction, test_fraction)
     if "test" in held or not test_fraction:
         return list(range(n)), [], []
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -228,6 +234,13 @@ class Tokenize:
         for index, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
-            start, end = len(render(messages[:index], True)), len(render(messages[: index + 1], False))
-            labels[start:end] = ids[start:end]
+            before, through = render(messages[:index], True), render(messages[: index + 1], False)
+            if ids[: len(before)] != before or ids[: len(through)] != through:
+                raise ConfigError(
+                    "dataset.format", "messages", "the tokenizer's chat template renders a conversation's earlier "
+                    "turns otherwise once later turns follow (or its tokens merge across turns): the assistant "
+                    "turns cannot be found in the whole conversation's tokens.",
+                    "a template that renders each turn alike whatever follows, or prompt_completion rows",
+                )  # fmt: skip
+            labels[len(before) : len(through)] = ids[len(before) : len(through)]
         return ids, labels

@@ -74,7 +74,9 @@ def _write_hf(model: Any, tokenizer: Any, folder: str) -> Any:
     )
     merged.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=merged.dtype).eval()
+    from hydra_raytrain.models.text import dtype_argument
+
+    return AutoModelForCausalLM.from_pretrained(folder, **{dtype_argument(): merged.dtype}).eval()
 
 
 def _write_adapter(model: Any, cfg: dict[str, Any], folder: str) -> Any:

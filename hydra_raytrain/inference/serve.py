@@ -100,11 +100,30 @@ def parse_prompts(body: bytes, limit: int) -> list[str]:
     except (ValueError, RecursionError) as error:
         raise BadRequest(400, f"the body is not JSON ({one_line(error)})") from None
     inputs = data.get("inputs") if isinstance(data, dict) else None
-    if not isinstance(inputs, list) or not inputs or not all(isinstance(prompt, str) for prompt in inputs):
-        raise BadRequest(422, 'the body must be a JSON object {"inputs": ["prompt", ...]}: a non-empty list of strings')
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(prompt, str) and prompt for prompt in inputs):
+        raise BadRequest(
+            422, 'the body must be a JSON object {"inputs": ["prompt", ...]}: a non-empty list of non-empty strings'
+        )
     if len(inputs) > limit:
         raise BadRequest(413, f'"inputs" holds {len(inputs)} prompts; at most {limit} per request (--max-samples)')
     return inputs
+
+
+def answer_prompts(complete: Any, requests: list[list[str]]) -> list[dict[str, Any] | BadRequest]:
+    """Each request's completions, the batch's prompts completed together; when that fails, each request alone,
+    so a prompt the model refuses (longer than its positions) fails its own request (422), not the batch."""
+    try:
+        done = iter(complete([prompt for prompts in requests for prompt in prompts]))
+        return [{"predictions": [next(done) for _ in prompts]} for prompts in requests]
+    except Exception:  # noqa: BLE001  (one request's prompts, found below)
+        pass
+    answers: list[dict[str, Any] | BadRequest] = []
+    for prompts in requests:
+        try:
+            answers.append({"predictions": complete(prompts)})
+        except Exception as error:  # noqa: BLE001  (the model refuses these prompts: said to their client)
+            answers.append(BadRequest(422, f"the model cannot complete these prompts: {one_line(error)}"))
+    return answers
 
 
 def samples(inputs: list[Any], shape: tuple[int, ...]) -> np.ndarray:
@@ -224,8 +243,7 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
 
         def forward(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
             if text:  # lists of prompts: their completions, request by request
-                done = iter(self.completer.complete([prompt for prompts in requests for prompt in prompts]))
-                return [{"predictions": [next(done) for _ in prompts]} for prompts in requests]
+                return answer_prompts(self.completer.complete, requests)
             predictions, probabilities = self.predictor.answer(self.predictor.forward(np.concatenate(requests)))
             ends = np.cumsum([len(x) for x in requests])[:-1]
             split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)

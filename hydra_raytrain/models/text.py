@@ -29,7 +29,6 @@ def causal_lm(
     tokenizer's vocabulary when it holds more tokens (added special tokens). ``gradient_checkpointing``:
     activations recomputed in backward (non-reentrant: works under DDP, FSDP2 and with LoRA)."""
     import torch
-    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -44,14 +43,13 @@ def causal_lm(
         check_reachable("model.path", path)
         # float32 weights whatever the checkpoint's dtype (transformers 5 keeps a bf16 checkpoint's): the optimizer
         # steps full-precision weights, and trainer.precision=bf16-mixed computes in bf16 (autocast, FSDP's policy)
-        dtype = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-        model = AutoModelForCausalLM.from_pretrained(path, **{dtype: torch.float32, **config})
+        model = AutoModelForCausalLM.from_pretrained(path, **{dtype_argument(): torch.float32, **config})
     else:
         settings = AutoConfig.for_model(str(model_type), **{"vocab_size": vocabulary, **config})
         model = AutoModelForCausalLM.from_config(settings)
     embeddings: Any = model.get_input_embeddings()
     if embeddings.num_embeddings < vocabulary:
-        model.resize_token_embeddings(vocabulary)
+        grow(model, vocabulary)
     if gradient_checkpointing:
         recompute = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
@@ -60,6 +58,30 @@ def causal_lm(
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=recompute)
         model.config.use_cache = False  # the cache is of no use in training, and checkpointing refuses it
     return model
+
+
+def dtype_argument() -> str:
+    """``from_pretrained``'s name for the weights' dtype: ``dtype`` since transformers 5, ``torch_dtype`` before."""
+    import transformers
+
+    return "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+
+
+def grow(model: Any, vocabulary: int) -> None:
+    """The embeddings (and an untied output layer) grown to ``vocabulary`` rows, each new row the mean of the old
+    ones: the same weights every time the model is built from its files (transformers' own resizing draws them at
+    random), so a LoRA run's saved adapters find the base they trained on."""
+    import torch
+
+    rows = model.get_input_embeddings().num_embeddings
+    model.resize_token_embeddings(vocabulary, mean_resizing=False)
+    with torch.no_grad():
+        for layer in {
+            id(m): m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+        }.values():
+            layer.weight[rows:] = layer.weight[:rows].mean(dim=0)
+            if getattr(layer, "bias", None) is not None and layer.bias.shape[0] == vocabulary:
+                layer.bias[rows:] = layer.bias[:rows].mean()
 
 
 def load_tokenizer(source: str | None, key: str = "model.tokenizer") -> Any:

@@ -106,16 +106,24 @@ def gather(
     return model_states, optimizer_states
 
 
-def trained_only(peft_method: str, init_from: str | None) -> bool:
-    """Whether a run's weights leave its frozen parameters out: adapters (``peft``) trained on the weights its
-    model's builder loads, not on those of a warm start (``run.init_from``)."""
-    return peft_method != "none" and not init_from
+def trained_only(peft_method: str, model: dict[str, Any], init_from: str | None, init_full_state: bool) -> bool:
+    """Whether a run's weights leave its frozen parameters out: adapters (``peft``) trained on weights its model's
+    builder loads from files (``model.path``: the same weights every time, where new ones drawn at random would
+    not be), and not on those of a warm start (``run.init_from``; a continued run, ``init_full_state``, a PBT
+    exploit, continues the same base)."""
+    return peft_method != "none" and bool(model.get("path")) and (not init_from or init_full_state)
 
 
 def frozen_names(model: nn.Module) -> set[str]:
     """The state_dict keys of a model's parameters that do not train (a tied one's every name: GPT-2's lm_head)."""
+    from hydra_raytrain.recipe.finetune import WRAPPER_NAMES  # what wrappers add to names and state_dicts drop
+
     named = unwrap(model).named_parameters(remove_duplicate=False)
-    return {name for name, parameter in named if not parameter.requires_grad}
+    return {
+        ".".join(part for part in name.split(".") if part not in WRAPPER_NAMES)
+        for name, parameter in named
+        if not parameter.requires_grad
+    }
 
 
 def check_trained_only(model: nn.Module, state: dict[str, Any], where: str) -> None:

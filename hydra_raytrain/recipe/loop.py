@@ -137,7 +137,8 @@ class Recipe:
         self.sync_debug_mode = cfg.trainer.sync_debug_mode
         # peft: checkpoints and model.pt hold the adapters (and what else trains), not the frozen weights that the
         # model's builder gives again; unless those came from a warm start (run.init_from).
-        self.trained_only = checkpoint.trained_only(cfg.peft.method, cfg.run.init_from)
+        run = cfg.run
+        self.trained_only = checkpoint.trained_only(cfg.peft.method, cfg.model, run.init_from, run.init_full_state)
         augment = cfg.trainer.augment
         self.augment = Augment(augment.random_crop_padding, augment.horizontal_flip, cfg.trainer.seed)
 
@@ -439,8 +440,8 @@ class Recipe:
         models = {}
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
-            finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
             module = finetune.add_adapters(module, self.cfg.peft)  # peft=lora: only the adapters train
+            finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
             if self.float_dtype is not None:
                 module = module.to(self.float_dtype)
             if trainer.channels_last:

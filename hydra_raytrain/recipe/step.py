@@ -86,15 +86,21 @@ class StepTimer:
         return figures
 
 
-def divide_gradients(optimizer: torch.optim.Optimizer, units: torch.Tensor) -> None:
-    """Gradients of a sum over ``units`` (this worker's) made the mean over every worker's units: summed over the
-    workers (one all-reduce), times the number of workers (DDP's and FSDP's reductions averaged them)."""
+UNIT_SCALE = (
+    1024.0  # a summed loss's gradients are this much smaller until divided: fp16's scaler then skips fewer steps
+)
+
+
+def divide_gradients(optimizer: torch.optim.Optimizer, units: torch.Tensor, scale: float = 1.0) -> None:
+    """Gradients of a sum over ``units`` (this worker's; divided by ``scale`` before backward) made the mean over
+    every worker's units: summed over the workers (one all-reduce), times the number of workers (DDP's and FSDP's
+    reductions averaged them)."""
     total = units.to(torch.float64)
     world = 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(total)
         world = torch.distributed.get_world_size()
-    factor = world / max(total.item(), 1.0)  # a window with no unit at all has zero gradients anyway
+    factor = world * scale / max(total.item(), 1.0)  # a window with no unit at all has zero gradients anyway
     for group in optimizer.param_groups:
         for parameter in group["params"]:
             if parameter.grad is not None:
@@ -125,6 +131,7 @@ class TrainStep:
         self.timer = timer or StepTimer(False, torch.device("cpu"))
         self.sync = True  # False on all but the last micro-batch of an accumulation window (set by the runner)
         self.units: dict[str, torch.Tensor] = {}  # per optimizer: the window's normalizer units so far (optimize)
+        self.plain: dict[str, bool] = {}  # per optimizer: the window's micro-batches so far came without units
 
     @property
     def model(self) -> nn.Module:
@@ -168,16 +175,22 @@ class TrainStep:
         added up, summed over the workers once at the window's end, and the gradients divided by that total (times
         the workers, as DDP and FSDP average): each step's loss is exact per unit, however the units fall."""
         name = name or self._single_name()
+        if (normalizer is None) == (name in self.units) and (normalizer is None or self.plain.get(name)):
+            raise ValueError(f"optimizer {name!r}: a window's micro-batches either all pass a normalizer or none")
         with self.timer("backward"):
-            self.precision.scaler.scale(loss if normalizer is not None else loss / self.accumulate).backward()
+            # A sum over units is made smaller by a power of two (exact) before fp16's scaler scales it
+            self.precision.scaler.scale(loss / (UNIT_SCALE if normalizer is not None else self.accumulate)).backward()
         if normalizer is not None:
             self.units[name] = self.units.get(name, 0) + normalizer.detach()
+        else:
+            self.plain[name] = True
         if not self.sync:
             return
         optimizer, scaler = self.optimizers[name], self.precision.scaler
+        self.plain.pop(name, None)
         with self.timer("optimizer"):
             if name in self.units:
-                divide_gradients(optimizer, self.units.pop(name))
+                divide_gradients(optimizer, self.units.pop(name), UNIT_SCALE)
             if self.clip is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                 parameters = [p for group in optimizer.param_groups for p in group["params"]]

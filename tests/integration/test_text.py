@@ -213,7 +213,7 @@ def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_ser
         status, text = ask(port, "POST", "/predict", json.dumps({"inputs": [p for p, _ in PAIRS[:5]]}).encode())
         assert status == 200 and json.loads(text) == {"predictions": [code for _, code in PAIRS[:5]]}, text
         status, text = ask(port, "POST", "/predict", json.dumps({"inputs": [1, 2]}).encode())
-        assert status == 422 and "a non-empty list of strings" in text
+        assert status == 422 and "a non-empty list of non-empty strings" in text
     assert server.process.returncode == 0, server.errors.read_text()[-3000:]
 
 

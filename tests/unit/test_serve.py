@@ -59,3 +59,21 @@ def test_a_run_with_several_models_is_refused_by_name():
         served(gan, "runs/gan")
     one = {"model": {"_target_": "m"}, "dataset": {"input_shape": [3], "num_outputs": 2, "classes": ["a", "b"]}}
     assert served(one, "runs/x/") == {"run": "x", "input_shape": [3], "num_outputs": 2, "classes": ["a", "b"]}
+
+
+def test_a_prompt_the_model_refuses_fails_its_own_request_not_the_batch():
+    from hydra_raytrain.inference.serve import answer_prompts, parse_prompts
+
+    def complete(prompts):
+        if "too long" in prompts:
+            raise IndexError("index out of range in self")
+        return [prompt.upper() for prompt in prompts]
+
+    answers = answer_prompts(complete, [["a", "b"], ["too long"], ["c"]])
+    assert answers[0] == {"predictions": ["A", "B"]} and answers[2] == {"predictions": ["C"]}
+    assert isinstance(answers[1], BadRequest) and answers[1].status == 422 and "index out of range" in answers[1].reason
+    assert parse_prompts(b'{"inputs": ["x", "y"]}', 4) == ["x", "y"]
+    for body, status in ((b'{"inputs": [""]}', 422), (b'{"inputs": ["a", "b", "c"]}', 413), (b"{", 400)):
+        with pytest.raises(BadRequest) as refused:
+            parse_prompts(body, 2)
+        assert refused.value.status == status

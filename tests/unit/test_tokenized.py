@@ -205,3 +205,68 @@ def test_a_bf16_checkpoint_loads_as_float32_weights(tmp_path):
 
     AutoModelForCausalLM.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
     assert {p.dtype for p in causal_lm(path=str(folder)).parameters()} == {torch.float32}
+
+
+def test_a_tokenizer_s_added_tokens_grow_the_embeddings_alike_every_time(tmp_path, tokenizer_dir):
+    """New rows are the mean of the old ones: a LoRA run's adapters find the base they trained on when the model
+    is built again (load_model, export), where transformers' own resizing draws new rows at random."""
+    from tests.helpers.text import write_model
+
+    folder = write_model(tmp_path / "lm", "llama", tokenizer=tokenizer_dir)
+    bigger = load_tokenizer(str(tokenizer_dir))
+    bigger.add_special_tokens({"additional_special_tokens": ["<|tool|>", "<|result|>"]})
+    bigger.save_pretrained(tmp_path / "bigger")
+    first, again = (causal_lm(path=str(folder), tokenizer=str(tmp_path / "bigger")) for _ in range(2))
+    weights = first.get_input_embeddings().weight
+    assert weights.shape[0] == len(bigger) == len(tokenizer_dir_vocab(tokenizer_dir)) + 2
+    assert torch.equal(weights, again.get_input_embeddings().weight)
+    assert torch.allclose(weights[-1], weights[:-2].mean(dim=0))
+
+
+def tokenizer_dir_vocab(folder):
+    return load_tokenizer(str(folder)).get_vocab()
+
+
+def test_a_template_that_renders_earlier_turns_otherwise_is_refused(tmp_path, tokenizer_dir):
+    """Each assistant turn is found by rendering the conversation up to it: a template whose earlier turns change
+    once later ones follow (the last turn marked, as some reasoning models' templates do) cannot be masked."""
+    marked = tmp_path / "marked"
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% if loop.last %}<|eos|>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    tokenizer.save_pretrained(marked)
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "?"},
+    ]
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": turns}] * 3)
+    with pytest.raises(ConfigError, match="renders a conversation's earlier turns otherwise") as caught:
+        text(str(data), str(marked), "messages")
+    assert caught.value.key == "dataset.format"
+
+
+def test_folds_are_cut_from_the_rows_not_beside_a_validation_file(tmp_path, tokenizer_dir):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"text": f"row {i}"} for i in range(6)])
+    with pytest.raises(ConfigError, match="cross-validation cuts its folds") as caught:
+        text(str(data), str(tokenizer_dir), "text", val_path=str(data), folds=3)
+    assert caught.value.key == "dataset.folds"
+
+
+def test_a_window_mixes_no_summed_losses_with_means_and_few_units_divide_exactly():
+    from hydra_raytrain.recipe.step import UNIT_SCALE, Precision, TrainStep
+
+    weight = torch.nn.Parameter(torch.tensor([2.0, -1.0]))
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    step = TrainStep(
+        {"model": torch.nn.Linear(1, 1)}, {"model": optimizer}, {}, Precision.build("32", torch.device("cpu"))
+    )
+    step.sync = False
+    step.optimize((torch.tensor([1.0, 3.0]) @ weight), normalizer=torch.tensor(1))
+    with pytest.raises(ValueError, match="all pass a normalizer or none"):
+        step.optimize(torch.tensor([1.0, 1.0]) @ weight)
+    step.sync = True
+    step.optimize((torch.tensor([3.0, 1.0]) @ weight), normalizer=torch.tensor(2))  # 3 units in all: far below 1024
+    assert torch.allclose(weight.detach(), torch.tensor([2.0 - 4 / 3, -1.0 - 4 / 3])) and UNIT_SCALE > 3
