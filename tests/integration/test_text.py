@@ -248,8 +248,8 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
 
 def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rates(ray_address, text_run, tmp_path):
     """hydra/sweeper=ray_tune with ASHA on val_perplexity, two trials at a time in ASHA's seeded start order (seed 0
-    starts this list's trials 2, 0, 1, 3: the two learning rates that learn first): the two that barely move fall
-    under the first rung's bar and stop there; the best trial is one that learns, and every trial logged its
+    starts this list's trials 2, 0, 1, 3: the two learning rates that learn first): the best of them trains to the
+    end, the two that barely move fall under the first rung's bar and stop there, and every trial logged its
     perplexity and supervised tokens/s."""
     from hydra_raytrain.sweep.space import start_order
     from tests.conftest import run_cli
@@ -274,9 +274,9 @@ def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rate
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
     status = {row["overrides"].split("lr=")[1]: (row["status"], row["epochs"]) for row in summary["trials"]}
-    assert status["0.003"] == status["0.01"] == ("completed", 3), status
+    assert status["0.01"] == ("completed", 3), status  # the best at every rung (0.003 may fall under it at the first)
     assert all(state == "stopped" and epochs < 3 for state, epochs in (status["1e-08"], status["1e-09"])), status
-    assert summary["best"]["overrides"] in ("optimizer.lr=0.003", "optimizer.lr=0.01"), summary["best"]
+    assert summary["best"]["overrides"] == "optimizer.lr=0.01", summary["best"]
     for row in summary["trials"]:
         last = json.loads(Path(row["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
         assert last["val_perplexity"] > 1 and last["tokens_per_second"] > 0
