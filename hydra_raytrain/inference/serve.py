@@ -187,6 +187,13 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
     }
 
 
+def request_parser(description: dict[str, Any], limit: int) -> Any:
+    """A request body's parser for the run /health describes: prompts (a causal LM's), else samples."""
+    if description.get("inputs") == "prompts":
+        return functools.partial(parse_prompts, limit=limit)
+    return functools.partial(parse_inputs, shape=tuple(description["input_shape"]), limit=limit)
+
+
 def application(run: FinishedRun, description: dict[str, Any], options: argparse.Namespace) -> Any:
     """The Ray Serve app: a FastAPI ingress, the run's model in each replica, requests batched across clients."""
     import asyncio
@@ -199,11 +206,8 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     from hydra_raytrain.inference.predict import Predictor
 
     app = _fastapi(description["run"], options.docs)
-    limit, path, text = options.max_samples, os.path.abspath(run.path), description.get("inputs") == "prompts"
-    cap = int(options.max_body_mb * 2**20)
-    parse = functools.partial(parse_prompts, limit=limit) if text else functools.partial(
-        parse_inputs, shape=tuple(description["input_shape"]), limit=limit
-    )  # fmt: skip
+    path, text = os.path.abspath(run.path), description.get("inputs") == "prompts"
+    cap, parse = int(options.max_body_mb * 2**20), request_parser(description, options.max_samples)
 
     @serve.deployment(**deployment_options(options))
     @serve.ingress(app)

@@ -132,11 +132,8 @@ def rehearse_lightning(
         splits = build_dataset(cfg["dataset"], datasets)
         if splits is None:
             return None
-        count = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val))
-        loaders = [
-            DataLoader(Subset(split, range(count)), batch_size=count, collate_fn=collate_of(split))
-            for split in (splits.train, splits.val)
-        ]
+        count, parts = min(REHEARSED_SAMPLES, len(splits.train), len(splits.val)), (splits.train, splits.val)
+        loaders = [DataLoader(Subset(s, range(count)), count, collate_fn=collate_of(s)) for s in parts]
     levels = {log: log.level for log in map(logging.getLogger, ("lightning.pytorch", "lightning.fabric"))}
     try:
         for log in levels:

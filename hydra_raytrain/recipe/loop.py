@@ -550,7 +550,6 @@ class Recipe:
                 break
             train_seconds = time.perf_counter() - started
             val = self._validate()
-            trained_here = train["count"] - position["sums"].get("count", 0)  # this attempt's share of the epoch
             metrics = {
                 "epoch": epoch + 1,
                 **{f"train_{k}": v for k, v in self.task.compute(train).items()},
@@ -558,12 +557,7 @@ class Recipe:
                 "lr": next(iter(self.step.optimizers.values())).param_groups[0]["lr"],
                 "step": self.global_step,
                 "world_size": self.world_size,
-                "samples_per_second": trained_here / train_seconds,
-                **(
-                    {"tokens_per_second": (train["tokens"] - position["sums"].get("tokens", 0)) / train_seconds}
-                    if "tokens" in train
-                    else {}
-                ),  # fmt: skip
+                **rates(train, position["sums"], train_seconds),
                 "epoch_seconds": time.perf_counter() - started,
                 **parallel.memory(self.step.models.values(), self.step.optimizers.values()),  # rank 0's share
                 **self.step.timer.pop(),
@@ -792,6 +786,15 @@ class Recipe:
             "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
             "callbacks": self.callbacks.state_dict(),  # rank 0's callbacks' (hydra_raytrain/callbacks/base.py)
         }
+
+
+def rates(totals: dict[str, float], before: dict[str, float], seconds: float) -> dict[str, float]:
+    """Samples (and a task's supervised ``tokens``) per second of this attempt's share of the epoch: its totals
+    less what a resumed epoch had ``before``."""
+    figures = {"samples_per_second": (totals["count"] - before.get("count", 0)) / seconds}
+    if "tokens" in totals:
+        figures["tokens_per_second"] = (totals["tokens"] - before.get("tokens", 0)) / seconds
+    return figures
 
 
 @contextlib.contextmanager
