@@ -102,3 +102,23 @@ def varied_rows(count: int = 48) -> list[dict]:
             }
         )
     return rows
+
+
+def text_overrides(folder: Path) -> tuple[str, ...]:
+    """A tiny Llama (its tokenizer beside it) and 48 prompt/completion rows whose supervised tokens per row vary
+    from 1 to 24, written under ``folder``: the overrides of a float64 run on them (2 epochs, a global batch of 8)."""
+    model = write_model(folder / "llama", "llama")
+    data = write_jsonl(folder / "train.jsonl", varied_rows(48))
+    return (
+        "task=causal_lm",
+        "model=causal_lm",
+        f"model.path={model}",
+        "dataset=text",
+        f"dataset.path={data}",
+        "dataset.format=prompt_completion",
+        "dataset.val_fraction=0.25",
+        "trainer.max_epochs=2",
+        "trainer.precision=64",
+        "optimizer.lr=0.01",
+        "trainer.progress_bar=false",
+    )

@@ -15,9 +15,22 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from hydra_raytrain.sweep.space import start_order
 from tests.conftest import ROOT, run_cli
+from tests.helpers.text import text_overrides
 from tests.helpers.wandb_files import run_group, wandb_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers, pytest.mark.slow]
+
+
+def asha(ray_address):
+    """A ray_tune sweep under ASHA keeping the top half at each rung, two trials at a time on the session's cluster."""
+    return [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.scheduler=asha",
+        "hydra.sweeper.reduction_factor=2",
+        "hydra.sweeper.max_concurrent_trials=2",
+        f"ray.address={ray_address}",
+    ]
 
 
 def rows_by_overrides(sweep_dir):
@@ -116,12 +129,7 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     there (ASHA keeps the top 1/2 at each rung)."""
     assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
     args = [
-        "-m",
-        "hydra/sweeper=ray_tune",
-        "hydra.sweeper.scheduler=asha",
-        "hydra.sweeper.reduction_factor=2",
-        "hydra.sweeper.max_concurrent_trials=2",
-        f"ray.address={ray_address}",
+        *asha(ray_address),
         "model=mlp",
         "scaling.num_workers=1",
         "optimizer.lr=3e-3,1e-6,1e-3,1e-7",
@@ -463,3 +471,33 @@ def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_
     assert f"best configuration of this sweep ({ranked[0]['configuration']}: mean" in best_config
     assert "  folds: null\n  fold: 0\n" in best_config
     assert "cross-validated: val_accuracy per configuration" in done.stdout
+
+
+def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rates(ray_address, tmp_path):
+    """A causal LM's sweep (its runs: tests/integration/test_text.py): ASHA on val_perplexity, two trials at a time
+    in ASHA's seeded start order (seed 0 starts this list's trials 2, 0, 1, 3: the two learning rates that learn
+    first): the best of them trains to the end, the two that barely move fall under the first rung's bar and stop
+    there, and every trial logged its perplexity and supervised tokens/s. Among the sweeps: its stopped trials'
+    resource requests (kept up to 180 s) expire long before the elastic test of test_train_api.py asks."""
+    text_run = text_overrides(tmp_path / "text")
+    assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
+    args = [
+        *asha(ray_address),
+        *(a for a in text_run if not a.startswith(("trainer.max_epochs", "trainer.precision", "optimizer.lr"))),
+        "trainer.monitor=val_perplexity",
+        "trainer.monitor_mode=min",
+        "scaling.num_workers=1",
+        "optimizer.lr=3e-3,1e-8,1e-2,1e-9",
+        "trainer.max_epochs=3",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    status = {row["overrides"].split("lr=")[1]: (row["status"], row["epochs"]) for row in summary["trials"]}
+    assert status["0.01"] == ("completed", 3), status  # the best at every rung (0.003 may fall under it at the first)
+    assert all(state == "stopped" and epochs < 3 for state, epochs in (status["1e-08"], status["1e-09"])), status
+    assert summary["best"]["overrides"] == "optimizer.lr=0.01", summary["best"]
+    for row in summary["trials"]:
+        last = json.loads(Path(row["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
+        assert last["val_perplexity"] > 1 and last["tokens_per_second"] > 0

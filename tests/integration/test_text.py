@@ -3,38 +3,21 @@ Llama built here with a tokenizer trained here: the loss exact in supervised tok
 accumulation, LoRA's adapters alone training, the same on 1 and 2 workers."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from hydra_raytrain import train
 from tests.conftest import compose_config
-from tests.helpers.text import varied_rows, write_jsonl, write_model
+from tests.helpers.text import text_overrides, write_jsonl, write_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    """A tiny Llama (its tokenizer beside it) and prompt/completion rows whose supervised tokens per row vary
-    from 1 to 24: the overrides of a float64 run on them (2 epochs, a global batch of 8)."""
-    folder = tmp_path_factory.mktemp("text")
-    model = write_model(folder / "llama", "llama")
-    data = write_jsonl(folder / "train.jsonl", varied_rows(48))
-    return (
-        "task=causal_lm",
-        "model=causal_lm",
-        f"model.path={model}",
-        "dataset=text",
-        f"dataset.path={data}",
-        "dataset.format=prompt_completion",
-        "dataset.val_fraction=0.25",
-        "trainer.max_epochs=2",
-        "trainer.precision=64",
-        "optimizer.lr=0.01",
-        "trainer.progress_bar=false",
-    )
+    """A tiny Llama and rows whose supervised tokens vary from row to row: a float64 run's overrides."""
+    return text_overrides(tmp_path_factory.mktemp("text"))
 
 
 def history(run_dir):
@@ -244,39 +227,3 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
         assert torch.allclose(tensor, adapters[name], rtol=1e-6, atol=1e-7), name
     for epoch, expected in zip(history(two), history(one), strict=True):
         assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
-
-
-def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rates(ray_address, text_run, tmp_path):
-    """hydra/sweeper=ray_tune with ASHA on val_perplexity, two trials at a time in ASHA's seeded start order (seed 0
-    starts this list's trials 2, 0, 1, 3: the two learning rates that learn first): the best of them trains to the
-    end, the two that barely move fall under the first rung's bar and stop there, and every trial logged its
-    perplexity and supervised tokens/s."""
-    from hydra_raytrain.sweep.space import start_order
-    from tests.conftest import run_cli
-
-    assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
-    args = [
-        "-m",
-        "hydra/sweeper=ray_tune",
-        "hydra.sweeper.scheduler=asha",
-        "hydra.sweeper.reduction_factor=2",
-        "hydra.sweeper.max_concurrent_trials=2",
-        f"ray.address={ray_address}",
-        *(a for a in text_run if not a.startswith(("trainer.max_epochs", "trainer.precision", "optimizer.lr"))),
-        "trainer.monitor=val_perplexity",
-        "trainer.monitor_mode=min",
-        "scaling.num_workers=1",
-        "optimizer.lr=3e-3,1e-8,1e-2,1e-9",
-        "trainer.max_epochs=3",
-        "hydra.sweep.dir=sweep",
-    ]
-    done = run_cli(args, cwd=str(tmp_path), timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
-    status = {row["overrides"].split("lr=")[1]: (row["status"], row["epochs"]) for row in summary["trials"]}
-    assert status["0.01"] == ("completed", 3), status  # the best at every rung (0.003 may fall under it at the first)
-    assert all(state == "stopped" and epochs < 3 for state, epochs in (status["1e-08"], status["1e-09"])), status
-    assert summary["best"]["overrides"] == "optimizer.lr=0.01", summary["best"]
-    for row in summary["trials"]:
-        last = json.loads(Path(row["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
-        assert last["val_perplexity"] > 1 and last["tokens_per_second"] > 0
