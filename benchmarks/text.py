@@ -9,8 +9,9 @@ builder), batches (16 rows padded to their longest, in the same seeded order), A
 default: one per core) in each contender: the raw loop (the mean over a batch's supervised tokens, backward,
 step), ``transformers.Trainer`` (no evaluation, no saving, no logging; its loss: the model's own mean over tokens)
 and ``python -m hydra_raytrain task=causal_lm`` on one worker sized to the machine (its own ``tokens_per_second``).
-Printed: supervised tokens/s per contender, the median over the epochs after the first, and the ratios. Then the
-driver's tokenization (the builder's batch encoding) in rows/s against a plain loop tokenizing row by row.
+Printed: supervised tokens/s per contender, the median over the epochs after the first, and the ratios. Then
+tokenization in rows/s (``--tokenized-rows``): a plain loop row by row, the driver's batch encoding and Ray Data's
+actor pool (one actor per CPU at most, its start included).
 """
 
 from __future__ import annotations
@@ -121,21 +122,38 @@ def ours(folder: Path, data: Path, epochs: int, scratch: str) -> list[float]:
     return [json.loads(line)["tokens_per_second"] for line in lines]
 
 
-def tokenization(folder: Path, rows: list[dict]) -> tuple[float, float]:
-    """Rows/s: the builder's batch encoding (what the driver runs) and a plain loop, row by row."""
+def tokenization(folder: Path, rows: list[dict], scratch: str) -> dict[str, float]:
+    """Rows/s of each way to tokenize the rows: a plain loop row by row, the driver's batch encoding
+    (``dataset.tokenize=driver``) and Ray Data's actor pool (``ray_data``; a local cluster of this machine's CPUs,
+    started before the clock; the pool's start counted, as a run counts it)."""
+    import ray
+
     from hydra_raytrain.data.tokenized import Tokenize
+    from hydra_raytrain.data.tokenized_ray import tokenize_on_ray
     from hydra_raytrain.models.text import load_tokenizer
 
     tokenizer = load_tokenizer(str(folder))
     columns = {"prompt": "prompt", "completion": "completion"}
-    started = time.perf_counter()
-    Tokenize(tokenizer, "prompt_completion", columns, 256).rows(rows, "dataset.path")
-    batched = len(rows) / (time.perf_counter() - started)
+    rates = {}
     started = time.perf_counter()
     for row in rows:
         tokenizer(row["prompt"])
         tokenizer(row["completion"], add_special_tokens=False)
-    return batched, len(rows) / (time.perf_counter() - started)
+    rates["a plain loop"] = len(rows) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    Tokenize(tokenizer, "prompt_completion", columns, 256).cut(rows)
+    rates["the driver's batch encoding"] = len(rows) / (time.perf_counter() - started)
+    data = write_jsonl(Path(scratch, "tokenized.jsonl"), rows)
+    ray.init(num_cpus=os.cpu_count(), logging_level="ERROR", include_dashboard=False)
+    try:
+        node = {"_target_": "hydra_raytrain.data.text", "path": str(data), "tokenizer": str(folder),
+                "format": "prompt_completion", "max_length": 256}  # fmt: skip
+        started = time.perf_counter()
+        tokenize_on_ray(node).splits()
+        rates["Ray Data's actors"] = len(rows) / (time.perf_counter() - started)
+    finally:
+        ray.shutdown()
+    return rates
 
 
 def steady(rates: list[float]) -> float:
@@ -146,6 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--tokenized-rows", type=int, default=200_000, help="rows of the tokenization figures")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = write_model(Path(scratch, "llama"), "llama", **SIZES)
@@ -164,9 +183,10 @@ def main() -> None:
         raw = figures["raw loop"]
         print(f"ours / raw loop: {figures['hydra_raytrain, 1 worker'] / raw:.2f}x; "
               f"transformers.Trainer / raw loop: {figures['transformers.Trainer'] / raw:.2f}x")  # fmt: skip
-        batched, plain = tokenization(folder, rows)
-        print(f"tokenization: the driver's batch encoding {batched:,.0f} rows/s, a plain loop {plain:,.0f} rows/s "
-              f"({batched / plain:.2f}x)")  # fmt: skip
+        rates = tokenization(folder, varied_rows(options.tokenized_rows), scratch)
+        plain = rates["a plain loop"]
+        for name, rate in rates.items():
+            print(f"tokenization, {name:28s} {rate:10,.0f} rows/s ({rate / plain:.2f}x a plain loop)", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ follow the other datasets' rules (``val_path`` or ``val_fraction``, ``test_path`
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,37 +29,52 @@ from hydra_raytrain.data.splits import Splits, check_fractions, split_indices
 FORMATS = ("text", "prompt_completion", "messages")
 IGNORE = -100  # a label the loss skips (torch's cross_entropy ignore_index)
 SUFFIXES = (".jsonl", ".json", ".parquet")
+TOKENIZERS = ("auto", "ray_data", "driver")  # dataset.tokenize: who tokenizes a run's rows
+CHECKED_ROWS = 256  # the rows of each file set the checks before Ray starts tokenize (``text(sample=...)``)
 LAYOUT = "a .jsonl or .parquet file, or a folder (or s3:// prefix) of them, one row per example"
+
+
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # every row's ids, every row's labels, where each row starts
 
 
 class TokenizedRows(Dataset):
     """Tokenized rows: ``{"input_ids", "labels"}`` per row; :meth:`collate` pads a batch to its longest row.
 
-    Held as three flat arrays (every row's ids, labels, and where each row starts), so that the splits the driver
-    tokenized reach every worker through Ray's object store in one piece, read in place (``recipe/loop.py``)."""
+    Held as chunks of flat arrays (:data:`Chunk`) and the numbers of the rows kept across them: the blocks Ray Data
+    tokenized (``data/tokenized_ray.py``) reach every worker through Ray's object store and are read in place."""
 
-    def __init__(self, rows: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int):
-        lengths = [len(ids) for ids, _ in rows]
-        self.offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
-        self.ids = np.concatenate([ids for ids, _ in rows]).astype(np.int32) if rows else np.zeros(0, np.int32)
-        self.labels = np.concatenate([labels for _, labels in rows]).astype(np.int32) if rows else self.ids.copy()
+    def __init__(self, chunks: Sequence[Chunk], rows: Sequence[int] | np.ndarray, pad_id: int):
+        self.chunks = list(chunks)
+        self.starts = np.cumsum([0] + [len(offsets) - 1 for _, _, offsets in self.chunks], dtype=np.int64)
+        self.rows = np.asarray(rows, dtype=np.int64)
         self.pad_id = pad_id
 
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> TokenizedRows:
+        """Every row of ``pairs`` (ids, labels), in one chunk."""
+        return cls([chunk_of(pairs)], range(len(pairs)), pad_id)
+
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.rows)
 
     @property
     def longest(self) -> int:
         """The most tokens a row holds."""
-        return int(np.diff(self.offsets).max(initial=0))
+        if not self.chunks:
+            return 0
+        lengths = np.concatenate([np.diff(offsets) for _, _, offsets in self.chunks])
+        return int(lengths[self.rows].max(initial=0))
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"row {index} of {len(self)}")
-        start, end = self.offsets[index % len(self)], self.offsets[index % len(self) + 1]
+        row = int(self.rows[index])
+        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
+        ids, labels, offsets = self.chunks[chunk]
+        start, end = offsets[row - self.starts[chunk]], offsets[row - self.starts[chunk] + 1]
         return {
-            "input_ids": torch.from_numpy(self.ids[start:end].astype(np.int64)),  # a copy: the arrays may be read-only
-            "labels": torch.from_numpy(self.labels[start:end].astype(np.int64)),
+            "input_ids": torch.from_numpy(ids[start:end].astype(np.int64)),  # a copy: the arrays may be read-only
+            "labels": torch.from_numpy(labels[start:end].astype(np.int64)),
         }
 
     def collate(self, rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -91,9 +106,54 @@ def text(
     test_fraction: float = 0.0,
     folds: int | None = None,
     fold: int = 0,
+    tokenize: str = "auto",
+    sample: int | None = None,
 ) -> Splits:
-    """The splits of the rows at ``path`` (and ``val_path`` / ``test_path``), tokenized by ``tokenizer``'s
-    tokenizer. ``columns`` renames the columns a format reads (``{prompt: question, completion: answer}``)."""
+    """The splits of the rows at ``path`` (and ``val_path`` / ``test_path``), tokenized here by ``tokenizer``'s
+    tokenizer. ``columns`` renames the columns a format reads (``{prompt: question, completion: answer}``).
+    ``tokenize``: who tokenizes a run's rows (``data/tokenized_ray.py``): ``ray_data``, ``driver``, or ``auto``
+    (Ray Data for file sets over 64 MiB). ``sample``: the checks before Ray starts read the first rows of each file
+    set, that many at most (nothing said of cuts)."""
+    if tokenize not in TOKENIZERS:
+        raise ConfigError("dataset.tokenize", tokenize, "unknown.", ", ".join(TOKENIZERS))
+    loaded, names = checked(tokenizer, format, max_length, columns)
+    tokenizing = Tokenize(loaded, format, names, max_length)
+    chunks, kept = {}, {}
+    for source, where in sources(path, val_path, test_path).items():
+        key = f"dataset.{source}"
+        pairs, cut, learned = tokenizing.cut(read_rows(where, list(names.values()), key, sample))
+        report(key, format, max_length, cut, learned, sampled=sample is not None)
+        chunks[source], kept[source] = [chunk_of(pairs)], np.flatnonzero(learned)
+    return assemble(chunks, pick(kept, val_fraction, test_fraction, split_seed, folds, fold), loaded.pad_token_id)
+
+
+def is_text(node: Mapping[str, Any]) -> bool:
+    """Whether a dataset config builds :func:`text`'s splits (a ``_target_`` that does not import: no)."""
+    from hydra.utils import get_object
+
+    try:
+        return get_object(str(node.get("_target_"))) is text
+    except Exception:
+        return False
+
+
+def check_positions(max_length: Any, splits: Any, models: Mapping[str, Any]) -> None:
+    """Text rows no longer than the models' positions (GPT-2's 1,024): refused by name, not an index error in the
+    embeddings. Checked before Ray starts on the first rows, and by each worker on all of them."""
+    parts: list[Any] = [getattr(splits, name, None) for name in ("train", "val", "test")]
+    longest = max((part.longest for part in parts if isinstance(part, TokenizedRows)), default=0)
+    for model in models.values():
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(limit, int) and longest > limit:
+            raise ConfigError(
+                "dataset.max_length", max_length, f"rows of up to {longest} tokens; the model has {limit} positions.",
+                f"dataset.max_length={limit} or less (longer rows are cut)",
+            )  # fmt: skip
+
+
+def checked(tokenizer: str, format: str, max_length: int, columns: dict[str, str] | None) -> tuple[Any, dict[str, str]]:
+    """The tokenizer, loaded, and the columns the format reads (renamed by ``columns``); a ConfigError for a format,
+    a length or a tokenizer that cannot serve."""
     from hydra_raytrain.models.text import load_tokenizer
 
     if format not in FORMATS:
@@ -106,23 +166,63 @@ def text(
             "dataset.format", format, f"the tokenizer at {tokenizer} has no chat template.",
             "a tokenizer with a chat template (its tokenizer_config.json's), or dataset.format=prompt_completion",
         )  # fmt: skip
-    names = {**default_columns(format), **(columns or {})}
-    tokenize = Tokenize(loaded, format, names, max_length)
-    rows = tokenize.rows(read_rows(path, list(names.values()), "dataset.path"), "dataset.path")
-    held = {
-        split: tokenize.rows(read_rows(where, list(names.values()), f"dataset.{split}_path"), f"dataset.{split}_path")
-        for split, where in (("val", val_path), ("test", test_path))
-        if where is not None
-    }
-    pad = loaded.pad_token_id
-    train, val, test = _split(len(rows), held, val_fraction, test_fraction, split_seed, folds, fold)
-    return Splits(
-        TokenizedRows([rows[i] for i in train], pad),
-        TokenizedRows(held["val"] if "val" in held else [rows[i] for i in val], pad),
-        TokenizedRows(held["test"] if "test" in held else [rows[i] for i in test], pad)
-        if test or "test" in held
-        else None,
-    )
+    return loaded, {**default_columns(format), **(columns or {})}
+
+
+def sources(path: str, val_path: str | None, test_path: str | None) -> dict[str, str]:
+    """The file sets read, by their key in the dataset's config: ``path``, and ``val_path`` / ``test_path`` when set."""
+    given = {"path": path, "val_path": val_path, "test_path": test_path}
+    return {source: where for source, where in given.items() if where is not None}
+
+
+def chunk_of(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Chunk:
+    """Rows' (ids, labels) as one :data:`Chunk`."""
+    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in pairs], dtype=np.int64)]).astype(np.int64)
+    ids = np.concatenate([ids for ids, _ in pairs]).astype(np.int32) if pairs else np.zeros(0, np.int32)
+    labels = np.concatenate([labels for _, labels in pairs]).astype(np.int32) if pairs else ids.copy()
+    return ids, labels, offsets
+
+
+def report(key: str, format: str, max_length: int, cut: np.ndarray, learned: np.ndarray, sampled: bool) -> None:
+    """A ConfigError when no row of ``key`` supervises a token; unless ``sampled``, the rows cut and dropped said."""
+    if not learned.any():
+        rows = f"the first {len(learned)} rows" if sampled else f"{len(learned)} rows"
+        raise ConfigError(
+            "dataset.format", format, f"no row of {key} supervises a token (of {rows}).",
+            "a format whose rows have something to learn: completions that are not empty, assistant turns",
+        )  # fmt: skip
+    if sampled:
+        return
+    if cut.any():
+        warnings.warn(f"dataset.max_length={max_length} cut {cut.sum():,} of {len(cut):,} rows of {key}", stacklevel=3)
+    if not learned.all():
+        warnings.warn(f"{(~learned).sum():,} rows of {key} supervise no token: dropped", stacklevel=3)
+
+
+def pick(
+    kept: dict[str, np.ndarray],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    folds: int | None,
+    fold: int,
+) -> dict[str, tuple[str, np.ndarray]]:
+    """Each split's file set (``sources``' keys) and rows, from the rows each file set kept: validation and test
+    from their own files when given, else from ``path``'s rows by the fractions (or the folds)."""
+    held = {source.removesuffix("_path"): rows for source, rows in kept.items() if source != "path"}
+    train, val, test = _split(len(kept["path"]), held, val_fraction, test_fraction, seed, folds, fold)
+    main = kept["path"]
+    picked = {"train": ("path", main[train])}
+    picked["val"] = ("val_path", held["val"]) if "val" in held else ("path", main[val])
+    if "test" in held or test:
+        picked["test"] = ("test_path", held["test"]) if "test" in held else ("path", main[test])
+    return picked
+
+
+def assemble(chunks: dict[str, list[Chunk]], picked: dict[str, tuple[str, np.ndarray]], pad_id: int) -> Splits:
+    """The splits ``pick`` chose, over each file set's chunks."""
+    part = {name: TokenizedRows(chunks[source], rows, pad_id) for name, (source, rows) in picked.items()}
+    return Splits(part["train"], part["val"], part.get("test"))
 
 
 def _split(
@@ -151,28 +251,40 @@ def default_columns(format: str) -> dict[str, str]:
     )
 
 
-def read_rows(path: str, columns: list[str], key: str) -> list[dict[str, Any]]:
+def read_rows(path: str, columns: list[str], key: str, limit: int | None = None) -> list[dict[str, Any]]:
     """The rows of every JSON-lines / Parquet file at ``path`` (a file, a folder, an ``s3://`` prefix), in file
-    order, holding ``columns``; a ConfigError naming ``key`` for a missing column or no such file."""
+    order, holding ``columns`` (the first ``limit`` rows: only the files they take are read); a ConfigError naming
+    ``key`` for a missing column or no such file."""
     import pyarrow.json
     import pyarrow.parquet as pq
 
-    files = [file for file in listing(absolute_location(path), key, LAYOUT) if file.lower().endswith(SUFFIXES)]
-    if not files:
-        raise ConfigError(key, path, "holds no .jsonl or .parquet file.", LAYOUT)
     rows: list[dict[str, Any]] = []
-    for file in files:
+    for file in files_of(path, key):
         fs, location = filesystem_of(file)
         with fs.open_input_file(location) as stream:
             table = pq.read_table(stream) if file.endswith(".parquet") else pyarrow.json.read_json(stream)
-        missing = [column for column in columns if column not in table.column_names]
-        if missing:
-            raise ConfigError(
-                key, path, f"{file} has no column {', '.join(missing)} (its columns: {', '.join(table.column_names)}).",
-                "the format's columns, or dataset.columns mapping them to yours, e.g. {prompt: question}",
-            )  # fmt: skip
+        check_columns(table.column_names, columns, key, path, file)
         rows.extend(table.select(columns).to_pylist())
+        if limit is not None and len(rows) >= limit:
+            return rows[:limit]
     return rows
+
+
+def files_of(path: str, key: str) -> list[str]:
+    """The JSON-lines and Parquet files at ``path``, in order; a ConfigError naming ``key`` when there is none."""
+    files = [file for file in listing(absolute_location(path), key, LAYOUT) if file.lower().endswith(SUFFIXES)]
+    if not files:
+        raise ConfigError(key, path, "holds no .jsonl or .parquet file.", LAYOUT)
+    return files
+
+
+def check_columns(found: Sequence[str], columns: Sequence[str], key: str, path: str, file: str) -> None:
+    missing = [column for column in columns if column not in found]
+    if missing:
+        raise ConfigError(
+            key, path, f"{file} has no column {', '.join(missing)} (its columns: {', '.join(found)}).",
+            "the format's columns, or dataset.columns mapping them to yours, e.g. {prompt: question}",
+        )  # fmt: skip
 
 
 class Tokenize:
@@ -181,28 +293,19 @@ class Tokenize:
     def __init__(self, tokenizer: Any, format: str, columns: dict[str, str], max_length: int):
         self.tokenizer, self.format, self.columns, self.max_length = tokenizer, format, columns, max_length
 
-    def rows(self, rows: list[dict[str, Any]], key: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    def cut(self, rows: list[dict[str, Any]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+        """Each row's ids and labels cut at ``max_length``; which rows were cut; which supervise a token (the first
+        token is never predicted: a row supervising only it has nothing to learn)."""
         pairs = {"text": self._text, "prompt_completion": self._prompt_completion, "messages": self._messages}[
             self.format
         ](rows)
-        cut = sum(len(ids) > self.max_length for ids, _ in pairs)
+        cut = np.array([len(ids) > self.max_length for ids, _ in pairs], dtype=bool)
         kept = [
-            (np.asarray(ids[: self.max_length], dtype=np.int64), np.asarray(labels[: self.max_length], dtype=np.int64))
+            (np.asarray(ids[: self.max_length], dtype=np.int32), np.asarray(labels[: self.max_length], dtype=np.int32))
             for ids, labels in pairs
         ]
-        learned = [row for row in kept if (row[1][1:] != IGNORE).any()]  # the first token is never predicted
-        if not learned:
-            raise ConfigError(
-                "dataset.format", self.format, f"no row of {key} supervises a token (of {len(rows)} rows).",
-                "a format whose rows have something to learn: completions that are not empty, assistant turns",
-            )  # fmt: skip
-        if cut:
-            warnings.warn(
-                f"dataset.max_length={self.max_length} cut {cut:,} of {len(rows):,} rows of {key}", stacklevel=2
-            )
-        if len(learned) < len(kept):
-            warnings.warn(f"{len(kept) - len(learned):,} rows of {key} supervise no token: dropped", stacklevel=2)
-        return learned
+        learned = np.array([bool((labels[1:] != IGNORE).any()) for _, labels in kept], dtype=bool)
+        return kept, cut, learned
 
     def _ids(self, texts: list[str], special: bool) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=special)["input_ids"]

@@ -20,7 +20,6 @@ from hydra_raytrain.config.resolved import Resolved, typed
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig, cluster_address
 from hydra_raytrain.data import roads, table_files, tables
 from hydra_raytrain.data.streamed import Streamed
-from hydra_raytrain.data.tokenized import text as tokenized_text
 from hydra_raytrain.driver import cluster
 from hydra_raytrain.preflight.rehearsal import Datasets
 from hydra_raytrain.preflight.replaced import apply_command_line_targets
@@ -37,9 +36,6 @@ class Plan:
     stream: Streamed | None  # Ray Data streams the data (as built here), else None: each worker builds its splits
     request: cluster.ResourceRequest  # the workers' request, and the CPUs kept for Ray Data's tasks
     replaced: tuple[str, ...] = ()  # the notes on the command line's replaced _target_s (said as they were applied)
-    # Text the checks tokenized here (``data/tokenized.py``'s splits): handed to the workers through Ray's object
-    # store, so that a run tokenizes once, never once per worker. None: each worker builds its splits.
-    built: Any = None
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -64,11 +60,10 @@ def preflight(
     replaced = apply_command_line_targets(cfg)
     datasets = datasets or Datasets()
     problems = Problems()
-    resolved = stream = built = None
+    resolved = stream = None
     with problems.collect():
         resolved = validate(cfg, cwd, rehearse=rehearse, named=named, datasets=datasets)
         stream = streamed(resolved.dataset, datasets)
-        built = tokenized(resolved.dataset, datasets)
     request = None
     if not problems.failed("scaling", "ray"):
         # Checked even when another section failed: the two sections, typed, from the composed config.
@@ -76,7 +71,7 @@ def preflight(
             request = _check_resources(cfg, resolved, stream.cpus if stream is not None else 0)
     problems.raise_any()
     assert resolved is not None and request is not None
-    return Plan(resolved, resolved.run_name(), stream, request, tuple(replaced), built)
+    return Plan(resolved, resolved.run_name(), stream, request, tuple(replaced))
 
 
 def streamed(node: dict[str, Any], datasets: Datasets | None = None) -> Streamed | None:
@@ -85,13 +80,6 @@ def streamed(node: dict[str, Any], datasets: Datasets | None = None) -> Streamed
         return None
     built = (datasets or Datasets()).build(node)
     return built if isinstance(built, Streamed) else None
-
-
-def tokenized(node: dict[str, Any], datasets: Datasets | None = None) -> Any:
-    """The splits of a text dataset as the driver tokenized them (``dataset=text``), else None."""
-    if get_object(node["_target_"]) is not tokenized_text:
-        return None
-    return (datasets or Datasets()).build(node)
 
 
 def streamed_cpus(node: dict[str, Any], datasets: Datasets | None = None) -> int:

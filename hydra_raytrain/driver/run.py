@@ -31,6 +31,7 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_text, redact_tree, redact_yaml, save_redacted
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data.streamed import Streamed
+from hydra_raytrain.data.tokenized_ray import tokenized_for_run
 from hydra_raytrain.driver import builders, cluster, failures, report
 from hydra_raytrain.driver.epoch_log import EpochLog
 from hydra_raytrain.driver.plan import Plan, preflight
@@ -140,6 +141,7 @@ def _train(
     _write_config(run_dir, cfg, saved_config(resolved, unresolved))
     quiet_ray_train(resolved.ray.logging_level)
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
+        built = tokenized_for_run(resolved.dataset) if nodes else None  # text; local mode: by its worker
         return _fit(
             resolved,
             run_dir,
@@ -148,7 +150,7 @@ def _train(
             local_mode=nodes == 0,
             started=started,
             stream=stream,
-            built=plan.built,
+            built=built,
             extra_callbacks=extra_callbacks,
             show_summary=show_summary,
             unresolved=unresolved,
@@ -199,7 +201,7 @@ def _fit(
 ) -> dict[str, Any]:
     """TorchTrainer.fit, then the run dir's model.pt and summary.json (also on failure). ``stream``: a dataset
     Ray Data streams to the workers (``TorchTrainer(datasets=...)``); ``unresolved``: the composed config before
-    resolution (what is saved of it: ``saved_config``); ``built``: splits the driver built for the workers."""
+    resolution (what is saved of it: ``saved_config``); ``built``: text Ray Data tokenized for the workers."""
     origin = provenance(str(resolved.model.get("_target_") or ""))
     tracked, tracker_env = trackers.prepare_all(resolved.logger)  # a tracker that cannot be reached: dropped
     resolved = dataclasses.replace(resolved, logger=tracked)
@@ -253,7 +255,7 @@ def _trainer_factory(
     loop_config["provenance"] = origin  # the loggers record it
     loop_config["saved_cfg"] = saved  # what checkpoints and trackers keep of the config: redacted
     if built is not None:  # in the object store once, read in place by every worker of the node
-        loop_config["built"] = ray.put(built) if ray.is_initialized() else built
+        loop_config["built"] = built
     data: dict[str, Any] = {}
     if stream is not None:
         from ray.data import DataContext  # each dataset keeps a copy of the driver's; Ray Train hands it on

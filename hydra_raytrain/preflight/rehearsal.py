@@ -24,6 +24,7 @@ from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, on
 from hydra_raytrain.config.finetuning import FinetuneConfig, PeftConfig
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import typed
+from hydra_raytrain.data import tokenized
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.models.zoo import weights_on_disk
 from hydra_raytrain.recipe import checkpoint, finetune, warm_start
@@ -73,7 +74,7 @@ def rehearse(
         return None
     check_module_classes(cfg, models)
     check_finetune(cfg, models)
-    check_positions(cfg, splits, models)
+    tokenized.check_positions(cfg["dataset"].get("max_length"), splits, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
     batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))  # a Streamed has no .train
@@ -219,6 +220,8 @@ def build_dataset(node: Mapping[str, Any], datasets: Datasets | None = None) -> 
 
 def _built_here(node: Mapping[str, Any]) -> Any:
     local = {**node, "download": False} if node.get("download") else dict(node)
+    if tokenized.is_text(node):  # its first rows: the run's Ray Data tokenizes them all (data/tokenized_ray.py)
+        local["sample"] = tokenized.CHECKED_ROWS
     try:
         splits = _build("dataset", local)
     except ConfigError as error:
@@ -334,22 +337,6 @@ def check_module_classes(cfg: Mapping[str, Any], models: dict[str, Any]) -> None
                     f"no submodule of the model is a {name}{did_you_mean(name, classes)}.",
                     ", ".join(classes),
                 )
-
-
-def check_positions(cfg: Mapping[str, Any], splits: Any, models: dict[str, Any]) -> None:
-    """Text rows no longer than the model's positions (GPT-2's 1,024): refused by name here, not an index error in
-    a worker's embeddings."""
-    parts: list[Any] = [getattr(splits, name, None) for name in ("train", "val", "test")]
-    longest = max((part.longest for part in parts if hasattr(part, "longest")), default=0)
-    for model in models.values():
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if isinstance(limit, int) and longest > limit:
-            raise ConfigError(
-                "dataset.max_length",
-                cfg["dataset"].get("max_length"),
-                f"rows of up to {longest} tokens; the model has {limit} positions.",
-                f"dataset.max_length={limit} or less (longer rows are cut)",
-            )
 
 
 def check_warm_start(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:

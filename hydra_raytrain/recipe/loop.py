@@ -31,6 +31,7 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import checkpointed_modules
+from hydra_raytrain.data.tokenized import check_positions
 from hydra_raytrain.host import mark
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
@@ -120,7 +121,7 @@ class Recipe:
         """``rows``: the rows of each split of a dataset that Ray Data streams (None: the workers build it);
         ``provenance``: where the run came from (the driver's), for the loggers; ``saved``: the config as the run
         saves and logs it (redacted: the driver's ``saved_config``), for checkpoints and the loggers; ``built``:
-        the splits the driver built (tokenized text), or a reference to them in Ray's object store."""
+        the text Ray Data tokenized for the run (``data/tokenized_ray.py``), read in place."""
         self.cfg, self.run_dir, self.run_name, self.notice, self.rows = cfg, run_dir, run_name, notice, rows
         self.built = built
         self.provenance = provenance
@@ -372,7 +373,7 @@ class Recipe:
     def _setup_loaders(self, batch: int, val_batch: int, cpus: int) -> str:
         """The splits, built here: on the device-resident path or behind DataLoaders."""
         trainer = self.cfg.trainer
-        splits = self._splits()
+        splits = self.splits = self._splits()
         held = {"train": in_memory_tensors(splits.train), "val": in_memory_tensors(splits.val)}
         in_memory = all(tensors is not None for tensors in held.values())
         options = trainer.dataloader
@@ -401,10 +402,10 @@ class Recipe:
         return where
 
     def _splits(self) -> Any:
-        """The dataset's splits: the driver's (through the object store), else built here."""
+        """The dataset's splits: over the blocks Ray Data tokenized (text), else built here."""
         if self.built is None:
             return instantiate(self.cfg.dataset, _convert_="all")
-        return ray.get(self.built) if isinstance(self.built, ray.ObjectRef) else self.built
+        return self.built.splits()
 
     def _on_device(
         self, splits: Any, held: dict[str, tuple[torch.Tensor, ...] | None], in_memory: bool, loader_processes: int
@@ -440,6 +441,7 @@ class Recipe:
         models = {}
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
+            check_positions(self.cfg.dataset.get("max_length"), getattr(self, "splits", None), {name: module})
             module = finetune.add_adapters(module, self.cfg.peft)  # peft=lora: only the adapters train
             finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
             if self.float_dtype is not None:

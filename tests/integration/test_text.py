@@ -122,6 +122,55 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
         assert torch.allclose(adapted(input_ids=ids).logits, trained(input_ids=ids).logits, atol=1e-6)
 
 
+def test_ray_data_tokenizes_a_mixed_folder_as_the_driver_does_in_file_order(ray_address, text_run, tmp_path):
+    """dataset.tokenize=ray_data: a folder of JSON lines and Parquet files, and chat rows with a validation file,
+    tokenized by Ray Data's actor pool give the splits text() gives in this process, row for row and in the files'
+    order; what was cut and dropped is said as text() says it."""
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hydra_raytrain.data.tokenized import text
+    from hydra_raytrain.data.tokenized_ray import tokenize_on_ray
+    from tests.helpers.text import varied_rows
+
+    model, rows = next(o for o in text_run if o.startswith("model.path=")).split("=", 1)[1], varied_rows(900)
+    folder = tmp_path / "rows"
+    write_jsonl(folder / "a.jsonl", rows[:300])
+    pq.write_table(pa.Table.from_pylist(rows[300:600]), folder / "b.parquet")
+    write_jsonl(folder / "c.jsonl", rows[600:])
+    chats = [{"messages": [{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["completion"]}]}
+             for r in rows[:260]]  # fmt: skip
+    cases = {
+        "a mixed folder": dict(path=str(folder), format="prompt_completion", max_length=24, test_fraction=0.1),
+        "chat rows and a validation file": dict(
+            path=str(write_jsonl(tmp_path / "chat.jsonl", chats[:200])), format="messages",
+            val_path=str(write_jsonl(tmp_path / "chat_val.jsonl", chats[200:])),
+        ),
+    }  # fmt: skip
+    said = {}
+    for case, settings in cases.items():
+        node = {"_target_": "hydra_raytrain.data.text", "tokenizer": model, **settings}
+        with warnings.catch_warnings(record=True) as here_said:
+            warnings.simplefilter("always")
+            here = text(**settings, tokenizer=model)
+        with warnings.catch_warnings(record=True) as ray_said:
+            warnings.simplefilter("always")
+            splits = tokenize_on_ray(node).splits()
+        ours_said = [str(w.message) for w in ray_said if "rows of dataset." in str(w.message)]  # not Ray's notes
+        assert ours_said == [str(w.message) for w in here_said if "rows of dataset." in str(w.message)], case
+        for name in ("train", "val", "test"):
+            ours, theirs = getattr(splits, name), getattr(here, name)
+            assert (ours is None) == (theirs is None), (case, name)
+            assert ours is None or len(ours) == len(theirs) > 0, (case, name)
+            for i in range(len(ours) if ours is not None else 0):
+                for column in ("input_ids", "labels"):
+                    assert torch.equal(ours[i][column], theirs[i][column]), (case, name, i, column)
+        said[case] = ours_said
+    assert any("dataset.max_length=24 cut" in message for message in said["a mixed folder"])
+
+
 def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_serve_complete_them(
     ray_address, text_run, tmp_path
 ):
@@ -215,10 +264,12 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
     one, two = tmp_path / "one", tmp_path / "two"
     assert train(compose_config(*overrides, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
     sharded = ("trainer.parallel_strategy=fsdp", "fsdp.shard_modules=[GPT2Block]", "model.gradient_checkpointing=true")
+    sharded += ("dataset.tokenize=ray_data",)
     with pytest.warns(UserWarning, match="dataset.max_length=128 cut 1 of 48 rows of dataset.path"):
         summary = train(compose_config(*overrides, *LAYOUTS["2 workers x 4"], *sharded), run_dir=str(two))
     assert summary["status"] == "completed", summary
-    # Tokenized once, by the driver: the workers read its splits from the object store and cut nothing themselves
+    # Tokenized once, by Ray Data's actors: the workers read the blocks in place and cut nothing themselves
+    assert "Text tokenized once for the workers, by Ray Data's actors" in (two / "driver.log").read_text()
     workers = [path.read_text() for path in two.glob("logs/rank*")]
     assert len(workers) == 4 and not any("cut" in text for text in workers)
     adapters = weights(one)

@@ -270,3 +270,43 @@ def test_a_window_mixes_no_summed_losses_with_means_and_few_units_divide_exactly
     step.sync = True
     step.optimize((torch.tensor([3.0, 1.0]) @ weight), normalizer=torch.tensor(2))  # 3 units in all: far below 1024
     assert torch.allclose(weight.detach(), torch.tensor([2.0 - 4 / 3, -1.0 - 4 / 3])) and UNIT_SCALE > 3
+
+
+def test_rows_over_several_chunks_read_as_one_in_the_order_picked():
+    """Ray Data's blocks are chunks: rows are numbered across them, and a split reads the rows it picked."""
+    import numpy as np
+
+    from hydra_raytrain.data.tokenized import TokenizedRows, chunk_of
+
+    pairs = [(np.arange(n, dtype=np.int32) + 10 * n, np.full(n, n, dtype=np.int32)) for n in (2, 5, 3, 4, 1)]
+    whole = TokenizedRows.of(pairs, pad_id=0)
+    chunked = TokenizedRows([chunk_of(pairs[:2]), chunk_of(pairs[2:3]), chunk_of(pairs[3:])], [4, 0, 3, 2], pad_id=0)
+    assert len(chunked) == 4 and chunked.longest == 4  # row 1 (5 tokens) not picked
+    for i, row in enumerate([4, 0, 3, 2]):
+        assert torch.equal(chunked[i]["input_ids"], whole[row]["input_ids"])
+        assert torch.equal(chunked[i]["labels"], whole[row]["labels"])
+    assert torch.equal(chunked[-1]["input_ids"], whole[2]["input_ids"])
+    with pytest.raises(IndexError):
+        chunked[4]
+
+
+def test_the_checks_tokenize_the_first_rows_only_and_say_nothing_of_cuts(tmp_path, tokenizer_dir):
+    """text(sample=N): the first N rows, from the files they take (a later file is not read), no cut said."""
+    import warnings
+
+    write_jsonl(tmp_path / "rows" / "a.jsonl", [{"prompt": "op add:", "completion": " a + b + c + d + e + f"}] * 6)
+    (tmp_path / "rows" / "b.jsonl").write_text('{"question": "no prompt column"}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        splits = text(str(tmp_path / "rows"), str(tokenizer_dir), "prompt_completion", 8, sample=5)
+    assert len(splits.train) + len(splits.val) == 5
+    with pytest.raises(ConfigError, match="b.jsonl has no column prompt"):
+        text(str(tmp_path / "rows"), str(tokenizer_dir), "prompt_completion", 8)
+    with pytest.warns(UserWarning, match="dataset.max_length=8 cut 6 of 6 rows of dataset.path"):  # all rows: said
+        text(str(tmp_path / "rows" / "a.jsonl"), str(tokenizer_dir), "prompt_completion", 8)
+
+
+def test_who_tokenizes_is_one_of_three(tmp_path, tokenizer_dir):
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"text": "def f(a): return a"}] * 3)
+    with pytest.raises(ConfigError, match=r"dataset.tokenize='actors'.*auto, ray_data, driver"):
+        text(str(data), str(tokenizer_dir), "text", tokenize="actors")
