@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,21 @@ def tokenized_for_run(node: Mapping[str, Any]) -> TokenizedBlocks | TokenizedHer
     who = "Ray Data's actors" if wanted == "ray_data" else "the driver"
     print(f"Text tokenized once for the workers, by {who} ({time.perf_counter() - started:.1f} s)", flush=True)
     return tokenized
+
+
+def tokenized_once(nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each distinct text dataset of ``nodes`` (a sweep's trials'), tokenized once (``tokenized_for_run``), by
+    :func:`key_of`: its trials read it (``train(tokenized=...)``) and tokenize nothing."""
+    found: dict[str, Any] = {}
+    for node in nodes:
+        if is_text(node) and key_of(node) not in found:
+            found[key_of(node)] = tokenized_for_run(node)
+    return found
+
+
+def key_of(node: Mapping[str, Any]) -> str:
+    """A dataset config's key: trials with equal dataset configs share their tokens."""
+    return json.dumps(dict(node), sort_keys=True, default=str)
 
 
 def arguments(node: Mapping[str, Any]) -> dict[str, Any]:

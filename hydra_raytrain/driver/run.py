@@ -73,13 +73,15 @@ def train(
     show_summary: bool = True,
     rehearse: bool = True,
     datasets: Datasets | None = None,
+    tokenized: Any = None,
 ) -> dict[str, Any]:
     """Train the configured model; return the summary (also written to ``<run_dir>/summary.json``).
 
     ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
     Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
     instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``).
-    ``datasets``: the datasets the caller's earlier runs built (a multirun's jobs share them).
+    ``datasets``: the datasets the caller's earlier runs built (a multirun's jobs share them); ``tokenized``: the
+    run's text tokenized by the caller (a sweep's, once for its trials: ``data/tokenized_ray.py``).
     Raises ``ConfigError`` before anything starts or is written when the config cannot work, ``locks.Held`` when a
     live run holds the run dir (``run.if_running=wait``: waits for it), ``TrainingFailed`` when the run fails. A
     run stopped by a preemption notice (SIGTERM) returns a summary whose status is ``preempted``: the same call
@@ -98,9 +100,8 @@ def train(
             plan = _checked(cfg, run_dir, rehearse, datasets)
             mark("checked")
             with _multirun_parent(plan.resolved, run_dir) as resolved:
-                return _train(
-                    dataclasses.replace(plan, resolved=resolved), cfg, run_dir, started, extra_callbacks, show_summary
-                )
+                planned = dataclasses.replace(plan, resolved=resolved)
+                return _train(planned, cfg, run_dir, started, extra_callbacks, show_summary, tokenized)
     except ConfigError:
         if new and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= {locks.LOCK_FILE}:
             shutil.rmtree(run_dir, ignore_errors=True)  # a refused config leaves nothing: its hold made the folder
@@ -120,6 +121,7 @@ def _train(
     started: float,
     extra_callbacks: Sequence[Any],
     show_summary: bool,
+    tokenized: Any = None,
 ) -> dict[str, Any]:
     resolved, name, stream = plan.resolved, plan.name, plan.stream  # name: the run dir's ${run_name:} too
     unresolved = OmegaConf.to_container(cfg, resolve=False)  # what redaction keeps unresolved (config/redact.py)
@@ -141,7 +143,7 @@ def _train(
     _write_config(run_dir, cfg, saved_config(resolved, unresolved))
     quiet_ray_train(resolved.ray.logging_level)
     with tee_output(os.path.join(run_dir, DRIVER_LOG)):
-        built = tokenized_for_run(resolved.dataset) if nodes else None  # text; local mode: by its worker
+        built = tokenized if tokenized is not None or not nodes else tokenized_for_run(resolved.dataset)
         return _fit(
             resolved,
             run_dir,

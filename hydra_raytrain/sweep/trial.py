@@ -29,13 +29,16 @@ def run_trial(
     argv: list[str] | None = None,
     compose: Callable[..., Job] | None = None,
     hidden: dict[tuple[Any, ...], Any] | None = None,
+    tokenized: dict[str, Any] | None = None,
 ) -> None:
+    """``tokenized``: the sweep's text, tokenized once for its trials (``data/tokenized_ray.py``), by dataset."""
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from hydra_raytrain import rundir
     from hydra_raytrain.config.redact import redact_text
+    from hydra_raytrain.data.tokenized_ray import key_of
     from hydra_raytrain.driver.epoch_log import EpochReportsOnly
     from hydra_raytrain.driver.run import train
     from hydra_raytrain.sweep.search import read_job
@@ -54,11 +57,14 @@ def run_trial(
         overrides = [redact_text(override) for override in job.overrides]  # a typed secret as ***
         json.dump({"index": config["index"], "overrides": overrides, "started": time.time()}, file)
     _write_hydra_files(run_dir, job)
+    text = (tokenized or {}).get(key_of(job.cfg.dataset))  # None: not text, or a dataset the sweep did not know
     if compose is not None:  # PBT: the trial's current generation, each epoch reported with a checkpoint to clone
         from hydra_raytrain.sweep.pbt import run_segment
 
         def segment(cfg: Any, callback: Any) -> dict[str, Any]:
-            return train(cfg, run_dir=run_dir, extra_callbacks=[callback], show_summary=False, rehearse=False)
+            return train(
+                cfg, run_dir=run_dir, extra_callbacks=[callback], show_summary=False, rehearse=False, tokenized=text
+            )
 
         run_segment(config, job, segment, compose)
         return
@@ -69,6 +75,7 @@ def run_trial(
         extra_callbacks=[EpochReportsOnly(TuneReportCallback())],
         show_summary=False,
         rehearse=False,
+        tokenized=text,
     )
     if len(rundir.read_history(run_dir)) == epochs_before and summary.get("final"):
         # Nothing was left to train (interrupted after its last epoch's checkpoint, before its summary): no epoch

@@ -27,6 +27,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
+from hydra_raytrain.data.tokenized_ray import tokenized_once
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.preflight.rehearsal import Datasets
 from hydra_raytrain.preflight.replaced import apply_overrides
@@ -307,8 +308,9 @@ def run_trials(
     share = math.floor(10_000 / concurrent) / 10_000 if bracketed else 0.001
     # The grid's jobs go to the trials in memory; a search's are written as suggested, without the secrets
     handed, hidden = (plan.jobs, {}) if searcher is None else ([], dict(searcher.held.value.hidden))
+    tokenized = tokenized_once([job.cfg.dataset for job in [*plan.todo, *plan.probes]])  # text: once for the sweep
     tuner = tune.Tuner(
-        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden=hidden),
+        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden, tokenized),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
@@ -372,6 +374,7 @@ def _trainable(
     pausing: bool = False,
     share: float = 0.001,
     hidden: dict[tuple[Any, ...], Any] | None = None,
+    tokenized: dict[str, Any] | None = None,
 ) -> Any:
     """The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
     nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it): a
@@ -392,6 +395,7 @@ def _trainable(
         argv=list(sys.argv),
         compose=compose if pausing else None,
         hidden=hidden or {},  # in Ray's object store, never on disk: job.json is written without it
+        tokenized=tokenized or {},
     )
     return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: share})
 

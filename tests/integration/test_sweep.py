@@ -477,7 +477,8 @@ def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rate
     """A causal LM's sweep (its runs: tests/integration/test_text.py): ASHA on val_perplexity, two trials at a time
     in ASHA's seeded start order (seed 0 starts this list's trials 2, 0, 1, 3: the two learning rates that learn
     first): the best of them trains to the end, the two that barely move fall under the first rung's bar and stop
-    there, and every trial logged its perplexity and supervised tokens/s. Among the sweeps: its stopped trials'
+    there, and every trial logged its perplexity and supervised tokens/s. The rows are tokenized once, for the sweep
+    (its 4 trials read them from the object store). Among the sweeps: its stopped trials'
     resource requests (kept up to 180 s) expire long before the elastic test of test_train_api.py asks."""
     text_run = text_overrides(tmp_path / "text")
     assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
@@ -501,3 +502,5 @@ def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rate
     for row in summary["trials"]:
         last = json.loads(Path(row["run_dir"], "metrics.jsonl").read_text().splitlines()[-1])
         assert last["val_perplexity"] > 1 and last["tokens_per_second"] > 0
+        assert "Text tokenized" not in Path(row["run_dir"], "driver.log").read_text()  # the trial read the sweep's
+    assert done.stdout.count("Text tokenized once for the workers, by the driver") == 1, done.stdout[-3000:]
