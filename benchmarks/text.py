@@ -164,7 +164,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--tokenized-rows", type=int, default=200_000, help="rows of the tokenization figures")
+    parser.add_argument("--tokenized-rows", type=int, default=500_000, help="rows of the tokenization figures")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = write_model(Path(scratch, "llama"), "llama", **SIZES)

@@ -14,8 +14,10 @@ follow the other datasets' rules (``val_path`` or ``val_fraction``, ``test_path`
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -287,6 +289,18 @@ def check_columns(found: Sequence[str], columns: Sequence[str], key: str, path: 
         )  # fmt: skip
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as it was after)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class Tokenize:
     """Rows of one format to ``(input_ids, labels)`` arrays, cut at ``max_length``."""
 
@@ -295,7 +309,13 @@ class Tokenize:
 
     def cut(self, rows: list[dict[str, Any]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
         """Each row's ids and labels cut at ``max_length``; which rows were cut; which supervise a token (the first
-        token is never predicted: a row supervising only it has nothing to learn)."""
+        token is never predicted: a row supervising only it has nothing to learn). Python's cyclic collector is
+        paused meanwhile: the many small lists made here hold no cycle, and its passes over them took a third of
+        the time."""
+        with collector_paused():
+            return self._cut(rows)
+
+    def _cut(self, rows: list[dict[str, Any]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
         pairs = {"text": self._text, "prompt_completion": self._prompt_completion, "messages": self._messages}[
             self.format
         ](rows)
@@ -308,6 +328,12 @@ class Tokenize:
         return kept, cut, learned
 
     def _ids(self, texts: list[str], special: bool) -> list[list[int]]:
+        """Each text's ids, as ``tokenizer(texts)["input_ids"]`` gives them; from a fast tokenizer's Rust backend
+        directly when it neither cuts nor pads (transformers' conversion of each encoding to a dict is more than
+        half the time of its call)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            return [encoding.ids for encoding in backend.encode_batch(texts, add_special_tokens=special)]
         return self.tokenizer(texts, add_special_tokens=special)["input_ids"]
 
     def _text(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:

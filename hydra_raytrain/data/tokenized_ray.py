@@ -35,6 +35,7 @@ from hydra_raytrain.data.tokenized import (
     Tokenize,
     assemble,
     checked,
+    chunk_of,
     files_of,
     is_text,
     pick,
@@ -46,6 +47,7 @@ from hydra_raytrain.data.tokenized import (
 FLAGS = ("cut", "learned")  # each row: cut at max_length; supervises a token (else dropped)
 ROWS_PER_CALL = 512  # rows an actor tokenizes per call: the fast tokenizer's batch encoding
 RAY_DATA_BYTES = 64 * 2**20  # dataset.tokenize=auto: Ray Data for file sets holding more
+HUB_SETTINGS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT")
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,11 @@ class TokenizeBatch:
         import pyarrow as pa
 
         pairs, cut, learned = self.tokenize.cut(batch.to_pylist())
-        tokens = pa.list_(pa.int32())
+        ids, labels, offsets = chunk_of(pairs)  # flat: Arrow lists built from them without a copy per row
+        starts = pa.array(offsets.astype(np.int32))
         return pa.table({
-            "input_ids": pa.array([ids for ids, _ in pairs], type=tokens),
-            "labels": pa.array([labels for _, labels in pairs], type=tokens),
+            "input_ids": pa.ListArray.from_arrays(starts, pa.array(ids)),
+            "labels": pa.ListArray.from_arrays(starts, pa.array(labels)),
             "cut": pa.array(cut, type=pa.bool_()), "learned": pa.array(learned, type=pa.bool_()),
         })  # fmt: skip
 
@@ -205,7 +208,7 @@ def _tokenized(
     except ConfigError:
         raise
     except Exception as error:  # a file with other columns, or unreadable: Ray Data's error, said once
-        raise ConfigError(key, path, f"Ray Data could not read or tokenize it: {_first_line(error)}", LAYOUT) from None
+        raise ConfigError(key, path, f"Ray Data could not read or tokenize it: {_last_line(error)}", LAYOUT) from None
     finally:
         context.execution_options.preserve_order = ordered
     cut, learned = (np.concatenate([np.asarray(t.column(c)) for t in flags] or [np.zeros(0, bool)]) for c in FLAGS)
@@ -223,13 +226,14 @@ def _read(files: list[str], kind: str) -> Any:
 
 
 def actor_env() -> dict[str, str]:
-    """The tokenizer actors' environment: the driver's import path and the Hugging Face hub's settings."""
+    """The tokenizer actors' environment: the driver's import path and where the Hugging Face hub's files are (not
+    its token: a runtime environment is shown by Ray's dashboard)."""
     from hydra_raytrain.host import import_path
 
-    hub = {name: value for name, value in os.environ.items() if name.startswith(("HF_", "TRANSFORMERS_"))}
+    hub = {name: os.environ[name] for name in HUB_SETTINGS if name in os.environ}
     return {"PYTHONPATH": import_path(), **hub}
 
 
-def _first_line(error: BaseException) -> str:
+def _last_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1][:300] if lines else type(error).__name__

@@ -9,7 +9,9 @@ import torch
 
 from hydra_raytrain import train
 from tests.conftest import compose_config
+from tests.helpers.loggers import read_scalars
 from tests.helpers.text import text_overrides, write_jsonl, write_model
+from tests.helpers.wandb_files import wandb_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
@@ -79,7 +81,8 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
     """peft=lora: model.pt and every checkpoint hold the adapters alone, and the optimizer holds their state
     alone; the model's own weights stay as they were; 2 workers under DDP with gradient checkpointing whose rank 1
     is killed mid-epoch (resumed from a checkpoint of adapters) end with the adapters of 1 worker (float64, to
-    1e-9). The adapter exported as peft saves it loads onto the base with PeftModel and computes the run's logits."""
+    1e-9), and W&B and TensorBoard log it as they log any run. The adapter exported as peft saves it loads onto the
+    base with PeftModel and computes the run's logits."""
     from transformers import AutoModelForCausalLM
 
     from hydra_raytrain import load_model
@@ -87,6 +90,7 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
     one, two = tmp_path / "one", tmp_path / "two"
     assert train(compose_config(*text_run, *LORA, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
     crash = (*CRASH, f"+task.marker={tmp_path / 'crashed'}", "model.gradient_checkpointing=true")
+    crash += ("logger=[wandb,tensorboard]", "logger.wandb.mode=offline")
     summary = train(compose_config(*text_run, *LORA, *LAYOUTS["2 workers x 4"], *crash), run_dir=str(two))
     assert summary["status"] == "completed" and (tmp_path / "crashed").exists()
     adapters = weights(one)
@@ -95,8 +99,14 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
         assert torch.allclose(tensor, adapters[name], rtol=1e-6, atol=1e-7), name
     for epoch, expected in zip(history(two), history(one), strict=True):
         assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
-    for epoch, expected in zip(history(two), history(one), strict=True):
-        assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
+    # Its trackers, from rank 0 through the kill: the resumed attempt continues the W&B run; TensorBoard has each
+    # epoch once, with the text metrics
+    attempts = wandb_runs(two)
+    assert len(attempts) == 2 and len({run.name for run in attempts}) == 1
+    scalars = read_scalars(two / "tensorboard")
+    assert sorted(step for step, _ in scalars["val_perplexity"]) == [1, 2]
+    assert [value for _, value in sorted(scalars["train_tokens"])] == [epoch["train_tokens"] for epoch in history(two)]
+    assert all(value > 0 for _, value in scalars["tokens_per_second"])
     states = sorted(two.glob("ray_storage/*/*/train_state.pt"))
     assert len(states) == 5  # epochs 1 and 2, steps 3, 6 and 9
     for state in states:

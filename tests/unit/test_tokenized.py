@@ -310,3 +310,14 @@ def test_who_tokenizes_is_one_of_three(tmp_path, tokenizer_dir):
     data = write_jsonl(tmp_path / "rows.jsonl", [{"text": "def f(a): return a"}] * 3)
     with pytest.raises(ConfigError, match=r"dataset.tokenize='actors'.*auto, ray_data, driver"):
         text(str(data), str(tokenizer_dir), "text", tokenize="actors")
+
+
+def test_the_backends_ids_are_the_tokenizers_own(tokenizer):
+    """Tokenize reads a fast tokenizer's Rust backend directly: the ids transformers' call gives, special tokens
+    or not."""
+    from hydra_raytrain.data.tokenized import Tokenize
+
+    texts = ["def f(a): return a", "", "  spaces  and\ttabs\n", "unicode: é ß 東京", "<|user|>hi"]
+    tokenize = Tokenize(tokenizer, "text", {"text": "text"}, 64)
+    for special in (True, False):
+        assert tokenize._ids(texts, special) == tokenizer(texts, add_special_tokens=special)["input_ids"]
