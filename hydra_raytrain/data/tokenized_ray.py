@@ -63,7 +63,10 @@ class TokenizedBlocks:
         """The splits, over the blocks read in place."""
         import ray
 
-        chunks = {source: [chunk_of_table(table) for table in ray.get(refs)] for source, refs in self.blocks.items()}
+        chunks = {
+            source: [chunk for table in ray.get(refs) for chunk in chunks_of_table(table)]
+            for source, refs in self.blocks.items()
+        }
         return assemble(chunks, self.picked, self.pad_id)
 
 
@@ -87,9 +90,15 @@ class TokenizeBatch:
         })  # fmt: skip
 
 
-def chunk_of_table(table: Any) -> Chunk:
-    """A block's rows as a :data:`Chunk`, its Arrow buffers read in place (no copy)."""
-    ids, labels = (table.column(name).combine_chunks() for name in ("input_ids", "labels"))
+def chunks_of_table(table: Any) -> list[Chunk]:
+    """A block's rows as :data:`Chunk`s, one per record batch, its Arrow buffers read in place (a block joins many
+    calls' tables: combining them would copy the block into every worker's memory)."""
+    return [chunk_of_lists(batch.column("input_ids"), batch.column("labels")) for batch in table.to_batches()]
+
+
+def chunk_of_lists(ids: Any, labels: Any) -> Chunk:
+    """Two Arrow list arrays of the same lengths as a :data:`Chunk`, without a copy (a sliced array's offsets point
+    into its whole values)."""
     offsets = ids.offsets.to_numpy()
     first, last = int(offsets[0]), int(offsets[-1])
     start = int(labels.offsets.to_numpy()[0])
@@ -120,10 +129,12 @@ def tokenized_for_run(node: Mapping[str, Any]) -> TokenizedBlocks | TokenizedHer
         return None
     given = arguments(node)
     wanted = given["tokenize"]
-    if wanted == "auto":
+    if wanted == "auto":  # Ray Data's actors may run on any node: on one node, or files every node reads
         where = sources(given["path"], given["val_path"], given["test_path"])
         held = sum(total_bytes(files_of(path, f"dataset.{source}")) for source, path in where.items())
-        wanted = "ray_data" if held > RAY_DATA_BYTES else "driver"
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        everywhere = len(nodes) == 1 or all("://" in path for path in where.values())
+        wanted = "ray_data" if held > RAY_DATA_BYTES and everywhere else "driver"
     started = time.perf_counter()
     tokenized = tokenize_on_ray(node) if wanted == "ray_data" else TokenizedHere(ray.put(text(**given)))
     who = "Ray Data's actors" if wanted == "ray_data" else "the driver"
@@ -207,8 +218,9 @@ def _tokenized(
             flags += ray.get(tokenized.select_columns(list(FLAGS)).to_arrow_refs())  # not the tokens: the flags
     except ConfigError:
         raise
-    except Exception as error:  # a file with other columns, or unreadable: Ray Data's error, said once
-        raise ConfigError(key, path, f"Ray Data could not read or tokenize it: {_last_line(error)}", LAYOUT) from None
+    except Exception as error:  # a file with other columns, or unreadable: Ray Data's error, its cause chained
+        said = f"{type(error).__name__}: {_last_line(error)}"
+        raise ConfigError(key, path, f"Ray Data could not read or tokenize it ({said})", LAYOUT) from error
     finally:
         context.execution_options.preserve_order = ordered
     cut, learned = (np.concatenate([np.asarray(t.column(c)) for t in flags] or [np.zeros(0, bool)]) for c in FLAGS)

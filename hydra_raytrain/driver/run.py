@@ -232,7 +232,7 @@ def _fit(
     if local_mode:  # local mode runs no callbacks: write the epochs it returned
         for metrics in outcome.history:
             epoch_log.write(metrics)
-    return _conclude(outcome, summarize, run_dir, result)
+    return _conclude(outcome, summarize, run_dir, result, built)
 
 
 def _trainer_factory(
@@ -321,9 +321,11 @@ class Summary:
         return summary
 
 
-def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: Any = None) -> dict[str, Any]:
+def _conclude(
+    outcome: WorkerResult, summarize: Summary, run_dir: str, result: Any = None, built: Any = None
+) -> dict[str, Any]:
     """A preempted run's summary and how to resume it; a completed one's ``model.pt``, its test split's score
-    (where the dataset has one) and summary."""
+    (where the dataset has one: text the run tokenized, ``built``, is not tokenized again) and summary."""
     if outcome.status == "preempted":
         summary = summarize("preempted", preempted_by=outcome.notice)
         print(
@@ -337,7 +339,7 @@ def _conclude(outcome: WorkerResult, summarize: Summary, run_dir: str, result: A
         file.write(outcome.weights)
     resolved = summarize.resolved
     best = _best_checkpoint(resolved, result)
-    test = _test_best(resolved, run_dir, best) if has_test_split(resolved.dataset) else None
+    test = _test_best(resolved, run_dir, best, built) if has_test_split(resolved.dataset) else None
     logs, tested = _tracked_logs(run_dir, test if test and "error" not in test else None)
     config = {"cfg": saved_config(resolved, summarize.unresolved), "run_name": summarize.name}
     if tested is not None:
@@ -366,7 +368,9 @@ def _best_checkpoint(resolved: Resolved, result: Any) -> tuple[Any, dict[str, An
     return max(kept, key=lambda pair: (sign * pair[1][monitor], -pair[1].get("epoch", 0))) if kept else None
 
 
-def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]] | None) -> dict[str, Any]:
+def _test_best(
+    resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]] | None, built: Any = None
+) -> dict[str, Any]:
     """The best checkpoint (the final model where Ray kept none: ``_best_checkpoint``) scored on the dataset's test
     split, here on the driver: every test sample once. A failure warns and is recorded; the trained run stands."""
     trainer = resolved.trainer
@@ -374,11 +378,11 @@ def _test_best(resolved: Resolved, run_dir: str, best: tuple[Any, dict[str, Any]
     cfg = resolved.to_dict()
     try:
         if best is None:
-            metrics = score(run_dir, cfg, "test")
+            metrics = score(run_dir, cfg, "test", built)
             where, epoch = os.path.join(run_dir, rundir.MODEL_FILE), None
         else:
             with best[0].as_directory() as folder:
-                metrics = score(folder, cfg, "test")
+                metrics = score(folder, cfg, "test", built)
             where, epoch = checkpoint_uri(best[0]), best[1].get("epoch")
     except Exception as error:  # noqa: BLE001  (training completed: its model and summary are written regardless)
         print(f"WARNING: the test split was not scored: {one_line(error)}", file=sys.stderr, flush=True)

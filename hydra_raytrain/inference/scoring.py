@@ -82,9 +82,10 @@ def _build(spec: dict[str, Any], state: dict[str, Any], peft: dict[str, Any] | N
     return model.eval()
 
 
-def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, Any]:
+def score(path: str, cfg: dict[str, Any], split: str = "val", built: Any = None) -> dict[str, Any]:
     """The weights at ``path`` scored on the whole ``split`` of the run's dataset (``cfg``: its resolved config):
-    the task's metrics, and the matrices its ``metrics`` name (``val_confusion_matrix``: lists of counts)."""
+    the task's metrics, and the matrices its ``metrics`` name (``val_confusion_matrix``: lists of counts).
+    ``built``: the run's text as it tokenized it (``data/tokenized_ray.py``), else the dataset is built here."""
     if split not in SPLITS:
         raise ConfigError("--split", split, "is no split to score.", " | ".join(SPLITS))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -93,7 +94,7 @@ def score(path: str, cfg: dict[str, Any], split: str = "val") -> dict[str, Any]:
     if is_lightning(cfg["task"]["_target_"]):
         return _validate_lightning(cfg, model, device, split)
     task = instantiate(cfg["task"])
-    totals = validation_totals(task, model, split_loader(cfg, split), lambda b: move_to(b, device))
+    totals = validation_totals(task, model, split_loader(cfg, split, built), lambda b: move_to(b, device))
     matrices = task.metrics.matrices(totals) if getattr(task, "metrics", None) is not None else {}
     return {f"{split}_{name}": value for name, value in {**task.compute(totals), **matrices}.items()}
 
@@ -114,12 +115,12 @@ def shown(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def split_loader(cfg: dict[str, Any], split: str) -> Any:
+def split_loader(cfg: dict[str, Any], split: str, built: Any = None) -> Any:
     """The whole split, read in this process: a built dataset's through a DataLoader, a streamed one's files
     (Ray Data streamed them in training) read here. A split the dataset does not have: one ConfigError."""
     from hydra_raytrain.data.streamed import Streamed
 
-    built = instantiate(cfg["dataset"], _convert_="all")
+    built = built.splits() if built is not None else instantiate(cfg["dataset"], _convert_="all")
     trainer = cfg["trainer"]
     batch = trainer["val_batch_size_per_worker"] or trainer["batch_size_per_worker"] or trainer["batch_size"]
     if isinstance(built, Streamed):

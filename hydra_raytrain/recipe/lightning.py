@@ -68,7 +68,7 @@ def train_loop_lightning(config: dict[str, Any]) -> WorkerResult | None:
     check_module("model", cfg.model["_target_"], module, pl)
     datamodule = instantiate(cfg.datamodule, _convert_="all") if cfg.datamodule else None
     own = datamodule is not None or cfg.dataset["_target_"] == MODULE_LOADERS  # Lightning shards those loaders
-    loaders = {} if own else dataset_loaders(cfg, rank)
+    loaders = {} if own else dataset_loaders(cfg, rank, config.get("built"))
     seed_everything(rank_seed(cfg.trainer.seed, rank))  # dropout masks and random transforms differ by rank
     report = RunReport(cfg, config["run_dir"], config["run_name"], config.get("notice"), loaders.get("train"))
     report.provenance = config.get("provenance")
@@ -165,7 +165,7 @@ def trainer_monitor(cfg: Resolved) -> tuple[str | None, str | None]:
     return cfg.trainer.monitor, cfg.trainer.monitor_mode
 
 
-def dataset_loaders(cfg: Resolved, rank: int) -> dict[str, Any]:
+def dataset_loaders(cfg: Resolved, rank: int, built: Any = None) -> dict[str, Any]:
     """The dataset group's splits behind our DataLoaders, each rank its shard (``recipe/sampler.py``): training
     reshuffled every epoch (Lightning calls the sampler's ``set_epoch``). Validation is padded like Lightning's own
     sampler (the DDP-wrapped module's forward may broadcast buffers: every rank runs as many batches), so with W
@@ -174,7 +174,7 @@ def dataset_loaders(cfg: Resolved, rank: int) -> dict[str, Any]:
     world_size = ray.train.get_context().get_world_size()
     batch = per_worker_batch_size(trainer.batch_size, trainer.batch_size_per_worker, world_size)
     cpus = worker_cpus()
-    splits = instantiate(cfg.dataset, _convert_="all")
+    splits = built.splits() if built is not None else instantiate(cfg.dataset, _convert_="all")  # text: tokenized
     on_gpu = cfg.scaling.use_gpu
     options = trainer.dataloader
     processes = loader_processes(options.num_workers, cpus, False, on_gpu)

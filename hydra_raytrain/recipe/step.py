@@ -101,10 +101,9 @@ def divide_gradients(optimizer: torch.optim.Optimizer, units: torch.Tensor, scal
         torch.distributed.all_reduce(total)
         world = torch.distributed.get_world_size()
     factor = world * scale / max(total.item(), 1.0)  # a window with no unit at all has zero gradients anyway
-    for group in optimizer.param_groups:
-        for parameter in group["params"]:
-            if parameter.grad is not None:
-                parameter.grad.mul_(factor)
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)  # one call for every gradient, as torch's own clip_grad_norm_ does
 
 
 class TrainStep:

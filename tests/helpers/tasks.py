@@ -181,3 +181,15 @@ class MeanPerBatchLM(CausalLM):
 
 class CrashOnceLM(_CrashOnce, CausalLM):
     pass
+
+
+class SlowLM(CausalLM):
+    """A causal LM's task that sleeps after every batch, so that a test can act in the middle of a run."""
+
+    def __init__(self, seconds_per_batch: float, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds_per_batch = seconds_per_batch
+
+    def train_batch(self, step, batch):
+        time.sleep(self.seconds_per_batch)
+        return super().train_batch(step, batch)

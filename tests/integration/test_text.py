@@ -3,6 +3,7 @@ Llama built here with a tokenizer trained here: the loss exact in supervised tok
 accumulation, LoRA's adapters alone training, the same on 1 and 2 workers."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -130,6 +131,46 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
     ids = torch.randint(300, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(adapted(input_ids=ids).logits, trained(input_ids=ids).logits, atol=1e-6)
+
+
+def test_sigterm_preempts_a_lora_run_mid_epoch_and_the_same_config_resumes_it_exactly(ray_address, text_run, tmp_path):
+    """SIGTERM to the driver (this process) once epoch 1 is written, in a LoRA run on 2 workers whose rows Ray Data
+    tokenized (5 optimizer steps an epoch, 0.5 s each): every worker stops at the same step, checkpointed, status
+    preempted. The same config again resumes from that checkpoint (tokenizing again) and ends with the adapters
+    and losses of the same run never interrupted (float64)."""
+    import re
+    import signal
+    import threading
+    import time
+
+    layout = (*text_run, *LORA, *LAYOUTS["2 workers x 4"], "dataset.tokenize=ray_data", "trainer.max_epochs=3")
+    slow = (*layout, "task._target_=tests.helpers.tasks.SlowLM", "+task.seconds_per_batch=0.5")
+    run_dir = tmp_path / "run"
+
+    def sigterm_once_epoch_1_is_written():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.05)
+        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):  # the driver's handler, never pytest's end
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=sigterm_once_epoch_1_is_written, daemon=True).start()
+    summary = train(compose_config(*slow), run_dir=str(run_dir))
+    assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM", summary
+    assert len(history(run_dir)) in (1, 2)  # stopped within epoch 2 (or 3, on a slow machine)
+    summary = train(compose_config(*slow), run_dir=str(run_dir))  # the same config again
+    assert summary["status"] == "completed", summary
+    log = (run_dir / "driver.log").read_text()
+    resumed = r"Resuming from checkpoint \S+: (epoch [23], after batch [1-4]/5|the start of epoch [23]), optimizer step"
+    assert re.search(resumed, log), log[-3000:]  # where every worker stopped: in epoch 2 (or 3)
+    whole = tmp_path / "whole"
+    assert train(compose_config(*layout), run_dir=str(whole))["status"] == "completed"
+    assert [epoch["epoch"] for epoch in history(run_dir)] == [1, 2, 3]
+    for epoch, expected in zip(history(run_dir), history(whole), strict=True):
+        assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
+    adapters = weights(whole)
+    for name, tensor in weights(run_dir).items():
+        assert torch.allclose(tensor, adapters[name], rtol=1e-9, atol=1e-10), name
 
 
 def test_ray_data_tokenizes_a_mixed_folder_as_the_driver_does_in_file_order(ray_address, text_run, tmp_path):
@@ -261,8 +302,9 @@ def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_ser
 
 def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_adapter(ray_address, text_run, tmp_path):
     """GPT-2 with LoRA adapters and gradient checkpointing, sharded by FSDP2 over 2 workers (its blocks' units):
-    the adapters saved (gathered whole from the shards) are a 1-worker run's: its losses to 1e-9, its adapters to
-    1e-6 (float64's rounding of the two layouts' sums, through 10 Adam steps: ~3e-8 here; GPT-2 on DDP alike)."""
+    the adapters saved (gathered whole from the shards) are a 1-worker run's: its losses to 1e-9, its test rows,
+    its adapters to 1e-6 (float64's rounding of the two layouts' sums through the Adam steps: ~3e-8 here; GPT-2
+    on DDP alike)."""
     gpt2 = write_model(tmp_path / "gpt2", "gpt2")
     overrides = (
         *text_run,
@@ -270,14 +312,19 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
         *LORA,
         "peft.target_modules=[c_attn,c_proj]",
         "dataset.max_length=128",
+        "dataset.test_fraction=0.125",
     )
     one, two = tmp_path / "one", tmp_path / "two"
     assert train(compose_config(*overrides, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
     sharded = ("trainer.parallel_strategy=fsdp", "fsdp.shard_modules=[GPT2Block]", "model.gradient_checkpointing=true")
     sharded += ("dataset.tokenize=ray_data",)
-    with pytest.warns(UserWarning, match="dataset.max_length=128 cut 1 of 48 rows of dataset.path"):
+    with pytest.warns(UserWarning) as said:
         summary = train(compose_config(*overrides, *LAYOUTS["2 workers x 4"], *sharded), run_dir=str(two))
     assert summary["status"] == "completed", summary
+    # The test split scored after training on the same tokens: cut once, said once
+    assert [str(w.message) for w in said].count("dataset.max_length=128 cut 1 of 48 rows of dataset.path") == 1
+    tested = json.loads((one / "summary.json").read_text())["test"]  # its rows (the model: each run's best)
+    assert summary["test"]["test_tokens"] == tested["test_tokens"] > 0, (summary["test"], tested)
     # Tokenized once, by Ray Data's actors: the workers read the blocks in place and cut nothing themselves
     assert "Text tokenized once for the workers, by Ray Data's actors" in (two / "driver.log").read_text()
     workers = [path.read_text() for path in two.glob("logs/rank*")]

@@ -321,3 +321,29 @@ def test_the_backends_ids_are_the_tokenizers_own(tokenizer):
     tokenize = Tokenize(tokenizer, "text", {"text": "text"}, 64)
     for special in (True, False):
         assert tokenize._ids(texts, special) == tokenizer(texts, add_special_tokens=special)["input_ids"]
+
+
+def test_an_actors_blocks_read_in_place_as_the_rows_they_hold(tmp_path, tokenizer_dir):
+    """TokenizeBatch's tables, joined into one block as Ray Data joins its calls' outputs (and sliced), read as
+    Tokenize cut the rows: one chunk per record batch, over the block's own buffers."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hydra_raytrain.data.tokenized import Tokenize, TokenizedRows
+    from hydra_raytrain.data.tokenized_ray import TokenizeBatch, chunks_of_table
+    from tests.helpers.text import varied_rows
+
+    rows, columns = varied_rows(30), {"prompt": "prompt", "completion": "completion"}
+    actor = TokenizeBatch(str(tokenizer_dir), "prompt_completion", columns, 12)
+    block = pa.concat_tables([actor(pa.Table.from_pylist(rows[:13])), actor(pa.Table.from_pylist(rows[13:]))])
+    pairs, cut, _ = Tokenize(load_tokenizer(str(tokenizer_dir)), "prompt_completion", columns, 12).cut(rows)
+    assert cut.any() and block.column("cut").to_pylist() == cut.tolist()
+    for table, first in ((block, 0), (block.slice(9, 15), 9)):
+        chunks = chunks_of_table(table)
+        assert len(chunks) == 2  # no copy into one
+        read = TokenizedRows(chunks, range(table.num_rows), pad_id=0)
+        for i in range(table.num_rows):
+            assert read[i]["input_ids"].tolist() == pairs[first + i][0].tolist()
+            assert read[i]["labels"].tolist() == pairs[first + i][1].tolist()
+    ids = block.column("input_ids").chunk(1).values
+    assert np.shares_memory(chunks_of_table(block)[1][0], np.frombuffer(ids.buffers()[1], dtype=np.int32))
