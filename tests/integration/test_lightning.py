@@ -4,9 +4,6 @@ Ray Tune. (Its config errors: test_cli.py's bad inputs and tests/unit/test_light
 
 import json
 import os
-import signal
-import threading
-import time
 
 import pytest
 import torch
@@ -21,6 +18,7 @@ from hydra_raytrain.recipe.checkpoint import staging_folder
 from hydra_raytrain.sweep.space import start_order
 from tests.conftest import compose_config, run_cli
 from tests.helpers.loggers import read_scalars
+from tests.helpers.preempt import sigterm_once_written
 from tests.helpers.wandb_files import wandb_runs
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
@@ -156,14 +154,7 @@ def test_sigterm_preempts_a_lightning_run_and_running_it_again_resumes_it(ray_ad
     )
     run_dir = tmp_path / "run"
 
-    def sigterm_once_epoch_1_is_written():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
-            time.sleep(0.05)
-        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):  # the driver's handler, never pytest's end
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=sigterm_once_epoch_1_is_written, daemon=True).start()
+    sigterm_once_written(run_dir / "metrics.jsonl")  # in epoch 2
     summary = train(compose_config(*overrides), run_dir=str(run_dir))
     assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM", summary
     assert [m["epoch"] for m in _history(run_dir)] == [1]

@@ -3,7 +3,6 @@ Llama built here with a tokenizer trained here: the loss exact in supervised tok
 accumulation, LoRA's adapters alone training, the same on 1 and 2 workers."""
 
 import json
-import os
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch
 from hydra_raytrain import train
 from tests.conftest import compose_config
 from tests.helpers.loggers import read_scalars
+from tests.helpers.preempt import sigterm_once_written
 from tests.helpers.text import text_overrides, write_jsonl, write_model
 from tests.helpers.wandb_files import wandb_runs
 
@@ -139,22 +139,12 @@ def test_sigterm_preempts_a_lora_run_mid_epoch_and_the_same_config_resumes_it_ex
     preempted. The same config again resumes from that checkpoint (tokenizing again) and ends with the adapters
     and losses of the same run never interrupted (float64)."""
     import re
-    import signal
-    import threading
-    import time
 
     layout = (*text_run, *LORA, *LAYOUTS["2 workers x 4"], "dataset.tokenize=ray_data", "trainer.max_epochs=3")
     slow = (*layout, "task._target_=tests.helpers.tasks.SlowLM", "+task.seconds_per_batch=0.5")
     run_dir = tmp_path / "run"
 
-    def sigterm_once_epoch_1_is_written():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").exists():
-            time.sleep(0.05)
-        if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):  # the driver's handler, never pytest's end
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=sigterm_once_epoch_1_is_written, daemon=True).start()
+    sigterm_once_written(run_dir / "metrics.jsonl")  # in epoch 2
     summary = train(compose_config(*slow), run_dir=str(run_dir))
     assert summary["status"] == "preempted" and summary["preempted_by"] == "SIGTERM", summary
     assert len(history(run_dir)) in (1, 2)  # stopped within epoch 2 (or 3, on a slow machine)
