@@ -142,14 +142,22 @@ def tokenized_for_run(node: Mapping[str, Any]) -> TokenizedBlocks | TokenizedHer
     return tokenized
 
 
-def tokenized_once(nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def tokenized_once(nodes: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Each distinct text dataset of ``nodes`` (a sweep's trials'), tokenized once (``tokenized_for_run``), by
-    :func:`key_of`: its trials read it (``train(tokenized=...)``) and tokenize nothing."""
+    :func:`key_of`: its trials read it (``train(tokenized=...)``) and tokenize nothing. ``probes``: a search's
+    points of its space: their dataset too when they share one (no dataset key searched)."""
+    shared = list(probes[:1]) if len({key_of(node) for node in probes}) == 1 else []
     found: dict[str, Any] = {}
-    for node in nodes:
+    for node in [*nodes, *shared]:
         if is_text(node) and key_of(node) not in found:
             found[key_of(node)] = tokenized_for_run(node)
     return found
+
+
+def for_sweep(plan: Any) -> dict[str, Any]:
+    """A sweep's text (``plan``: its ``Trials``), once for the trials still to run (a search's: its probes' dataset
+    when they share one)."""
+    return tokenized_once([job.cfg.dataset for job in plan.todo], [job.cfg.dataset for job in plan.probes])
 
 
 def key_of(node: Mapping[str, Any]) -> str:

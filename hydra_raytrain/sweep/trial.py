@@ -29,9 +29,8 @@ def run_trial(
     argv: list[str] | None = None,
     compose: Callable[..., Job] | None = None,
     hidden: dict[tuple[Any, ...], Any] | None = None,
-    tokenized: dict[str, Any] | None = None,
+    tokenized: dict[str, Any] | None = None,  # the sweep's text, tokenized once for its trials, by dataset
 ) -> None:
-    """``tokenized``: the sweep's text, tokenized once for its trials (``data/tokenized_ray.py``), by dataset."""
     from omegaconf import OmegaConf
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -62,9 +61,7 @@ def run_trial(
         from hydra_raytrain.sweep.pbt import run_segment
 
         def segment(cfg: Any, callback: Any) -> dict[str, Any]:
-            return train(
-                cfg, run_dir=run_dir, extra_callbacks=[callback], show_summary=False, rehearse=False, tokenized=text
-            )
+            return train(cfg, run_dir, [callback], show_summary=False, rehearse=False, tokenized=text)
 
         run_segment(config, job, segment, compose)
         return

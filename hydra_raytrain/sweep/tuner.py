@@ -27,7 +27,7 @@ from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
-from hydra_raytrain.data.tokenized_ray import key_of, tokenized_once
+from hydra_raytrain.data.tokenized_ray import for_sweep
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.preflight.rehearsal import Datasets
 from hydra_raytrain.preflight.replaced import apply_overrides
@@ -308,9 +308,8 @@ def run_trials(
     share = math.floor(10_000 / concurrent) / 10_000 if bracketed else 0.001
     # The grid's jobs go to the trials in memory; a search's are written as suggested, without the secrets
     handed, hidden = (plan.jobs, {}) if searcher is None else ([], dict(searcher.held.value.hidden))
-    tokenized = tokenized_once(sweep_datasets(plan))  # text: once for the sweep
     tuner = tune.Tuner(
-        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden, tokenized),
+        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden, for_sweep(plan)),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
@@ -339,14 +338,6 @@ def run_trials(
     jobs = plan.jobs if searcher is None else sorted(plan.done + searcher.jobs, key=lambda job: job.index)
     started = plan.todo if searcher is None else searcher.jobs
     return jobs, errors, {job.index for job in started if job.index not in ended.indices}
-
-
-def sweep_datasets(plan: Trials) -> list[dict[str, Any]]:
-    """The datasets the trials still to run train on: the grid's; a search's trials are drawn as it goes, known
-    only when no dataset key is searched (its probes then share one dataset)."""
-    known = [job.cfg.dataset for job in plan.todo]
-    probes = [job.cfg.dataset for job in plan.probes]
-    return known + probes[:1] if len({key_of(node) for node in probes}) == 1 else known
 
 
 class EndedTrials(Callback):
