@@ -114,6 +114,20 @@ def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_e
     assert os.environ[FOOTER_READERS_ENV] == "8"
 
 
+def test_a_local_cluster_starts_at_least_8_worker_processes_at_once_unless_the_environment_says(monkeypatch):
+    from hydra_raytrain import reach
+    from hydra_raytrain.reach import STARTUP_CONCURRENCY_ENV, local_cluster_environment
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(reach, "_watcher_turned_off", reach._watcher_turned_off)
+    monkeypatch.delenv(STARTUP_CONCURRENCY_ENV, raising=False)
+    local_cluster_environment(include_dashboard=False)
+    assert os.environ[STARTUP_CONCURRENCY_ENV] == str(max(os.cpu_count() or 1, 8))  # never under Ray's own cap
+    monkeypatch.setenv(STARTUP_CONCURRENCY_ENV, "2")
+    local_cluster_environment(include_dashboard=False)
+    assert os.environ[STARTUP_CONCURRENCY_ENV] == "2"
+
+
 def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleaner_unless_the_user_has_a_hook():
     import importlib
     import logging
