@@ -27,7 +27,8 @@ TEST_CLUSTER_CPUS = 4
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``workers`` is a declared list: a test that asks for the session's cluster without it stops the collection.
-    ``gpu`` tests run where a CUDA GPU exists and are skipped, saying so, everywhere else."""
+    ``idle_cluster`` tests run first. ``gpu`` tests run where a CUDA GPU exists and are skipped, saying so,
+    everywhere else."""
     import torch
 
     undeclared = [
@@ -41,6 +42,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             + ", ".join(undeclared)
             + ". Declare it, or drive train() in Ray Train's local mode (scaling.num_workers=0) without the cluster."
         )
+    # Ray Train's elastic sizing reads the autoscaling coordinator's reservations, which a run whose controller was
+    # killed (a preemption test, a sweep's stopped trial) keeps for up to 180 s: the tests that need the whole
+    # cluster idle run first (stable: the rest keep their order).
+    items.sort(key=lambda item: item.get_closest_marker("idle_cluster") is None)
     if torch.cuda.is_available():
         return
     for item in items:

@@ -478,8 +478,7 @@ def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rate
     in ASHA's seeded start order (seed 0 starts this list's trials 2, 0, 1, 3: the two learning rates that learn
     first): the best of them trains to the end, the two that barely move fall under the first rung's bar and stop
     there, and every trial logged its perplexity and supervised tokens/s. The rows are tokenized once, for the sweep
-    (its 4 trials read them from the object store). Among the sweeps: its stopped trials'
-    resource requests (kept up to 180 s) expire long before the elastic test of test_train_api.py asks."""
+    (its 4 trials read them from the object store)."""
     text_run = text_overrides(tmp_path / "text")
     assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
     args = [

@@ -84,6 +84,7 @@ def reservable_cpus(expected: int, timeout: float = 240) -> float:
 
 
 @pytest.mark.workers
+@pytest.mark.idle_cluster
 @pytest.mark.slow
 def test_elastic_resnet18_takes_what_the_cluster_holds(ray_address, tmp_path):
     """resnet18 (the mission command's model), min 2, max 4 workers on the idle 4-CPU test cluster: it takes all 4;
