@@ -13,13 +13,15 @@ Reports ``loss`` (per supervised token), ``perplexity`` and ``tokens`` (supervis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from hydra_raytrain.rundir import SAMPLES_FILE
 
@@ -32,17 +34,29 @@ class CausalLM(Task):
     monitor = "val_loss"
     mode = "min"
 
-    def __init__(self, prompts: Sequence[str] = (), max_new_tokens: int = 32, tokenizer: str | None = None):
+    def __init__(
+        self,
+        prompts: Sequence[str] = (),
+        max_new_tokens: int = 32,
+        tokenizer: str | None = None,
+        supervised_logits_only: bool = True,
+    ):
         self.prompts, self.max_new_tokens, self.tokenizer = list(prompts), max_new_tokens, tokenizer
+        self.supervised_logits_only = supervised_logits_only
 
     def training_step(self, model, batch) -> StepOutput:
-        output = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
-        logits, targets = output.logits[:, :-1], batch["labels"][:, 1:]  # position t predicts token t + 1
+        targets = batch["labels"][:, 1:]  # position t predicts token t + 1
+        supervised = targets != IGNORE
+        with supervised_head(model, supervised, self.supervised_logits_only):
+            output = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
+        logits = output.logits
+        if logits.dim() == 2:  # the head ran on the supervised positions alone
+            targets = targets[supervised]
+        else:
+            logits, targets = logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16's logits: the loss in float32
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE, reduction="sum"
-        )
-        tokens = (targets != IGNORE).sum()
+        loss = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
+        tokens = supervised.sum()
         sums = {"loss": loss.detach(), "tokens": tokens, "count": targets.new_full((), len(targets))}
         return StepOutput(loss, sums, normalizer=tokens)
 
@@ -60,3 +74,37 @@ class CausalLM(Task):
         with open(os.path.join(run_dir, SAMPLES_FILE), "a") as out:
             for prompt, completion in zip(self.prompts, completions, strict=True):
                 out.write(json.dumps({"epoch": epoch, "prompt": prompt, "completion": completion}) + "\n")
+
+
+@contextlib.contextmanager
+def supervised_head(model: nn.Module, supervised: torch.Tensor, enabled: bool = True) -> Iterator[None]:
+    """The output head (``get_output_embeddings()``, the vocabulary projection) runs on the positions whose next
+    token is supervised only, its logits ``(supervised tokens, vocabulary)``: a prompt's positions and the padding
+    cost no vocabulary-sized matmul, softmax or memory. Elsewhere (off, a compiled model, a model without the
+    method, a head called otherwise) the model computes every position's logits as it always does."""
+    head = _output_head(model) if enabled else None
+    if head is None:
+        yield
+        return
+    rows, positions = supervised.shape
+
+    def keep(module: nn.Module, args: tuple) -> tuple | None:
+        hidden = args[0] if args else None
+        if hidden is None or hidden.dim() != 3 or tuple(hidden.shape[:2]) != (rows, positions + 1):
+            return None  # not the whole sequence: leave it (a model that slices its hidden states itself)
+        return (hidden[:, :-1][supervised], *args[1:])
+
+    handle = head.register_forward_pre_hook(keep)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _output_head(model: nn.Module) -> nn.Module | None:
+    inner = getattr(model, "module", model)  # DDP's wrapper
+    if any(getattr(m, "_compiled_call_impl", None) is not None for m in (model, inner)):
+        return None  # torch.compile: a hook added per step would recompile the graph each time
+    get = getattr(inner, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if isinstance(head, nn.Module) else None

@@ -65,9 +65,9 @@ def write_model(
         "gpt2": dict(n_embd=32, n_layer=2, n_head=4, n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0,
                      attn_pdrop=0.0),
     }[model_type]  # fmt: skip
-    sizes = {**tiny, **sizes}
+    sizes = {"vocab_size": len(loaded), **tiny, **sizes}  # a larger vocab_size: rows the tokenizer never uses
     ids = dict(bos_token_id=loaded.bos_token_id, eos_token_id=loaded.eos_token_id, pad_token_id=loaded.pad_token_id)
-    config = AutoConfig.for_model(model_type, vocab_size=len(loaded), **sizes, **ids)
+    config = AutoConfig.for_model(model_type, **sizes, **ids)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)
