@@ -23,11 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hydra_raytrain.data.tokenized import IGNORE, supervised_positions  # IGNORE: the prompt's labels, padding's
 from hydra_raytrain.rundir import SAMPLES_FILE
 
 from .base import StepOutput, Task
-
-IGNORE = -100  # labels the loss skips: the prompt, padding (hydra_raytrain/data/tokenized.py)
 
 
 class CausalLM(Task):
@@ -45,19 +44,21 @@ class CausalLM(Task):
         self.supervised_logits_only = supervised_logits_only
 
     def training_step(self, model, batch) -> StepOutput:
-        targets = batch["labels"][:, 1:]  # position t predicts token t + 1
-        supervised = targets != IGNORE
-        with supervised_head(model, supervised, self.supervised_logits_only):
+        labels = batch["labels"]
+        tokens = (labels[:, 1:] != IGNORE).sum()  # position t predicts token t + 1
+        positions = None
+        if self.supervised_logits_only:  # the collate's, made on the host: nothing waits for the GPU
+            positions = batch["supervised"] if "supervised" in batch else supervised_positions(labels)
+        with supervised_head(model, labels.shape, positions):
             output = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
         logits = output.logits
         if logits.dim() == 2:  # the head ran on the supervised positions alone
-            targets = targets[supervised]
+            targets = labels.reshape(-1).index_select(0, positions + 1)
         else:
-            logits, targets = logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1)
+            logits, targets = logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16's logits: the loss in float32
         loss = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="sum")
-        tokens = supervised.sum()
-        sums = {"loss": loss.detach(), "tokens": tokens, "count": targets.new_full((), len(targets))}
+        sums = {"loss": loss.detach(), "tokens": tokens, "count": labels.new_full((), len(labels))}
         return StepOutput(loss, sums, normalizer=tokens)
 
     def compute(self, sums: dict[str, float]) -> dict[str, float]:
@@ -77,22 +78,22 @@ class CausalLM(Task):
 
 
 @contextlib.contextmanager
-def supervised_head(model: nn.Module, supervised: torch.Tensor, enabled: bool = True) -> Iterator[None]:
-    """The output head (``get_output_embeddings()``, the vocabulary projection) runs on the positions whose next
-    token is supervised only, its logits ``(supervised tokens, vocabulary)``: a prompt's positions and the padding
-    cost no vocabulary-sized matmul, softmax or memory. Elsewhere (off, a compiled model, a model without the
-    method, a head called otherwise) the model computes every position's logits as it always does."""
-    head = _output_head(model) if enabled else None
+def supervised_head(model: nn.Module, shape: torch.Size, positions: torch.Tensor | None) -> Iterator[None]:
+    """The output head (``get_output_embeddings()``, the vocabulary projection) runs on ``positions`` only (of a
+    batch of ``shape``, ``supervised_positions``), its logits ``(positions, vocabulary)``: a prompt's positions and
+    the padding cost no vocabulary-sized matmul, softmax or memory. Elsewhere (no positions, a compiled model, a
+    model without the method, a head under activation checkpointing, a head called otherwise) the model computes
+    every position's logits as it always does."""
+    head = _output_head(model) if positions is not None else None
     if head is None:
         yield
         return
-    rows, positions = supervised.shape
 
     def keep(module: nn.Module, args: tuple) -> tuple | None:
         hidden = args[0] if args else None
-        if hidden is None or hidden.dim() != 3 or tuple(hidden.shape[:2]) != (rows, positions + 1):
+        if hidden is None or hidden.dim() != 3 or hidden.shape[:2] != shape:
             return None  # not the whole sequence: leave it (a model that slices its hidden states itself)
-        return (hidden[:, :-1][supervised], *args[1:])
+        return (hidden.reshape(-1, hidden.size(-1)).index_select(0, positions), *args[1:])
 
     handle = head.register_forward_pre_hook(keep)
     try:
@@ -102,9 +103,16 @@ def supervised_head(model: nn.Module, supervised: torch.Tensor, enabled: bool = 
 
 
 def _output_head(model: nn.Module) -> nn.Module | None:
+    from torch.distributed._composable import checkpoint
+
     inner = getattr(model, "module", model)  # DDP's wrapper
     if any(getattr(m, "_compiled_call_impl", None) is not None for m in (model, inner)):
         return None  # torch.compile: a hook added per step would recompile the graph each time
     get = getattr(inner, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    return head if isinstance(head, nn.Module) else None
+    if not isinstance(head, nn.Module):
+        return None
+    for module in inner.modules():  # activation checkpointing recomputes it in backward, after the hook is gone
+        if checkpoint.state(module) is not None and any(part is head for part in module.modules()):
+            return None
+    return head

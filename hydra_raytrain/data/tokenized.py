@@ -80,7 +80,9 @@ class TokenizedRows(Dataset):
         }
 
     def collate(self, rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Right-padded to the batch's longest row: padding ids, ``IGNORE`` labels, a zero attention mask."""
+        """Right-padded to the batch's longest row: padding ids, ``IGNORE`` labels, a zero attention mask; and
+        ``supervised``, the flat positions whose next token is supervised (made here, on the host, so that the
+        task's selection of them waits for no GPU: ``tasks/causal_lm.py``)."""
         longest = max(len(row["input_ids"]) for row in rows)
         batch = {
             "input_ids": torch.full((len(rows), longest), self.pad_id, dtype=torch.long),
@@ -92,7 +94,14 @@ class TokenizedRows(Dataset):
             batch["input_ids"][i, :n] = row["input_ids"]
             batch["attention_mask"][i, :n] = 1
             batch["labels"][i, :n] = row["labels"]
+        batch["supervised"] = supervised_positions(batch["labels"])
         return batch
+
+
+def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The flat positions (row * length + t, in a ``(rows, length)`` batch) whose next token is supervised."""
+    rows, columns = (labels[:, 1:] != IGNORE).nonzero(as_tuple=True)
+    return rows * labels.size(1) + columns
 
 
 def text(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from hydra_raytrain.data.tokenized import TokenizedRows, supervised_positions
 from hydra_raytrain.tasks.causal_lm import IGNORE, CausalLM, supervised_head
 
 
@@ -63,11 +65,40 @@ def test_the_head_sees_only_the_supervised_positions_and_is_left_as_it_was():
     model, seen = tiny_llama(), []
     head = model.get_output_embeddings()
     head.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
-    supervised = batch()["labels"][:, 1:] != IGNORE
-    with supervised_head(model, supervised):
+    labels = batch()["labels"]
+    with supervised_head(model, labels.shape, supervised_positions(labels)):
         model(input_ids=batch()["input_ids"])
     model(input_ids=batch()["input_ids"])  # after it: every position again (generation, predict)
-    assert seen == [(int(supervised.sum()), 97), (2, 9, 97)]
-    with supervised_head(model, supervised, enabled=False):
+    assert seen == [(8, 97), (2, 9, 97)]
+    with supervised_head(model, labels.shape, None):
         model(input_ids=batch()["input_ids"])
     assert seen[-1] == (2, 9, 97)
+
+
+def test_the_collate_names_the_supervised_positions_on_the_host_and_a_step_counts_rows():
+    pairs = [([5, 6, 7, 8], [IGNORE, IGNORE, 7, 8]), ([5, 6], [IGNORE, 6])]
+    rows = TokenizedRows.of([(np.array(ids), np.array(labels)) for ids, labels in pairs], pad_id=0)
+    collated = rows.collate([rows[0], rows[1]])
+    # Row 0: positions 1 and 2 predict its supervised tokens 7 and 8; row 1 (length 4 in the batch): position 0
+    assert collated["supervised"].tolist() == [1, 2, 4]
+    assert collated["supervised"].tolist() == supervised_positions(collated["labels"]).tolist()
+    output = CausalLM().training_step(tiny_llama(), collated)
+    assert output.sums["count"].item() == 2 and output.normalizer.item() == 3  # rows, supervised tokens
+
+
+def test_a_batch_that_supervises_nothing_steps_with_a_zero_loss():
+    model, nothing = tiny_llama(), {**batch(), "labels": torch.full((2, 9), IGNORE)}
+    output = CausalLM().training_step(model, nothing)
+    output.loss.backward()
+    assert output.loss.item() == 0 and output.normalizer.item() == 0 and output.sums["count"].item() == 2
+
+
+def test_a_head_under_activation_checkpointing_keeps_every_positions_logits():
+    """Checkpointing recomputes the head in the backward pass, after the selection is gone: left alone."""
+    from hydra_raytrain.recipe.parallel import checkpoint_activations
+
+    model = tiny_llama()
+    assert checkpoint_activations(model, ["Linear"]) > 1  # the head among them
+    selected, _ = loss_and_grads(CausalLM(), model)  # the backward pass recomputes the head without an error
+    full, _ = loss_and_grads(CausalLM(supervised_logits_only=False), tiny_llama())
+    torch.testing.assert_close(selected.loss, full.loss, rtol=1e-12, atol=0)
