@@ -18,6 +18,7 @@ import ray
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import RAY_ADDRESS_ENV, cluster_address
 from hydra_raytrain.data import streamed
+from hydra_raytrain.host import machine_cores
 
 
 def reach_ray(
@@ -123,13 +124,14 @@ def local_cluster_environment(include_dashboard: bool | None, port: int | None =
       2-worker run's controller, workers and helper actors (six processes) then start in waves, each process
       mostly waiting on Ray, not on a core (measured on 2 cores: 8 actors ready in 3.8-4.5 s, 1.6-1.8 s at 8;
       the default config's 2-worker run 24.6 s -> 19.6 s, the mean of 12). At least 8 at a time
-      (RAY_worker_maximum_startup_concurrency), unless the environment sets it; never fewer than Ray's own.
+      (RAY_worker_maximum_startup_concurrency), or the cores this command may run on where more, unless the
+      environment sets it.
     """
     global _watcher_turned_off
     if WATCHER_ENV not in os.environ:
         os.environ[WATCHER_ENV], _watcher_turned_off = "0", True
     os.environ.setdefault(NICENESS_ENV, "0")
-    os.environ.setdefault(STARTUP_CONCURRENCY_ENV, str(max(os.cpu_count() or 1, 8)))
+    os.environ.setdefault(STARTUP_CONCURRENCY_ENV, str(max(machine_cores(), 8)))
     # Ray Data's tasks and actors (a streamed dataset) log two INFO lines per split and epoch to the console.
     os.environ.setdefault("RAY_DATA_LOG_LEVEL", "WARNING")
     streamed.few_footer_readers()

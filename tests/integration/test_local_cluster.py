@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from hydra_raytrain.host import machine_cores
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
@@ -60,5 +61,5 @@ def test_a_dashboard_port_taken_at_start_up_restarts_the_cluster_on_a_free_one(t
     assert "state API nodes: 1" in done.stdout
     # The cluster's raylet starts its worker processes at niceness 0, at least 8 at a time (hydra_raytrain's
     # local cluster settings, not this test session's: the command's environment does not hold them)
-    concurrency = max(os.cpu_count() or 1, 8)
+    concurrency = max(machine_cores(), 8)
     assert f"raylet: ['RAY_worker_niceness=0', 'RAY_worker_maximum_startup_concurrency={concurrency}']" in done.stdout

@@ -116,13 +116,14 @@ def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_e
 
 def test_a_local_cluster_starts_at_least_8_worker_processes_at_once_unless_the_environment_says(monkeypatch):
     from hydra_raytrain import reach
+    from hydra_raytrain.host import machine_cores
     from hydra_raytrain.reach import STARTUP_CONCURRENCY_ENV, local_cluster_environment
 
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(reach, "_watcher_turned_off", reach._watcher_turned_off)
     monkeypatch.delenv(STARTUP_CONCURRENCY_ENV, raising=False)
     local_cluster_environment(include_dashboard=False)
-    assert os.environ[STARTUP_CONCURRENCY_ENV] == str(max(os.cpu_count() or 1, 8))  # never under Ray's own cap
+    assert os.environ[STARTUP_CONCURRENCY_ENV] == str(max(machine_cores(), 8))
     monkeypatch.setenv(STARTUP_CONCURRENCY_ENV, "2")
     local_cluster_environment(include_dashboard=False)
     assert os.environ[STARTUP_CONCURRENCY_ENV] == "2"
