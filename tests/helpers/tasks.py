@@ -82,6 +82,21 @@ class Slow(Classification):
         return super().train_batch(step, batch)
 
 
+class HeldUntil(Classification):
+    """Each batch waits until the file ``path`` exists (120 s at most), so that a test acts in the middle of a run
+    for as long as it needs, however slow the machine."""
+
+    def __init__(self, path: str, label_smoothing: float = 0.0):
+        super().__init__(label_smoothing)
+        self.path = path
+
+    def train_batch(self, step, batch):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return super().train_batch(step, batch)
+
+
 class SlowProbe(Slow):
     """Slow, and on its first batch rank 0 adds the worker's environment variable ``variable`` to ``path`` (one
     JSON line per run): what the trials of a sweep received."""

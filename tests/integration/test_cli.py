@@ -418,12 +418,14 @@ def test_one_run_holds_its_run_dir_and_the_same_command_again_is_refused_naming_
     """The same command started in a second terminal while the first trains (here in one process: what is under
     test is the run dir's hold, taken before Ray starts): refused at once, exit 1, naming the first's pid and host,
     its run.resume=never deleting nothing; with run.if_running=wait it waits for the first to end, then reports the
-    run complete. (A killed driver's hold ends with it: test_resume's killed runs resume through it.)"""
-    args = ["scaling.num_workers=0", "debug=smoke", "task._target_=tests.helpers.tasks.Slow"]
-    args += ["+task.seconds_per_batch=4", "hydra.run.dir=run"]  # 2 batches: the first holds its run dir 8 s or more
+    run complete. (A killed driver's hold ends with it: test_resume's killed runs resume through it.) The first
+    trains until the test releases it, once the third says it waits."""
+    release = tmp_path / "release"
+    args = ["scaling.num_workers=0", "debug=smoke", "task._target_=tests.helpers.tasks.HeldUntil"]
+    args += [f"+task.path={release}", "hydra.run.dir=run"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT}
     lock = tmp_path / "run" / ".lock"
-    with open(tmp_path / "first.txt", "w") as output:
+    with open(tmp_path / "first.txt", "w") as output, open(tmp_path / "third.txt", "w") as third_output:
         first = subprocess.Popen(
             [sys.executable, "-m", "hydra_raytrain", *args], cwd=tmp_path, env=env, stdout=output, stderr=output
         )
@@ -433,8 +435,19 @@ def test_one_run_holds_its_run_dir_and_the_same_command_again_is_refused_naming_
         assert json.loads(lock.read_text())["pid"] == first.pid
         second = run_cli([*args, "run.resume=never"], cwd=str(tmp_path))
         assert first.poll() is None  # refused while the first still trains
-        waited = run_cli([*args, "run.if_running=wait"], cwd=str(tmp_path))
+        third = subprocess.Popen(
+            [sys.executable, "-m", "hydra_raytrain", *args, "run.if_running=wait"],
+            cwd=tmp_path, env=env, stdout=third_output, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert third.stderr is not None
+        waiting = third.stderr.readline()  # its first line on stderr: the note on task._target_, then the wait
+        while "Waiting for" not in waiting and third.poll() is None:
+            waiting = third.stderr.readline()
+        assert first.poll() is None  # it waits while the first still trains
+        release.touch()
         assert first.wait(timeout=120) == 0, (tmp_path / "first.txt").read_text()[-3000:]
+        third_errors = waiting + third.stderr.read()
+        assert third.wait(timeout=120) == 0, third_errors[-3000:]
     assert second.returncode == 1, second.stderr[-3000:]
     import socket
 
@@ -442,9 +455,8 @@ def test_one_run_holds_its_run_dir_and_the_same_command_again_is_refused_naming_
     refusal = f"Cannot train: {tmp_path / 'run'} is in use: a run of this config trains there {holder}"
     assert refusal in second.stderr, second.stderr[-3000:]
     assert "run.if_running=wait" in second.stderr and "discarded" not in second.stdout
-    assert waited.returncode == 0, waited.stderr[-3000:]
-    assert f"Waiting for {tmp_path / 'run'}: a run of this config trains there {holder}" in waited.stderr
-    assert "Run already complete: 1 epochs" in waited.stdout
+    assert f"Waiting for {tmp_path / 'run'}: a run of this config trains there {holder}" in third_errors
+    assert "Run already complete: 1 epochs" in (tmp_path / "third.txt").read_text()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["epochs_completed"] == 1
 
