@@ -52,7 +52,7 @@ class CausalLM(Task):
         with supervised_head(model, labels.shape, positions):
             output = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
         logits = output.logits
-        if logits.dim() == 2:  # the head ran on the supervised positions alone
+        if logits.dim() == 2 and positions is not None:  # the head ran on the supervised positions alone
             targets = labels.reshape(-1).index_select(0, positions + 1)
         else:
             logits, targets = logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1)
