@@ -129,3 +129,20 @@ def test_task_metrics_and_ema_weights_on_a_gpu_worker(ray_address, tmp_path):
     final = summary["final"]
     assert summary["epochs_completed"] == 2 and 0.3 < final["val_f1"] <= 1 and 0.5 < final["val_auroc"] <= 1
     assert final["val_top3_accuracy"] >= final["val_accuracy"]
+
+
+def test_a_causal_lm_selects_its_supervised_positions_on_a_gpu_worker_without_waiting_for_it(ray_address, tmp_path):
+    """The output head on the supervised positions only: the collate makes them on the host, so no step waits for
+    the GPU (a boolean mask on the device would); bf16, LoRA, gradient checkpointing."""
+    from tests.helpers.text import text_overrides
+
+    text_run = [o for o in text_overrides(tmp_path / "text") if not o.startswith("trainer.precision")]
+    done, summary = gpu_run(
+        ray_address,
+        tmp_path,
+        *text_run,
+        "scaling.num_workers=1",
+        "peft=lora",
+        "model.gradient_checkpointing=true",
+    )
+    assert summary["epochs_completed"] == 2 and summary["final"]["train_tokens"] > 0
