@@ -1,8 +1,9 @@
 """A preemption notice to the workers: SIGTERM to the driver, or Ray draining a node of the run.
 
-SIGTERM to the driver (what a scheduler or a spot instance's notice sends) posts a notice on a small Ray actor;
-rank 0 reads it between optimizer steps without waiting on it, and the workers checkpoint at the next step and
-stop (recipe/cadence.py decides it the same on every rank). The run's status is then ``preempted`` and the
+SIGTERM to the driver (what a scheduler or a spot instance's notice sends) posts a notice on a small named Ray
+actor, created then (a run that gets none starts no process for it); a thread of rank 0 looks the name up, and
+rank 0 reads the notice between optimizer steps without waiting on it, and the workers checkpoint at the next step
+and stop (recipe/cadence.py decides it the same on every rank). The run's status is then ``preempted`` and the
 CLI exits with :data:`PREEMPTED_EXIT_CODE`; the identical command resumes the run. A second SIGTERM stops the
 driver at once (as does SIGINT, Ray Train's own abort). The board lives on the driver's node.
 
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,15 +31,12 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run t
 
 
 class NoticeBoard:
-    """The actor (``num_cpus=0``) that holds the notice."""
+    """The actor (``num_cpus=0``) that holds the notice: created by the notice itself, under the run's board name."""
 
-    def __init__(self) -> None:
-        self.notice: str | None = None
-
-    def post(self, notice: str) -> None:
+    def __init__(self, notice: str) -> None:
         self.notice = notice
 
-    def read(self) -> str | None:
+    def read(self) -> str:
         return self.notice
 
 
@@ -45,7 +44,10 @@ class NoticeBoard:
 def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
     """While training: SIGTERM posts a notice on a board (its name, ``prefix`` and a unique suffix, is yielded
     for the workers), a second SIGTERM goes to the handler there was before (Ray's exits the driver). Yields
-    None where no signal handler can be installed (not the main thread: a sweep trial); there is then no board."""
+    None where no signal handler can be installed (not the main thread: a sweep trial); there is then no board.
+
+    The board is an actor made by the first SIGTERM: a run costs no process (Ray's minimum is about a CPU-second
+    to start one, and a share of a core while it lives) for a notice most runs never get."""
     if threading.current_thread() is not threading.main_thread():
         yield None
         return
@@ -53,9 +55,7 @@ def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
 
     name = f"{prefix}.{uuid.uuid4().hex[:8]}"
     on_this_node = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    # Its name is registered when this returns (Ray registers a named actor at once): the workers find it while
-    # its process starts, beside theirs.
-    board = ray.remote(num_cpus=0)(NoticeBoard).options(name=name, scheduling_strategy=on_this_node).remote()
+    boards: list[Any] = []
     received = threading.Event()
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -68,7 +68,9 @@ def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
             os.kill(os.getpid(), signal.SIGTERM)
             return
         received.set()
-        board.post.remote("SIGTERM")
+        # Ray registers a named actor at once: rank 0 finds the name while the board's process starts.
+        board = ray.remote(num_cpus=0)(NoticeBoard).options(name=name, scheduling_strategy=on_this_node)
+        boards.append(board.remote("SIGTERM"))
         print(
             "SIGTERM: checkpointing at the next optimizer step, then stopping; the same command resumes the run. "
             "Send SIGTERM again to stop at once.",
@@ -81,37 +83,51 @@ def posted_on_sigterm(prefix: str) -> Iterator[str | None]:
         yield name
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        with contextlib.suppress(Exception):  # Ray may be gone already: the run's own error matters, not this
-            ray.kill(board)
+        for board in boards:
+            with contextlib.suppress(Exception):  # Ray may be gone already: the run's own error matters, not this
+                ray.kill(board)
 
 
 class NoticeReader:
-    """Rank 0's view of the board and of node drains: a read of the board is sent at most every ``interval``
-    seconds and collected when it has arrived, so a training step never waits on it. True from the first notice
+    """Rank 0's view of the board and of node drains. A thread looks the board's name up every ``interval``
+    seconds and reads its notice once it exists, so a training step never waits on it. True from the first notice
     on; ``notice`` then says which ("SIGTERM", or the drain)."""
 
     def __init__(self, name: str, interval: float = 0.5):
-        self.board = ray.get_actor(name)
-        self.interval, self.pending, self.asked_at = interval, None, 0.0
+        self.name, self.interval = name, interval
         self.notice: str | None = None
+        self.posted: str | None = None  # the board's notice, set by the thread
         self.drains = preemption_context()
+        # The thread holds the reader weakly: it ends with the reader (or at its first notice, or when Ray is gone).
+        threading.Thread(target=_watch_board, args=(weakref.ref(self),), name="notice-board", daemon=True).start()
 
     def __call__(self) -> bool:
         if self.notice is not None:
             return True
         if self.drains is not None:
             self.notice = drain_notice(self.drains.preemption_info)
-        if self.pending is not None:
-            ready, _ = ray.wait([self.pending], timeout=0)
-            if ready:
-                try:
-                    self.notice = self.notice or ray.get(self.pending)
-                except ray.exceptions.RayActorError:  # the driver is gone: Ray Train ends the run
-                    self.interval = float("inf")
-                self.pending = None
-        elif time.monotonic() - self.asked_at >= self.interval:
-            self.pending, self.asked_at = self.board.read.remote(), time.monotonic()
+        self.notice = self.notice or self.posted
         return self.notice is not None
+
+
+def _watch_board(ref: weakref.ref[NoticeReader]) -> None:
+    while (reader := ref()) is not None and reader.notice is None:
+        name, interval = reader.name, reader.interval
+        del reader  # not kept alive by the wait
+        try:
+            board = ray.get_actor(name)
+        except ValueError:  # no notice yet
+            time.sleep(interval)
+            continue
+        except Exception:  # Ray is gone (the run ended): Ray Train ends the workers
+            return
+        try:
+            notice = ray.get(board.read.remote())
+        except ray.exceptions.RayActorError:  # the driver is gone: Ray Train ends the run
+            return
+        if (reader := ref()) is not None:
+            reader.posted = notice
+        return
 
 
 def preemption_context() -> Any:
