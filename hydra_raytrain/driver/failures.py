@@ -15,14 +15,16 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.train import UserCallback
 
-from hydra_raytrain.config import schema
 from hydra_raytrain.config.errors import one_line, redacted
 from hydra_raytrain.internals import RAY_TRAIN_CONTROLLER_LOGGER
 from hydra_raytrain.rundir import read_jsonl
+
+if TYPE_CHECKING:  # FailureLog runs in Ray Train's controller: Hydra's import (~0.3 s) stays out of its start
+    from hydra_raytrain.config import schema
 
 FAILURES_FILE = "failures.jsonl"
 STOP_TRAINING = "StopTraining:"  # hydra_raytrain.callbacks' stop: never retried, whatever failure.retry_on says
