@@ -5,7 +5,7 @@
 
 One small Llama (hidden 256, 4 layers; new weights, a byte-level BPE tokenizer trained on Python's help topics:
 nothing downloaded) learns prompt/completion rows. The same model, rows (tokenized once by our ``dataset=text``
-builder), batches (16 rows padded to their longest, in the same seeded order), AdamW and threads (torch's
+builder), batches (16 rows padded to their longest, in the same seeded order), fused AdamW and threads (torch's
 default: one per core) in each contender: the raw loop (the mean over a batch's supervised tokens, backward,
 step), ``transformers.Trainer`` (no evaluation, no saving, no logging; its loss: the model's own mean over tokens)
 and ``python -m hydra_raytrain task=causal_lm`` on one worker sized to the machine (its own ``tokens_per_second``):
@@ -71,7 +71,7 @@ def raw_loop(folder: Path, data: Path, epochs: int) -> list[float]:
     rows = splits(folder, data).train
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(folder).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)  # as optimizer=adamw here
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)  # as optimizer=adamw
     rates = []
     for epoch in range(epochs):
         started, tokens = time.perf_counter(), 0

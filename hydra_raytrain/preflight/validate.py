@@ -350,6 +350,13 @@ def check_optimizer_values(key: str, node: dict[str, Any]) -> None:
     if not (node.get("_partial_") and inspect.isclass(target) and issubclass(target, torch.optim.Optimizer)):
         return
     torch_own = target.__module__.startswith("torch.optim.")
+    if node.get("fused"):  # torch checks these at its first parameter: here, with the way out (adamw's fused: true)
+        for other in ("foreach", "differentiable"):
+            if node.get(other):
+                raise ConfigError(
+                    f"{key}.{other}", node[other], f"{node['_target_']} takes it only without {key}.fused: "
+                    f"add {key}.fused=null (or set {key}.{other}=false)."
+                )  # fmt: skip
     try:
         instantiate(node)([] if torch_own else [torch.nn.Parameter(torch.zeros(2, 2))])
     except Exception as error:  # torch.optim raises ValueError for a value out of range, RuntimeError for a combination

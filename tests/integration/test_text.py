@@ -291,15 +291,17 @@ def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_ser
 
 
 def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_adapter(ray_address, text_run, tmp_path):
-    """GPT-2 with LoRA adapters and gradient checkpointing, sharded by FSDP2 over 2 workers (its blocks' units):
-    the adapters saved (gathered whole from the shards) are a 1-worker run's: its losses to 1e-9, its test rows,
-    its adapters to 1e-6 (float64's rounding of the two layouts' sums through the Adam steps: ~3e-8 here; GPT-2
+    """GPT-2 with LoRA adapters and gradient checkpointing, sharded by FSDP2 over 2 workers (its blocks' units),
+    stepped by optimizer=adamw (fused: one kernel over each rank's shards, the frozen weights among them): the
+    adapters saved (gathered whole from the shards) are a 1-worker run's: its losses to 1e-9, its test rows, its
+    adapters to 1e-6 (float64's rounding of the two layouts' sums through the Adam steps: ~3e-8 here; GPT-2
     on DDP alike)."""
     gpt2 = write_model(tmp_path / "gpt2", "gpt2")
     overrides = (
         *text_run,
         f"model.path={gpt2}",
         *LORA,
+        "optimizer=adamw",
         "peft.target_modules=[c_attn,c_proj]",
         "dataset.max_length=128",
         "dataset.test_fraction=0.125",

@@ -50,6 +50,15 @@ def test_an_optimizer_value_torch_rejects_names_its_key(tmp_path, override, key)
     assert caught.value.key == key and "rejects it: Invalid" in str(caught.value), str(caught.value)
 
 
+@pytest.mark.parametrize("other", ["foreach", "differentiable"])
+def test_adamw_is_fused_and_a_second_implementation_names_the_way_out(tmp_path, other):
+    assert compose_config("optimizer=adamw").optimizer.fused is True
+    with pytest.raises(ConfigError) as caught:
+        validate(compose_config("optimizer=adamw", f"+optimizer.{other}=true"), str(tmp_path))
+    assert caught.value.key == f"optimizer.{other}" and "optimizer.fused=null" in str(caught.value)
+    validate(compose_config("optimizer=adamw", f"+optimizer.{other}=true", "optimizer.fused=null"), str(tmp_path))
+
+
 class ParameterCheckingSGD(torch.optim.SGD):
     """An optimizer of a user's that checks its values once it holds its parameters."""
 
