@@ -2,6 +2,7 @@
 sample of timm models, on a 3-channel and a 1-channel dataset; pretrained weights from the local cache only."""
 
 import os
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -17,6 +18,27 @@ SIDES = {"alexnet": 64, "inception_v3": 80, "maxvit_t": 224, "vit_h_14": 28}
 # The small variants, trained one optimizer step for real (the others are checked on the meta device).
 SMALL = ["mobilenet_v3_small", "shufflenet_v2_x0_5", "squeezenet1_1", "mnasnet0_5", "regnet_x_400mf"]
 TIMM = ["resnet10t", "mobilenetv3_small_050", "efficientnet_b0", "convnext_atto", "regnetx_002", "lcnet_050"]
+
+
+@contextmanager
+def weights_on_meta():
+    """Every parameter and buffer a module registers lands on the meta device; every other tensor stays on the CPU
+    (RegNets compute their widths with tensor ops that torch.device("meta") could not read back)."""
+    register_parameter, register_buffer = torch.nn.Module.register_parameter, torch.nn.Module.register_buffer
+
+    def parameter(module, name, value):
+        if value is not None:
+            value = torch.nn.Parameter(value.to("meta"), requires_grad=value.requires_grad)
+        register_parameter(module, name, value)
+
+    def buffer(module, name, value, persistent=True):
+        register_buffer(module, name, None if value is None else value.to("meta"), persistent)
+
+    torch.nn.Module.register_parameter, torch.nn.Module.register_buffer = parameter, buffer
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter, torch.nn.Module.register_buffer = register_parameter, register_buffer
 
 
 def one_step(model, channels, side=32):
@@ -36,11 +58,10 @@ def test_every_torchvision_classification_builder_takes_the_datasets_channels_an
     shapes = {}
     for index, name in enumerate(names):
         side, channels = SIDES.get(name, 32), (3, 1)[index % 2]
-        # RegNets compute their widths with tensor ops that the meta device cannot read back: built for real
-        device = "cpu" if name.startswith("regnet") else "meta"
-        with torch.device(device), torch.no_grad():
+        with weights_on_meta(), torch.no_grad():
             model = torchvision_model(name, [channels, side, side], 10)
-            shapes[name] = tuple(model(torch.empty(2, channels, side, side)).shape)
+            assert all(tensor.is_meta for tensor in (*model.parameters(), *model.buffers())), name
+            shapes[name] = tuple(model(torch.empty(2, channels, side, side, device="meta")).shape)
     assert shapes == {name: (2, 10) for name in names}
 
 
