@@ -5,6 +5,7 @@ the full grid.
     .venv/bin/python benchmarks/sweep.py concurrency # only part 1 (asha: only part 2)
     .venv/bin/python benchmarks/sweep.py concurrency --epochs 240  # longer trials: start-up weighs less
     .venv/bin/python benchmarks/sweep.py scale --trials 8          # part 3 with 8 trials instead of 64
+    .venv/bin/python benchmarks/sweep.py local                     # part 4: local-mode trials against 1-worker ones
 
 1. The same 4-trial sweep of 1-worker trials (a wider SimpleCNN on the digits, 4 learning rates, ~1 s per epoch
    on one core, EPOCHS epochs: two-minute trials) twice, each command in a fresh process that starts its own
@@ -23,6 +24,10 @@ the full grid.
 3. Sweeps at scale: 64 one-epoch trials (the MLP, 2 batches, 1 worker each), as many at a time as the cores hold:
    the wall time, trials per hour, each trial's start-up (its run's wall time less its epochs: Ray Train's
    start, the workers' imports, the checkpoint) and the driver's resident memory after 8, 32 and 64 trials.
+4. Trials in Ray Train's local mode: the same 16-trial ASHA sweep of the MLP (a fixed grid of 16 learning rates,
+   4 epochs of 10 batches, as many trials at a time as the cores hold), each command in a fresh process with its
+   own local cluster, once with every trial training in its own process (scaling.num_workers=0) and once on one
+   worker each (scaling.num_workers=1): the wall time, trials per hour, and their ratio (target >= 3x).
 """
 
 from __future__ import annotations
@@ -258,15 +263,47 @@ def scale(trials: int = 64) -> None:
     )
 
 
+LOCAL = [
+    "trainer.progress_bar=false",
+    "hydra/sweeper=ray_tune",
+    "hydra.sweeper.scheduler=asha",
+    "model=mlp",
+    "trainer.max_epochs=4",
+    "trainer.limit_train_batches=10",
+    "optimizer.lr=" + ",".join(f"{lr:.1e}" for lr in (10 ** (-6 + i * 5 / 15) for i in range(16))),
+]
+
+
+def local() -> None:
+    """The same 16-trial ASHA sweep, trials in local mode and on one worker each: trials per hour, and the ratio."""
+    hours, epochs = {}, {}
+    for workers in (0, 1):
+        with tempfile.TemporaryDirectory() as folder:
+            wall = run([*LOCAL, f"scaling.num_workers={workers}"], folder)
+            rows = sweep_summary(folder)["trials"]
+            hours[workers] = len(rows) / wall * 3600
+            epochs[workers] = sum(row["epochs"] for row in rows)
+            print(
+                f"16-trial ASHA sweep, scaling.num_workers={workers}: {wall:.0f} s, {hours[workers]:.0f} trials/hour, "
+                f"{epochs[workers]} epochs trained of the grid's 64"
+            )
+    print(f"local-mode trials: {hours[0] / hours[1]:.2f}x the trials per hour of 1-worker trials (target >= 3x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("parts", nargs="*", help="concurrency, asha and/or scale (default: all three)")
+    parser.add_argument("parts", nargs="*", help="concurrency, asha, scale and/or local (default: all four)")
     parser.add_argument(
         "--epochs", type=int, default=EPOCHS, help=f"epochs per trial in the concurrency part (default {EPOCHS})"
     )
     parser.add_argument("--trials", type=int, default=64, help="trials of the scale part (default 64)")
     args = parser.parse_args()
-    parts = {"concurrency": lambda: concurrency(args.epochs), "asha": asha, "scale": lambda: scale(args.trials)}
+    parts = {
+        "concurrency": lambda: concurrency(args.epochs),
+        "asha": asha,
+        "scale": lambda: scale(args.trials),
+        "local": local,
+    }
     unknown = [part for part in args.parts if part not in parts]
     if unknown:
         parser.error(f"unknown part {unknown[0]!r}: valid are {', '.join(parts)}")

@@ -33,7 +33,7 @@ from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.data.tokenized_ray import tokenized_for_run
 from hydra_raytrain.driver import builders, cluster, failures, report
-from hydra_raytrain.driver.epoch_log import EpochLog
+from hydra_raytrain.driver.epoch_log import EpochLog, is_epoch_report
 from hydra_raytrain.driver.plan import Plan, preflight
 from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
@@ -47,6 +47,7 @@ from hydra_raytrain.loggers.base import replay
 from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
 from hydra_raytrain.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import Datasets
+from hydra_raytrain.recipe.checkpoint import local_reports
 from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.recipe.loop import train_loop_per_worker
 from hydra_raytrain.storage_retry import StorageUnavailable
@@ -78,7 +79,8 @@ def train(
     """Train the configured model; return the summary (also written to ``<run_dir>/summary.json``).
 
     ``run_dir`` defaults to Hydra's run dir when called under ``@hydra.main``. ``extra_callbacks`` go to Ray
-    Train's RunConfig (a sweep trial passes Tune's TuneReportCallback); a sweep shows one table for all trials
+    Train's RunConfig (a sweep trial passes Tune's TuneReportCallback; in local mode, which runs no callback, their
+    ``after_report`` hears each report of this process); a sweep shows one table for all trials
     instead of each run's (``show_summary=False``) and rehearsed each trial's config already (``rehearse=False``).
     ``datasets``: the datasets the caller's earlier runs built (a multirun's jobs share them); ``tokenized``: the
     run's text tokenized by the caller (a sweep's, once for its trials: ``data/tokenized_ray.py``).
@@ -218,8 +220,9 @@ def _fit(
         resolved, run_dir, storage, name, stream, callbacks, origin, tracker_env, saved, built
     )
     try:
-        if local_mode:  # nothing persists a checkpoint: no notice to act on
-            result = trainer_for(None).fit()
+        if local_mode:  # nothing persists a checkpoint: no notice to act on; the reports come from this process
+            with local_reports(_as_callbacks_would(epoch_log, extra_callbacks)):
+                result = trainer_for(None).fit()
         else:
             with posted_on_sigterm(f"hydra_raytrain.notice.{name}") as notice:
                 result = trainer_for(notice).fit()
@@ -229,10 +232,20 @@ def _fit(
             f"Training failed: {redact_text(_first_cause(error))}\nRun dir: {run_dir} (summary.json has the full error)"
         ) from None
     outcome: WorkerResult = result.return_value
-    if local_mode:  # local mode runs no callbacks: write the epochs it returned
-        for metrics in outcome.history:
-            epoch_log.write(metrics)
     return _conclude(outcome, summarize, run_dir, result, built)
+
+
+def _as_callbacks_would(epoch_log: EpochLog, extra_callbacks: Sequence[Any]) -> Callable[[dict[str, Any]], None]:
+    """A local-mode run's listener to its reports (it runs no Ray Train callback): each epoch into metrics.jsonl as
+    it ends, and every report to the caller's callbacks (a sweep trial's report to Tune), as on workers."""
+
+    def heard(metrics: dict[str, Any]) -> None:
+        if is_epoch_report(metrics):
+            epoch_log.write(metrics)
+        for callback in extra_callbacks:
+            callback.after_report(None, [metrics], None)
+
+    return heard
 
 
 def _trainer_factory(

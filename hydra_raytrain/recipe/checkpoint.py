@@ -20,6 +20,7 @@ Everything else is plain tensors and containers, so every file loads with ``torc
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,7 +30,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -324,6 +325,21 @@ def read_newest_loadable(
 
 WAIT_WARNING_S = 1.0  # a checkpoint waiting this long for the previous upload: said once
 
+# Ray's local mode (scaling.num_workers=0) keeps the last report and runs no Ray Train callback: the driver, whose
+# process trains there, listens to every report instead (driver/run.py), so that each epoch reaches metrics.jsonl
+# and a sweep's Tune as it ends, as a worker's does through the callbacks.
+_local_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+
+@contextlib.contextmanager
+def local_reports(listener: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """While inside: ``listener`` is given the metrics of every report a local-mode run of this process makes."""
+    _local_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _local_listeners.remove(listener)
+
 
 class Uploads:
     """Every report of a run goes through here, in one ``checkpoint_upload_mode`` (Ray keeps reports in order).
@@ -338,6 +354,7 @@ class Uploads:
 
     def __init__(self, mode: str, staging: str, local_mode: bool = False):
         self.mode = ray.train.CheckpointUploadMode["SYNC" if local_mode else mode]
+        self.local_mode = local_mode
         self.staging = staging
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
@@ -346,6 +363,12 @@ class Uploads:
 
     def report(self, metrics: dict[str, Any], write: Callable[[str], None] | None = None, name: str | None = None):
         """Report ``metrics``; with ``write``, a checkpoint named ``name`` whose folder ``write`` fills."""
+        self._store(metrics, write, name)
+        if self.local_mode:
+            for listener in list(_local_listeners):
+                listener(metrics)
+
+    def _store(self, metrics: dict[str, Any], write: Callable[[str], None] | None, name: str | None) -> None:
         if write is None:
             ray.train.report(metrics, checkpoint_upload_mode=self.mode)
             return

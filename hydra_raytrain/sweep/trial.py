@@ -1,17 +1,19 @@
 """One Tune trial: a whole hydra_raytrain run on the trial's composed config, in its own run dir.
 
 Ray Train V2 inside Tune: the trial builds the TorchTrainer, whose RunConfig carries Tune's
-``TuneReportCallback`` so every epoch reaches Tune (and ASHA can stop the trial between epochs).
+``TuneReportCallback`` so every epoch reaches Tune (and ASHA can stop the trial between epochs). A trial in Ray
+Train's local mode (``scaling.num_workers=0``) trains in its own process and reports each epoch to Tune itself.
 A trial whose run already completed (an earlier sweep, re-run) reports its final metrics and returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -66,19 +68,50 @@ def run_trial(
         run_segment(config, job, segment, compose)
         return
     epochs_before = len(rundir.read_history(run_dir))
-    summary = train(
-        OmegaConf.create(job.cfg.to_dict()),
-        run_dir=run_dir,
-        extra_callbacks=[EpochReportsOnly(TuneReportCallback())],
-        show_summary=False,
-        rehearse=False,
-        tokenized=text,
-    )
-    if len(rundir.read_history(run_dir)) == epochs_before and summary.get("final"):
+    # In Ray Train's local mode this thread trains: it reports to Tune itself (a worker group's reports reach Tune
+    # from Ray Train's controller, through Tune's queue between the two actors).
+    local = job.cfg.scaling.num_workers == 0
+    to_tune = TuneReports() if local else TuneReportCallback()
+    with _train_apis_in_this_trial() if local else contextlib.nullcontext():
+        summary = train(
+            OmegaConf.create(job.cfg.to_dict()),
+            run_dir=run_dir,
+            extra_callbacks=[EpochReportsOnly(to_tune)],
+            show_summary=False,
+            rehearse=False,
+            tokenized=text,
+        )
+    if not local and len(rundir.read_history(run_dir)) == epochs_before and summary.get("final"):
         # Nothing was left to train (interrupted after its last epoch's checkpoint, before its summary): no epoch
         # reached Tune, whose result for the trial would be empty (a searcher learns nothing of it). It gets the
-        # final figures, as PBT's trials do.
+        # final figures, as PBT's trials do. (Local mode resumes from no checkpoint: it trains every epoch again.)
         tune.report(dict(summary["final"]))
+
+
+class TuneReports:
+    """Ray Train's callback interface (``after_report``) for a trial in local mode: each report to Tune from the
+    trial's own thread, which trains (``tune.report``), so that its scheduler can stop the trial between epochs."""
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        from ray import tune
+
+        tune.report(dict(metrics[0]))
+
+
+@contextlib.contextmanager
+def _train_apis_in_this_trial() -> Iterator[None]:
+    """Ray Train V2's worker APIs (``ray.train.get_context``, ``report``, ``get_checkpoint``) refuse to run in a
+    Tune trial's process (ray-project/ray#49454: a function given to Tune calls Tune's), which is where a trial in
+    Ray Train's local mode trains them. Their check tells a Tune trial by its session's ``world_rank``, None there:
+    set while the run trains. ``tune.report`` reads the same session and does not look at it."""
+    from ray.train._internal.session import get_session
+
+    tune_session = get_session()
+    tune_session.world_rank = 0
+    try:
+        yield
+    finally:
+        tune_session.world_rank = None
 
 
 def _as_on_the_driver(cwd: str, pythonpath: str, argv: list[str] | None = None) -> None:

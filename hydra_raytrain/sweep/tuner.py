@@ -245,15 +245,20 @@ def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets
         cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset, datasets)) for job in plan.probes
     ]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
-    if largest.num_workers == 0:
+    local = trains_in_trial(plan)
+    if local and settings.scheduler in PAUSING:
         raise ConfigError(
             "scaling.num_workers",
             0,
-            "local mode runs in the driver's process: it cannot be a concurrent trial.",
-            "scaling.num_workers >= 1",
+            f"{settings.scheduler} continues a trial from its checkpoint (it pauses or clones trials), and Ray "
+            "Train's local mode stores none.",
+            "scaling.num_workers >= 1 for this scheduler, or hydra.sweeper.scheduler=asha or fifo for trials in "
+            "local mode",
         )
-    ray_cfg, stops = plan.probes[0].cfg.ray, settings.scheduler in ("asha", *PAUSING)
-    trial_cpus = largest.total.get("CPU", 1)
+    # A stopped trial in local mode ends with its process: no worker group's placement group to free.
+    stopped_groups = not all(job.cfg.scaling.num_workers == 0 for job in plan.probes)
+    ray_cfg, stops = plan.probes[0].cfg.ray, settings.scheduler in ("asha", *PAUSING) and stopped_groups
+    trial_cpus = largest.total.get("CPU", 0) + (1 if local else 0) or 1
     if stops:  # what the config alone tells, before a cluster starts
         _check_asha_can_free_stopped_trials(ray_cfg, settings.scheduler, asked=False)
     evolving = settings.scheduler in EVOLVING
@@ -278,6 +283,12 @@ def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets
     return concurrent
 
 
+def trains_in_trial(plan: Trials) -> bool:
+    """Whether a trial of this sweep trains in its own process (``scaling.num_workers=0``: Ray Train's local mode,
+    one process and no worker group to start), which then holds a CPU; otherwise it only waits on its workers."""
+    return any(job.cfg.scaling.num_workers == 0 for job in plan.probes)
+
+
 def run_trials(
     plan: Trials,
     settings: SweepSettings,
@@ -291,6 +302,7 @@ def run_trials(
     from ray import tune
 
     metric, mode = objective
+    local = trains_in_trial(plan)
     space = parameter_space(plan.arguments)[1] if settings.scheduler in EVOLVING else {}  # PBT's mutations
     scheduler = _scheduler(plan, settings, space)
     searcher = _search(plan, settings, compose, objective, concurrent)
@@ -309,7 +321,7 @@ def run_trials(
     # The grid's jobs go to the trials in memory; a search's are written as suggested, without the secrets
     handed, hidden = (plan.jobs, {}) if searcher is None else ([], dict(searcher.held.value.hidden))
     tuner = tune.Tuner(
-        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden, for_sweep(plan)),
+        _trainable(handed, sweep_dir, compose, settings.scheduler in PAUSING, share, hidden, for_sweep(plan), local),
         param_space=param_space,
         # reuse_actors: a trial slot keeps its process (torch and Ray Train imported) for the next trial. Not
         # with ASHA: a trial it stops must take its process down, which ends that trial's Ray Train run with it.
@@ -374,10 +386,12 @@ def _trainable(
     share: float = 0.001,
     hidden: dict[tuple[Any, ...], Any] | None = None,
     tokenized: dict[str, Any] | None = None,
+    local: bool = False,
 ) -> Any:
     """The trial function only waits on its Ray Train run, whose workers hold the CPUs: it reserves next to
     nothing, on the driver's node (where the run dirs are; Ray Train puts each run's controller beside it): a
-    ``share`` of the node's own resource. Trials Tune pauses (``pausing``) report checkpoints to restart from,
+    ``share`` of the node's own resource. A trial in Ray Train's local mode (``local``) trains in that process,
+    which reserves the CPU it trains on. Trials Tune pauses (``pausing``) report checkpoints to restart from,
     and get Hydra's composition (``compose``), to compose a trial again with PBT's explored values."""
     import ray
     from ray import tune
@@ -396,7 +410,7 @@ def _trainable(
         hidden=hidden or {},  # in Ray's object store, never on disk: job.json is written without it
         tokenized=tokenized or {},
     )
-    return tune.with_resources(trial, {"CPU": 0, "memory": 1, node: share})
+    return tune.with_resources(trial, {"CPU": 1 if local else 0, "memory": 1, node: share})
 
 
 def asha_scheduler(settings: SweepSettings, max_epochs: int):

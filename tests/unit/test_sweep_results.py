@@ -414,3 +414,12 @@ def test_the_search_wrapper_pickles_without_the_sweeps_secrets(tmp_path):
     assert b"k3y" not in pickle.dumps(wrapper)
     assert copy.deepcopy(wrapper).held.value.fixed == ["+scaling.worker_env.API_KEY=k3y"]
     assert wrapper.suggest("t0")["index"] == 0 and b"k3y" not in pickle.dumps(wrapper)  # with a job in it too
+
+
+def test_a_local_mode_trial_reserves_the_cpu_it_trains_on_and_a_worker_trials_next_to_nothing():
+    """In Ray Train's local mode (scaling.num_workers=0) the trial's own process trains; otherwise its workers hold
+    the CPUs and the trial only waits on them. Both on the driver's node."""
+    local = tuner._trainable([], "sweep", None, local=True)._resources.required_resources
+    waiting = tuner._trainable([], "sweep", None)._resources.required_resources
+    assert local["CPU"] == 1 and waiting.get("CPU", 0) == 0, (local, waiting)
+    assert any(key.startswith("node:") for key in local) and any(key.startswith("node:") for key in waiting)
