@@ -1,13 +1,15 @@
 # make train   -> a virtualenv with everything, then python -m hydra_raytrain (ARGS="model=mlp ..." to override)
-# make test    -> the same virtualenv, then make lint and the whole test suite (PYTEST_ARGS="-k sampler" to narrow)
-# make test-fast -> the unit tier only (no Ray cluster), in under 2 minutes
+# make test    -> the same virtualenv, then make lint and the gate: every test but the long tier (PYTEST_ARGS="-k sampler")
+# make test-long -> the long tier (tests marked long: the variants of capabilities the gate already runs end to end)
+# make test-all -> make lint, then both tiers
+# make test-fast -> the unit tier only (no Ray cluster), in under 90 seconds
 # make lint    -> ruff (lint + format check) and mypy on the package
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install train lint test test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict bench-serve bench-loader bench-text clean
+.PHONY: install train lint test test-long test-all test-fast bench bench-gpu bench-sweep bench-commands bench-checkpoint bench-memory bench-streaming bench-predict bench-serve bench-loader bench-text clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +27,15 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# --durations: the slowest tests at the end of every run, so that a gate growing past its budget shows where.
 test: lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not long" --durations=15 $(PYTEST_ARGS)
+
+test-long: install
+	$(BIN)/python -m pytest -m long --durations=15 $(PYTEST_ARGS)
+
+test-all: lint
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)

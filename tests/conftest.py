@@ -26,11 +26,19 @@ TEST_CLUSTER_CPUS = 4
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``workers`` is a declared list: a test that asks for the session's cluster without it stops the collection.
+    """``workers`` is a declared list: a test that asks for the session's cluster without it stops the collection;
+    so is ``long``: a test moved out of the gate says why (the gate's test that carries its capability).
     ``idle_cluster`` tests run first. ``gpu`` tests run where a CUDA GPU exists and are skipped, saying so,
     everywhere else."""
     import torch
 
+    unexplained = [item.nodeid for item in items if (mark := item.get_closest_marker("long")) and not mark.args]
+    if unexplained:
+        raise pytest.UsageError(
+            "these tests are in the long tier without saying why: "
+            + ", ".join(unexplained)
+            + '. Write @pytest.mark.long("the gate\'s test that carries this capability, or why this one is long").'
+        )
     undeclared = [
         item.nodeid
         for item in items

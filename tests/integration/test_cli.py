@@ -17,7 +17,7 @@ from tests.helpers.data import write_images
 from tests.helpers.serving import ask, serving
 from tests.helpers.text import write_jsonl, write_model
 
-pytestmark = [pytest.mark.integration, pytest.mark.workers]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +32,7 @@ def default_run(ray_address, tmp_path_factory):
     return done, folder / "run"
 
 
+@pytest.mark.workers
 def test_embedded_default_meets_the_accuracy_bar(default_run):
     _, run_dir = default_run
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -40,6 +41,7 @@ def test_embedded_default_meets_the_accuracy_bar(default_run):
     assert summary["final"]["world_size"] == 2
 
 
+@pytest.mark.workers
 def test_the_default_run_exports_and_each_export_computes_what_the_model_does(default_run, tmp_path):
     """ONNX through the CLI (ONNX Runtime on real validation digits against load_model), safetensors and a
     refused export in process; an unfinished run is refused by name, and a refusal leaves no file."""
@@ -90,6 +92,7 @@ def test_the_default_run_exports_and_each_export_computes_what_the_model_does(de
     assert not (unfinished / "export").exists()
 
 
+@pytest.mark.workers
 def test_the_default_run_predicts_its_validation_rows_as_load_model_does(default_run, ray_address, tmp_path):
     """python -m hydra_raytrain.predict on the embedded default (the bundled digits, input_shape [1, 8, 8]):
     its validation samples written as one Parquet file, each row's 64 values in a `features` list column beside an
@@ -205,6 +208,7 @@ def held_up_while_a_big_body_arrives(port, x, expected):
     assert replicas() == before and len(before) == 1
 
 
+@pytest.mark.workers
 def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, ray_address, tmp_path):
     """python -m hydra_raytrain.serve on the session's cluster, asked by real HTTP requests on 127.0.0.1: answers
     equal load_model's on validation digits, 8 concurrent clients each get their own answers, every malformed
@@ -260,6 +264,7 @@ def test_the_default_run_is_served_over_http_and_stops_on_sigterm(default_run, r
         ask(port, "GET", "/health")
 
 
+@pytest.mark.workers
 def test_one_console_script_runs_every_command_and_reaches_ray_by_one_rule(default_run, tmp_path):
     """`hydra-raytrain COMMAND ...` (the installed console script) runs each command in its own words: evaluate
     and check succeed, a missing folder is refused as `hydra-raytrain evaluate`; predict and serve reach Ray by the
@@ -317,6 +322,7 @@ def test_help_is_the_projects_page_and_cfg_job_still_prints_the_config(tmp_path)
     assert shown.returncode == 0 and "max_epochs: 12" in shown.stdout and not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.workers
 def test_a_run_writes_the_output_contract(default_run):
     done, run_dir = default_run
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -334,6 +340,7 @@ def test_a_run_writes_the_output_contract(default_run):
     assert Image.open(run_dir / "curves.png").format == "PNG"
 
 
+@pytest.mark.workers
 def test_the_terminal_shows_epochs_a_progress_bar_and_a_summary_but_no_ray_noise(default_run):
     done, run_dir = default_run
     assert f"Run dir: {run_dir}" in done.stdout
@@ -354,6 +361,7 @@ def test_the_terminal_shows_epochs_a_progress_bar_and_a_summary_but_no_ray_noise
     assert "PreemptionWatcher" not in output
 
 
+@pytest.mark.workers
 def test_the_driver_and_worker_logs_stay_on_disk(default_run):
     """The driver's terminal, and every worker's and the controller's stdout/stderr (copies, not links)."""
     _, run_dir = default_run
@@ -363,6 +371,8 @@ def test_the_driver_and_worker_logs_stay_on_disk(default_run):
     assert not any(p.is_symlink() for p in (run_dir / "logs").iterdir())
 
 
+@pytest.mark.workers
+@pytest.mark.long("plain multirun in the gate: test_mlflow's MLFLOW_RUN_ID multirun; own-cluster sizing: default_run")
 def test_a_plain_multirun_shares_one_local_cluster_sizes_each_job_and_keeps_the_cleaners_warnings_off(tmp_path):
     """Hydra's basic launcher: jobs one after another in one process, on the local cluster the first one started,
     each in the sweep dir its command names (and, with logger=mlflow, nested in the sweep's MLflow run).
@@ -461,6 +471,8 @@ def test_one_run_holds_its_run_dir_and_the_same_command_again_is_refused_naming_
     assert summary["status"] == "completed" and summary["epochs_completed"] == 1
 
 
+@pytest.mark.long("modules of tests/helpers import in the workers of the gate's sweep and resume tests")
+@pytest.mark.workers
 def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
     (tmp_path / "my_tasks.py").write_text(USER_TASK)
     done = run_cli(
@@ -478,6 +490,8 @@ def test_a_users_own_task_module_imports_in_the_workers(ray_address, tmp_path):
     assert metrics["val_top2"] >= metrics["val_accuracy"]
 
 
+@pytest.mark.long("a worker's error said once in the gate: test_resume's error that would repeat")
+@pytest.mark.workers
 def test_a_failing_worker_says_its_cause_once(ray_address, tmp_path):
     """Both workers raise: the terminal gets one cause in one line (the lowest rank's that Ray reports: the
     controller may end the group on one rank's error before the other's arrives), not a traceback per rank;
@@ -630,6 +644,12 @@ BAD_INPUTS = [
             "hydra.sweep.dir=sweep",
         ],
         ["hydra.sweeper.scheduler='asha'", "ray.include_dashboard=false", "hydra.sweeper.scheduler=fifo"],
+    ),
+    # Trials in Ray Train's local mode under a scheduler that continues trials from checkpoints (local mode stores none)
+    (
+        ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=hyperband", "scaling.num_workers=0"]
+        + ["optimizer.lr=1e-3,1e-2", "hydra.sweep.dir=sweep"],
+        ["scaling.num_workers=0", "hyperband continues a trial from its checkpoint", "scheduler=asha or fifo"],
     ),
     (
         ["-m", "hydra/sweeper=ray_tune", "trainer.max_epochs=2,0", "hydra.sweep.dir=sweep"],
@@ -796,6 +816,7 @@ def bad_input_results(ray_address, tmp_path_factory):  # the session cluster up:
     }
 
 
+@pytest.mark.workers
 @pytest.mark.parametrize("overrides, named", BAD_INPUTS, ids=[" ".join(o) for o, _ in BAD_INPUTS])
 def test_bad_input_fails_fast_with_one_clear_message(overrides, named, bad_input_results):
     folder, done = bad_input_results[" ".join(overrides)]
@@ -811,6 +832,7 @@ def test_bad_input_fails_fast_with_one_clear_message(overrides, named, bad_input
     assert not (folder / "sweep" / "sweep_summary.json").exists()
 
 
+@pytest.mark.workers
 def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp_path):
     done = run_cli(
         [f"ray.address={ray_address}", "scaling.num_workers=5", "trainer.batch_size=60", "hydra.run.dir=run"],
@@ -822,6 +844,7 @@ def test_a_request_bigger_than_the_connected_cluster_is_refused(ray_address, tmp
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.workers
 def test_a_pbt_population_the_connected_cluster_cannot_hold_together_is_refused_before_any_trial(ray_address, tmp_path):
     """3 trials of 2 workers: the session's 4 CPUs hold 2 at a time, and PBT compares the trials alive."""
     args = ["-m", "hydra/sweeper=ray_tune", "hydra.sweeper.scheduler=pbt", "hydra.sweeper.num_samples=3"]

@@ -18,7 +18,7 @@ import yaml
 from tests.conftest import ROOT, run_cli
 from tests.helpers.data import write_images
 
-pytestmark = [pytest.mark.integration, pytest.mark.workers]
+pytestmark = pytest.mark.integration
 
 DOCS = Path(ROOT) / "docs"
 BLOCK = re.compile(r"```(\w+)\n(.*?)```", re.S)
@@ -44,8 +44,10 @@ def page(name):
     return files, commands, snippets
 
 
-def run_page(name, folder, ray_address):
-    """Write the page's files into ``folder`` and run its commands there; returns {command: CompletedProcess}."""
+def run_page(name, folder, ray_address=None):
+    """Write the page's files into ``folder`` and run its commands there; returns {command: CompletedProcess}. A
+    command that joins a cluster (``ray.address=HOST:PORT``) joins the session's (``ray_address``); the others run
+    in Ray Train's local mode, without one."""
     files, commands, _ = page(name)
     for path, body in files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
@@ -54,6 +56,7 @@ def run_page(name, folder, ray_address):
     for command in commands:
         args = shlex.split(command)[3:]
         if "ray.address=HOST:PORT" in args:
+            assert ray_address, f"{name} joins a cluster: its test asks for ray_address (and is marked workers)"
             args = [f"ray.address={ray_address}" if a == "ray.address=HOST:PORT" else a for a in args] + ["debug=smoke"]
         else:
             args += ["debug=smoke", "scaling.num_workers=0"]
@@ -68,7 +71,9 @@ def run_config(folder, pattern):
     return json.loads(Path(path).read_text())
 
 
+@pytest.mark.long("your model by _target_ in the gate: test_zoo_runs' command lines; this page also joins a cluster")
 @pytest.mark.slow
+@pytest.mark.workers
 def test_own_model_page(ray_address, tmp_path):
     done = run_page("own-model.md", tmp_path, ray_address)
     replaced = done["python -m hydra_raytrain model._target_=my_models.MyNet"]
@@ -121,9 +126,9 @@ def test_own_model_page(ray_address, tmp_path):
     assert "Traceback" not in evaluated.stderr
 
 
-def test_own_data_page(ray_address, tmp_path):
+def test_own_data_page(tmp_path):
     write_images(tmp_path / "pets", ["cat", "dog", "fox"], 4, size=(10, 12))
-    run_page("own-data.md", tmp_path, ray_address)
+    run_page("own-data.md", tmp_path)
     # Inferred from the folder: 3 classes, [3, height 10, width 12]; the relative root made absolute.
     dataset = run_config(tmp_path, "simplecnn-imagefolder-*")["dataset"]
     assert (
@@ -144,8 +149,8 @@ def test_own_data_page(ray_address, tmp_path):
     assert any(d.get("n") == 2000 and d.get("noise") == 0.2 for d in moons)
 
 
-def test_callbacks_page(ray_address, tmp_path):
-    run_page("callbacks.md", tmp_path, ray_address)
+def test_callbacks_page(tmp_path):
+    run_page("callbacks.md", tmp_path)
     rows = {  # model -> its run's one epoch (debug=smoke)
         Path(p).parent.name.split("-")[0]: json.loads(Path(p).read_text())
         for p in glob.glob(str(tmp_path / "outputs/runs/*/metrics.jsonl"))
@@ -156,8 +161,8 @@ def test_callbacks_page(ray_address, tmp_path):
     assert "parameter_norm" not in rows["simplecnn"]
 
 
-def test_own_task_page(ray_address, tmp_path):
-    done = run_page("own-task.md", tmp_path, ray_address)
+def test_own_task_page(tmp_path):
+    done = run_page("own-task.md", tmp_path)
     own, metrics, regression = done.values()  # the page's commands, in its order
     assert "label_smoothing=0.0 were dropped" in own.stderr
     assert metrics.returncode == regression.returncode == 0, (metrics.stderr[-2000:], regression.stderr[-2000:])
@@ -170,7 +175,7 @@ def test_own_task_page(ray_address, tmp_path):
     assert 0 <= summary["final"]["val_top2"] <= 1 and 0 <= summary["final"]["train_top2"] <= 1
 
 
-def test_text_page(ray_address, tmp_path):
+def test_text_page(tmp_path):
     """The text page's runs on a tiny Llama written at models/base: prompt/completion rows, and chats with LoRA."""
     from tests.helpers.text import PAIRS, pair_rows, write_jsonl, write_model
 
@@ -178,7 +183,7 @@ def test_text_page(ray_address, tmp_path):
     write_jsonl(tmp_path / "data" / "train.jsonl", pair_rows(2))
     chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
     write_jsonl(tmp_path / "data" / "chats.jsonl", chats)
-    done = run_page("text.md", tmp_path, ray_address)
+    done = run_page("text.md", tmp_path)
     assert len(done) == 2
     summaries = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
     assert sorted(s["status"] for s in summaries) == ["completed", "completed"]

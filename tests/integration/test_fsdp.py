@@ -84,6 +84,7 @@ def _compared(runs, a, b):
     return _difference((runs[a]["metrics"], runs[a]["model"]), (runs[b]["metrics"], runs[b]["model"]))
 
 
+@pytest.mark.long("FSDP in the gate: the GAN in bf16; a killed worker: test_resume's GAN")
 def test_fsdp_trains_to_ddps_result_and_resumes_exactly_after_a_killed_worker(runs):
     """float64: FSDP equals DDP to 1e-9 (and so the 1-worker run: test_training_features), through a worker killed
     mid-epoch and a resume from the sharded mid-epoch checkpoint. float32, FSDP accumulating 2 micro-batches: to
@@ -102,12 +103,14 @@ def test_fsdp_trains_to_ddps_result_and_resumes_exactly_after_a_killed_worker(ru
     assert metrics <= 1e-5 and weights <= 1e-5
 
 
+@pytest.mark.long("the same single-process property in the gate: tests/unit/test_parallel.py")
 def test_activation_checkpointing_changes_nothing_in_the_result(runs):
     recomputed, plain = runs["DDP, activations recomputed", "32"], runs["DDP", "32"]
     assert [m["val_loss"] for m in recomputed["metrics"]] == [m["val_loss"] for m in plain["metrics"]]
     assert all(torch.equal(recomputed["model"][k], plain["model"][k]) for k in plain["model"])
 
 
+@pytest.mark.long("FSDP in the gate: the GAN in bf16 (sharded units); bytes per rank: make bench-memory")
 def test_each_fsdp_rank_holds_half_of_the_parameters_and_optimizer_state(runs):
     """The MLP's every sharded dimension is even: each of 2 ranks holds exactly half of what a DDP rank holds."""
     fsdp, ddp = runs["FSDP", "32"]["metrics"][-1], runs["DDP", "32"]["metrics"][-1]
@@ -117,6 +120,7 @@ def test_each_fsdp_rank_holds_half_of_the_parameters_and_optimizer_state(runs):
     assert 2 * fsdp["optimizer_state_bytes"] == ddp["optimizer_state_bytes"]
 
 
+@pytest.mark.long("FSDP in the gate: the GAN in bf16, its sharded models loaded and exported whole")
 def test_a_sharded_checkpoint_holds_every_ranks_part_and_loads_as_a_whole(runs):
     run = runs["FSDP, a worker killed", "64"]
     [storage] = (run["dir"] / "ray_storage").iterdir()
@@ -137,6 +141,7 @@ def test_a_sharded_checkpoint_holds_every_ranks_part_and_loads_as_a_whole(runs):
         assert torch.allclose(replica.forward(x.numpy()), load_model(str(last))(x).float(), atol=1e-6)
 
 
+@pytest.mark.long("a resume variant: resume is test_resume's in the gate, FSDP the GAN in bf16")
 def test_a_sharded_checkpoint_resumes_on_another_number_of_workers(runs, tmp_path):
     """A pinned run name and storage: the 2-worker run's worker is killed (no retry), the same run re-run with 3
     workers reshards step 30's checkpoint and ends where the uninterrupted run ends (float64, to 1e-9)."""

@@ -57,6 +57,7 @@ def head_node(ray_address, tmp_path, monkeypatch):
         head.wait()
 
 
+@pytest.mark.long("joining a cluster in the gate: every test given ray.address; ray job submit is this one")
 def test_a_submitted_job_trains_on_the_cluster_it_was_submitted_to(head_node, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
     from ray.util.state import list_actors

@@ -31,6 +31,7 @@ def _history(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long("a kill/resume variant: Lightning in the gate is the BoringModel run and early stopping")
 @pytest.mark.slow
 def test_lightning_module_trains_to_the_bar_and_a_killed_worker_resumes_to_the_same_metrics(ray_address, tmp_path):
     """experiment=digits_lightning over 2 workers reaches the default run's bar, with the output contract. The
@@ -108,6 +109,7 @@ def test_lightning_module_trains_to_the_bar_and_a_killed_worker_resumes_to_the_s
             assert after[name] == before[name], (name, after, before)
 
 
+@pytest.mark.long("a sweep variant: ASHA in the gate is test_sweep's")
 @pytest.mark.slow
 def test_lightning_sweep_with_a_datamodule_and_asha_on_the_modules_metric(ray_address, tmp_path):
     """hydra/sweeper=ray_tune unchanged: two trials of a module fed by a LightningDataModule (Lightning's own
@@ -140,6 +142,7 @@ def test_lightning_sweep_with_a_datamodule_and_asha_on_the_modules_metric(ray_ad
     assert (hopeless["status"], hopeless["epochs"]) == ("stopped", 1) and hopeless["best"] < 0.5, hopeless
 
 
+@pytest.mark.long("a SIGTERM variant: preemption in the gate is test_resume's")
 @pytest.mark.slow
 def test_sigterm_preempts_a_lightning_run_and_running_it_again_resumes_it(ray_address, tmp_path):
     """SIGTERM to the driver (this process) in epoch 2 (23 optimizer steps per epoch, 0.1 s each): every worker
@@ -165,6 +168,7 @@ def test_sigterm_preempts_a_lightning_run_and_running_it_again_resumes_it(ray_ad
     assert summary["status"] == "completed" and summary["final"]["step"] == 2 * 23
 
 
+@pytest.mark.long("Lightning in the gate: the BoringModel run; early stopping: test_training_features' fp16 run")
 def test_early_stopping_ends_the_run_on_a_checkpointed_epoch_and_no_staging_folder_is_left(ray_address, tmp_path):
     """trainer.early_stopping becomes Lightning's EarlyStopping, decided when validation ends: the epoch it stops on
     is the run's final one, checkpointed. Also: a datamodule with one worker, and trainer.lightning_kwargs."""
@@ -191,6 +195,7 @@ def test_early_stopping_ends_the_run_on_a_checkpointed_epoch_and_no_staging_fold
     assert not os.path.exists(staged)  # removed once the last upload was stored, not left in the temp dir
 
 
+@pytest.mark.long("a bad-input variant: the CLI's bad inputs are in the gate")
 def test_a_datamodule_run_whose_module_logs_no_monitored_metric_stops_naming_trainer_monitor(ray_address, tmp_path):
     """A datamodule is not rehearsed on the driver (its data may download): the workers check trainer.monitor after
     the first epoch and stop the run with the config error, not retried."""

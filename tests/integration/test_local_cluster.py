@@ -44,6 +44,7 @@ with open(f"/proc/{raylet.process.pid}/environ", "rb") as environ:
 """
 
 
+@pytest.mark.long("a start-up clash: the local cluster's start is in the gate (test_cli's default_run)")
 def test_a_dashboard_port_taken_at_start_up_restarts_the_cluster_on_a_free_one(tmp_path):
     """Else this cluster's processes would ask the other cluster's state API about their own actors (Ray Train's
     placement-group cleaner would find its controller missing there). Also: ``ray.address=local`` (resolved to None)

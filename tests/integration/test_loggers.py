@@ -60,6 +60,7 @@ def test_wandb_and_tensorboard_log_from_rank_zero_follow_wandbs_environment_and_
             assert WANDB_TEST_KEY.encode() not in path.read_bytes(), path
 
 
+@pytest.mark.long("a failure variant: a tracker that cannot reach its server is test_mlflow's in the gate")
 def test_an_unreachable_wandb_server_or_a_failing_tracker_never_stops_training(
     ray_address, tmp_path, monkeypatch, capfd
 ):

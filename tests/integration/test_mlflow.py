@@ -106,6 +106,7 @@ def artifacts(client, run):
     return sorted(item.path for item in client.list_artifacts(run.info.run_id))
 
 
+@pytest.mark.long("a kill/resume variant: MLflow in the gate is the secrets and unreachable-server runs")
 @pytest.mark.workers
 def test_a_restarted_run_continues_its_mlflow_run_in_the_local_store_and_logs_each_epoch_once(
     ray_address, tmp_path, monkeypatch
@@ -151,6 +152,7 @@ def test_a_restarted_run_continues_its_mlflow_run_in_the_local_store_and_logs_ea
     assert np.abs(served.predict(digits) - expected).max() < 1e-6
 
 
+@pytest.mark.long("a sweep variant: MLflow nesting in the gate is the plain multirun's")
 @pytest.mark.workers
 def test_a_sweep_on_an_mlflow_server_is_a_parent_run_with_each_trial_nested(
     ray_address, tmp_path, mlflow_server, monkeypatch

@@ -25,6 +25,7 @@ def _history(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long("the gate's budget: data streamed by Ray Data runs in the long tier only (12 epochs to the bar)")
 def test_digits_as_parquet_train_to_the_bar_over_two_workers_and_validate_every_sample_once(ray_address, tmp_path):
     folder = tmp_path / "digits"
     write_digits_parquet(folder, files=5)
@@ -61,6 +62,7 @@ def test_digits_as_parquet_train_to_the_bar_over_two_workers_and_validate_every_
     assert f"data streamed by Ray Data ({train_rows:,} training rows, {train_rows // 2:,} per worker" in log
 
 
+@pytest.mark.long("a kill/resume variant: Ray Data in the gate is the Parquet run")
 def test_images_on_s3_stream_to_two_workers_and_a_killed_worker_resumes_with_the_epochs_remaining_steps(
     ray_address, s3_endpoint, tmp_path
 ):

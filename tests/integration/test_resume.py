@@ -84,6 +84,7 @@ def assert_every_hook_in_the_loops_order(log):
     assert all(log[i - 1].startswith("validation_end") and log[i + 1].startswith("epoch_end") for i in epoch_saves)
 
 
+@pytest.mark.long("a kill/resume variant: a killed worker resumed exactly in the gate is test_text's LoRA run")
 def test_a_worker_killed_mid_epoch_resumes_and_ends_exactly_like_an_uninterrupted_run(ray_address, tmp_path):
     """The crashed run also logs to W&B (offline): its two attempts must be one W&B run."""
     (tmp_path / "no_crash").touch()
@@ -274,6 +275,7 @@ def test_sigterm_preempts_and_a_killed_driver_resumes_mid_epoch_when_the_same_co
     assert len(list((run_dir / "tensorboard").iterdir())) == 1
 
 
+@pytest.mark.long("a mid-epoch resume variant: the SIGTERM test in the gate checkpoints every 4 steps")
 def test_every_n_minutes_checkpoints_mid_epoch_and_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
     ray_address, tmp_path
 ):
@@ -325,6 +327,7 @@ def test_an_error_that_would_repeat_is_not_retried_and_the_summary_says_why(ray_
     assert "shapes cannot be multiplied" in failure["errors"]["0"]
 
 
+@pytest.mark.long("a callback variant: the callbacks page's runs are in the gate (test_docs)")
 def test_the_loss_guard_stops_a_diverging_run_at_once_and_says_where(ray_address, tmp_path):
     """Adam at a learning rate of 1e20: the weights overflow at the first step, the loss with them. With 2 retries
     allowed, the run stops at the guard's first check of a bad loss, and is not retried."""

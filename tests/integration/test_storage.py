@@ -64,6 +64,7 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) == 0
 
 
+@pytest.mark.long("a kill/resume variant: S3 storage in the gate is the round trip")
 def test_a_worker_killed_during_an_asynchronous_upload_resumes_from_the_previous_complete_checkpoint(
     ray_address, s3_endpoint, tmp_path
 ):
@@ -183,6 +184,7 @@ print("RESULT " + json.dumps(out))
 """
 
 
+@pytest.mark.long("multi-node: a second cluster of its own, the suite's longest test")
 @pytest.mark.slow
 def test_multi_node_cluster_needs_shared_storage_uses_every_node_and_stops_for_a_drained_node(tmp_path):
     """Ray's own multi-node test utility: two raylets on this machine, one CPU each, so two workers must

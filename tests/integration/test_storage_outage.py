@@ -73,6 +73,7 @@ def same_end(summary, uninterrupted):
         assert abs(summary["final"][key] - uninterrupted["final"][key]) <= 1e-6, key
 
 
+@pytest.mark.long("the outage matrix (with the fixture's uninterrupted run): the gate's budget")
 @pytest.mark.workers
 def test_a_run_survives_twenty_seconds_without_its_storage(bucket, s3_network, uninterrupted, tmp_path):
     run_dir = str(tmp_path / "run")
@@ -94,6 +95,7 @@ def test_a_run_survives_twenty_seconds_without_its_storage(bucket, s3_network, u
     assert summary["failures"] == []  # nothing was restarted
 
 
+@pytest.mark.long("the outage matrix: the 20 s outage is in the gate")
 @pytest.mark.workers
 def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_resumes(
     bucket, s3_network, uninterrupted, tmp_path
@@ -129,6 +131,7 @@ def test_storage_away_past_the_window_ends_the_run_clearly_and_the_same_command_
     same_end(resumed, uninterrupted)
 
 
+@pytest.mark.long("the outage matrix: the 20 s outage is in the gate")
 @pytest.mark.parametrize(
     "status, code, reported, waits",
     [

@@ -123,15 +123,23 @@ def test_trials_run_concurrently_with_their_own_workers_and_a_failure_does_not_s
     assert "Configuration for experiment" not in done.stdout + done.stderr  # Tune's own console output is off
 
 
-def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address, tmp_path):
+@pytest.mark.parametrize(
+    "workers",
+    [
+        0,
+        pytest.param(1, marks=pytest.mark.long("the same sweep on worker trials: ASHA in the gate is the local one")),
+    ],
+)
+def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address, tmp_path, workers):
     """Two at a time, in ASHA's seeded start order (seed 0 starts this list's trials 2, 0, 1, 3: the two good
     learning rates first): they set the bar at the first rung, the two hopeless ones fall under it and stop
-    there (ASHA keeps the top 1/2 at each rung)."""
+    there (ASHA keeps the top 1/2 at each rung). Trials in Ray Train's local mode (``scaling.num_workers=0``: each
+    trains in its trial's process) and on a worker each: every epoch reaches ASHA and metrics.jsonl as it ends."""
     assert start_order(range(4), shuffle=True, seed=0) == [2, 0, 1, 3]
     args = [
         *asha(ray_address),
         "model=mlp",
-        "scaling.num_workers=1",
+        f"scaling.num_workers={workers}",
         "optimizer.lr=3e-3,1e-6,1e-3,1e-7",
         "trainer.max_epochs=4",
         "trainer.limit_train_batches=10",
@@ -148,31 +156,9 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     assert sum(epochs for _, epochs in status.values()) < 16  # fewer epochs than the full grid
     best = summary["best"]
     assert "lr=0.003" in best["overrides"]
-
-    # The best trial as a Ctrl-C after its last epoch's checkpoint, before its summary, leaves it: "interrupted", no
-    # summary.json. The identical command runs nothing else again; that trial resumes with nothing left to train,
-    # and Tune gets its final figures (without them it would fail the trial for the missing metric).
-    finished_at = {name: row["finished"] for name, row in rows.items()}
-    written = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
-    for row in written["trials"]:
-        row["status"] = "interrupted" if row["overrides"] == "optimizer.lr=0.003" else row["status"]
-    (tmp_path / "sweep" / "sweep_summary.json").write_text(json.dumps(written))
-    good = Path(rows["optimizer.lr=0.003"]["run_dir"])
-    (good / "summary.json").unlink()
-    rerun = run_cli(args, cwd=str(tmp_path), timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert "4 trials; 3 already done in an earlier run of this sweep" in rerun.stdout
-    _, again_rows = rows_by_overrides(tmp_path / "sweep")
-    assert {name: row["finished"] for name, row in again_rows.items() if "0.003" not in name} == {
-        name: at for name, at in finished_at.items() if "0.003" not in name
-    }
-    resumed = again_rows["optimizer.lr=0.003"]
-    assert (resumed["status"], resumed["epochs"], resumed["error"]) == ("completed", 4, None), resumed
-    assert resumed["final"] == rows["optimizer.lr=0.003"]["final"] and epochs(good) == [1, 2, 3, 4]  # none again
-    tried = sorted((tmp_path / "sweep" / "tune" / "tune").glob(f"trial_{resumed['index']}_*/result.json"))
-    latest = max(tried, key=lambda path: path.stat().st_mtime)  # the re-run's Tune trial: it got the final figures
-    [reported] = [json.loads(line) for line in latest.read_text().splitlines()]
-    assert reported["val_accuracy"] == resumed["final"] and reported["epoch"] == 4, reported  # final: the metric
+    for row in rows.values():  # the history of a stopped trial too, as it was when ASHA stopped it
+        assert epochs(Path(row["run_dir"])) == list(range(1, row["epochs"] + 1)) and world_sizes(row) == {1}, row
+    interrupted_best_trial_is_resumed_by_the_same_command(args, rows, tmp_path, workers)
 
     # best_config.yaml through the plain CLI is the best trial's run: the same run identity (a hash of everything
     # that can change the result), so pointed at that trial's run dir it finds it complete instead of training.
@@ -191,6 +177,67 @@ def test_asha_stops_weak_trials_and_best_config_reproduces_the_best(ray_address,
     assert f"Run already complete: 4 epochs, best val_accuracy {best['best']:.4f}" in again.stdout
 
 
+def interrupted_best_trial_is_resumed_by_the_same_command(args, rows, tmp_path, workers):
+    """The best trial as a Ctrl-C after its last epoch's checkpoint, before its summary, leaves it: "interrupted", no
+    summary.json. The identical command runs nothing else again. On workers that trial resumes from its last
+    checkpoint with nothing left to train, and Tune gets its final figures (without them it would fail the trial for
+    the missing metric); in local mode, which stores no checkpoint, it trains its 4 epochs again, to the same
+    figures."""
+    finished_at = {name: row["finished"] for name, row in rows.items()}
+    written = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    for row in written["trials"]:
+        row["status"] = "interrupted" if row["overrides"] == "optimizer.lr=0.003" else row["status"]
+    (tmp_path / "sweep" / "sweep_summary.json").write_text(json.dumps(written))
+    good = Path(rows["optimizer.lr=0.003"]["run_dir"])
+    (good / "summary.json").unlink()
+    rerun = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "4 trials; 3 already done in an earlier run of this sweep" in rerun.stdout
+    _, again_rows = rows_by_overrides(tmp_path / "sweep")
+    assert {name: row["finished"] for name, row in again_rows.items() if "0.003" not in name} == {
+        name: at for name, at in finished_at.items() if "0.003" not in name
+    }
+    resumed = again_rows["optimizer.lr=0.003"]
+    assert (resumed["status"], resumed["epochs"], resumed["error"]) == ("completed", 4, None), resumed
+    assert resumed["final"] == rows["optimizer.lr=0.003"]["final"] and epochs(good) == [1, 2, 3, 4]  # each once
+    tried = sorted((tmp_path / "sweep" / "tune" / "tune").glob(f"trial_{resumed['index']}_*/result.json"))
+    latest = max(tried, key=lambda path: path.stat().st_mtime)  # the re-run's Tune trial
+    reported = [json.loads(line) for line in latest.read_text().splitlines()]
+    assert [r["epoch"] for r in reported] == ([4] if workers else [1, 2, 3, 4]), reported
+    assert reported[-1]["val_accuracy"] == resumed["final"], reported  # final: the metric
+
+
+def test_an_optuna_sweep_of_local_mode_trials_draws_every_lr_inside_its_interval(ray_address, tmp_path):
+    """search_alg=optuna over a log interval, 3 trials two at a time, each training in its trial's own process (Ray
+    Train's local mode): Optuna draws 3 learning rates inside the interval, every trial's epochs reach Tune (the
+    sweep's summary) and metrics.jsonl, and the best is the best of them."""
+    args = [
+        "-m",
+        "hydra/sweeper=ray_tune",
+        "hydra.sweeper.search_alg=optuna",
+        "hydra.sweeper.num_samples=3",
+        "hydra.sweeper.max_concurrent_trials=2",
+        f"ray.address={ray_address}",
+        "model=mlp",
+        "scaling.num_workers=0",
+        "optimizer.lr=tag(log,interval(1e-4,1e-1))",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=3",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    rows = summary["trials"]
+    assert len(rows) == 3 and all((row["status"], row["epochs"]) == ("completed", 2) for row in rows), rows
+    lrs = [json.loads(Path(row["run_dir"], "job.json").read_text())["params"]["optimizer.lr"] for row in rows]
+    assert len(set(lrs)) == 3 and all(1e-4 <= lr <= 1e-1 for lr in lrs), lrs
+    for row in rows:
+        assert epochs(Path(row["run_dir"])) == [1, 2] and world_sizes(row) == {1}, row
+    assert summary["best"]["best"] == max(row["best"] for row in rows), summary["best"]
+
+
+@pytest.mark.long("a killed-sweep variant: Optuna's search in the gate is the local-mode Optuna sweep")
 def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials(ray_address, tmp_path, monkeypatch):
     """search_alg=optuna, one trial at a time. The sweep's driver is killed during its second trial; the identical
     command then tells Optuna the finished trial instead of re-running it, resumes the interrupted trial from its
@@ -259,6 +306,7 @@ def test_optuna_sweep_killed_mid_trial_resumes_without_rerunning_finished_trials
         assert typed.encode() not in content and from_env.encode() not in content, path
 
 
+@pytest.mark.long("a killed-sweep variant: PBT's exploits in the gate are PB2's")
 def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_address, tmp_path):
     """PBT over two trials, a good and a hopeless lr, perturbing every epoch: once both have a score, each report of
     the weaker trial continues the stronger one's checkpoint with an explored lr. The driver is killed once a trial
@@ -321,6 +369,7 @@ def test_pbt_exploits_continue_the_donors_state_and_a_killed_sweep_resumes(ray_a
     assert all(exploit in best_config for exploit in exploits[-1:]), best_config
 
 
+@pytest.mark.long("the gate's budget: HyperBand and BOHB run in the long tier only")
 def test_hyperband_stops_the_weaker_trial_of_a_bracket_and_continues_the_others(ray_address, tmp_path):
     """HyperBand over 2 epochs, reduction_factor 2: two brackets of two trials, added in the seeded start order
     (trials 2, 0, 1, 3). The first bracket trains its trials to the end; in the second, both train one epoch
@@ -357,6 +406,7 @@ def test_hyperband_stops_the_weaker_trial_of_a_bracket_and_continues_the_others(
         assert epochs(Path(row["run_dir"])) == list(range(1, row["epochs"] + 1)), row
 
 
+@pytest.mark.long("HyperBand's brackets in the gate are the HyperBand test's; BOHB adds its searcher")
 def test_bohb_searches_inside_hyperbands_brackets(ray_address, tmp_path):
     """BOHB (Tune's TuneBOHB in HyperBandForBOHB) over a drawn learning rate: 4 trials, BOHB's brackets largest
     first, so trials 0 and 1 race to epoch 1 and the weaker there stops; trials 2 and 3 train both epochs."""
@@ -392,6 +442,7 @@ def test_bohb_searches_inside_hyperbands_brackets(ray_address, tmp_path):
         assert epochs(Path(row["run_dir"])) == list(range(1, row["epochs"] + 1)), row
 
 
+@pytest.mark.long("the gate's budget: PBT and PB2 run in the long tier only")
 def test_pb2_explores_inside_the_intervals_bounds(ray_address, tmp_path):
     """PB2 (Tune's bandit PBT) over two drawn learning rates: the weaker trial continues the stronger one's
     checkpoint with a value the bandit picks inside the interval, and its steps continue the donor's."""
@@ -428,14 +479,15 @@ def test_pb2_explores_inside_the_intervals_bounds(ray_address, tmp_path):
 
 def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_address, tmp_path):
     """2 learning rates x 2 folds: each trial validates on its own fold; the summary gives each configuration's
-    mean and std over its folds, and best_config.yaml is the best mean's configuration on the usual split."""
+    mean and std over its folds, and best_config.yaml is the best mean's configuration on the usual split. Each
+    trial trains in its own process (Ray Train's local mode), two at a time, each process taking the next trial."""
     args = [
         "-m",
         "hydra/sweeper=ray_tune",
         "hydra.sweeper.max_concurrent_trials=2",
         f"ray.address={ray_address}",
         "model=mlp",
-        "scaling.num_workers=1",
+        "scaling.num_workers=0",  # each trial trains in its own process: Ray Train's local mode
         "optimizer.lr=3e-3,1e-6",
         "dataset.folds=2",
         "dataset.fold=range(0,2)",
@@ -473,6 +525,7 @@ def test_cross_validation_ranks_configurations_by_their_mean_over_the_folds(ray_
     assert "cross-validated: val_accuracy per configuration" in done.stdout
 
 
+@pytest.mark.long("a text variant: ASHA in the gate is the local-mode sweep, perplexity test_text's")
 def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rates(ray_address, tmp_path):
     """A causal LM's sweep (its runs: tests/integration/test_text.py): ASHA on val_perplexity, two trials at a time
     in ASHA's seeded start order (seed 0 starts this list's trials 2, 0, 1, 3: the two learning rates that learn

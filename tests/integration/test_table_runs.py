@@ -31,6 +31,7 @@ SPECIES = ["virginica", "setosa", "versicolor"]  # not in sorted order: the mapp
 DIGITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]  # sorted: another order
 
 
+@pytest.mark.long("tables in the gate: the own-data page's CSV, Parquet and list-column runs (test_docs)")
 def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_its_mapping(ray_address, tmp_path):
     rng = np.random.default_rng(0)
     rows = [(i % 3, *(rng.normal(size=3) + 2.5 * (i % 3)).round(3)) for i in range(150)]
@@ -99,6 +100,7 @@ def test_a_csv_with_string_classes_trains_over_two_workers_and_evaluates_with_it
     assert [round(v, 5) for _, v in scalars["test_accuracy"]] == [round(tested["test_accuracy"], 5)]
 
 
+@pytest.mark.long("a second table road: tables in the gate are the CSV run")
 def test_digits_in_one_vector_column_file_train_on_both_roads_and_validate_the_same_rows(ray_address, tmp_path):
     """The digits as one Parquet file, as Ray Data's write_parquet or pandas write them: each row's 64 pixels in
     one list column, the class by name, a text key. Above dataset.memory_limit_mb the file streams through Ray Data

@@ -133,6 +133,7 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
         assert torch.allclose(adapted(input_ids=ids).logits, trained(input_ids=ids).logits, atol=1e-6)
 
 
+@pytest.mark.long("a SIGTERM variant: preemption is test_resume's, LoRA through a kill this file's")
 def test_sigterm_preempts_a_lora_run_mid_epoch_and_the_same_config_resumes_it_exactly(ray_address, text_run, tmp_path):
     """SIGTERM to the driver (this process) once epoch 1 is written, in a LoRA run on 2 workers whose rows Ray Data
     tokenized (5 optimizer steps an epoch, 0.5 s each): every worker stops at the same step, checkpointed, status
@@ -163,6 +164,7 @@ def test_sigterm_preempts_a_lora_run_mid_epoch_and_the_same_config_resumes_it_ex
         assert torch.allclose(tensor, adapters[name], rtol=1e-9, atol=1e-10), name
 
 
+@pytest.mark.long("the driver's tokenization in the gate: every text test; Ray Data's, the gate's budget")
 def test_ray_data_tokenizes_a_mixed_folder_as_the_driver_does_in_file_order(ray_address, text_run, tmp_path):
     """dataset.tokenize=ray_data: a folder of JSON lines and Parquet files, and chat rows with a validation file,
     tokenized by Ray Data's actor pool give the splits text() gives in this process, row for row and in the files'
@@ -290,6 +292,7 @@ def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_ser
     assert server.process.returncode == 0, server.errors.read_text()[-3000:]
 
 
+@pytest.mark.long("FSDP in the gate is the GAN in bf16, LoRA the kill test here")
 def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_adapter(ray_address, text_run, tmp_path):
     """GPT-2 with LoRA adapters and gradient checkpointing, sharded by FSDP2 over 2 workers (its blocks' units),
     stepped by optimizer=adamw (fused: one kernel over each rank's shards, the frozen weights among them): the

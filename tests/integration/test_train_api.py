@@ -83,6 +83,7 @@ def reservable_cpus(expected: int, timeout: float = 240) -> float:
         ray.get(coordinator.cancel_request.remote(probe))
 
 
+@pytest.mark.long("the gate's budget: elastic sizing runs in the long tier only (4 workers of resnet18)")
 @pytest.mark.workers
 @pytest.mark.idle_cluster
 @pytest.mark.slow

@@ -52,6 +52,7 @@ def _difference(run, reference):
     return metrics, max((weights[k].double() - reference_weights[k].double()).abs().max().item() for k in weights)
 
 
+@pytest.mark.long("exactness over workers and accumulation in the gate: test_text's loss test")
 @pytest.mark.slow
 @pytest.mark.workers
 def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(ray_address, ddp_float64_run, tmp_path):
@@ -102,6 +103,7 @@ def test_the_result_does_not_depend_on_the_worker_count_accumulation_or_the_day(
             assert abs(correct - round(correct)) < 1e-6
 
 
+@pytest.mark.long("bf16 in the gate: test_fsdp's GAN; these switches: the gate's budget")
 @pytest.mark.workers
 def test_bf16_with_the_speed_worker_and_profiling_switches(ray_address, tmp_path):
     probe = tmp_path / "probe.json"

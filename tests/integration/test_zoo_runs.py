@@ -56,6 +56,7 @@ def test_a_zoo_target_on_the_command_line_trains_with_the_zoos_own_argument_name
     assert_trained_4_steps(json.loads((tmp_path / "run" / "summary.json").read_text()), world_size=1)
 
 
+@pytest.mark.long("the zoo in the gate: the CLI runs above and tests/unit/test_zoo.py")
 @pytest.mark.workers
 def test_the_shipped_zoo_options_take_the_datasets_classes_and_channels(ray_address, tmp_path):
     zoos = (
