@@ -13,13 +13,33 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hydra_raytrain.sweep.job import Job
 
 TRIAL_FILE = "trial.json"
+
+
+def trains_in_trial(jobs: Sequence[Job], scheduler: str) -> bool:
+    """Whether a trial of the sweep trains in its own process (``scaling.num_workers=0``: Ray Train's local mode,
+    no worker group to start), which then holds a CPU; otherwise it only waits on its workers. Refused under a
+    ``scheduler`` that continues trials from their checkpoints, of which local mode stores none."""
+    from hydra_raytrain.config import ConfigError
+    from hydra_raytrain.sweep.settings import PAUSING
+
+    local = any(job.cfg.scaling.num_workers == 0 for job in jobs)
+    if local and scheduler in PAUSING:
+        raise ConfigError(
+            "scaling.num_workers",
+            0,
+            f"{scheduler} continues a trial from its checkpoint (it pauses or clones trials), and Ray Train's local "
+            "mode stores none.",
+            "scaling.num_workers >= 1 for this scheduler, or hydra.sweeper.scheduler=asha or fifo for trials in "
+            "local mode",
+        )
+    return local
 
 
 def run_trial(
@@ -33,14 +53,11 @@ def run_trial(
     hidden: dict[tuple[Any, ...], Any] | None = None,
     tokenized: dict[str, Any] | None = None,  # the sweep's text, tokenized once for its trials, by dataset
 ) -> None:
-    from omegaconf import OmegaConf
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from hydra_raytrain import rundir
     from hydra_raytrain.config.redact import redact_text
     from hydra_raytrain.data.tokenized_ray import key_of
-    from hydra_raytrain.driver.epoch_log import EpochReportsOnly
     from hydra_raytrain.driver.run import train
     from hydra_raytrain.sweep.search import read_job
 
@@ -67,9 +84,22 @@ def run_trial(
 
         run_segment(config, job, segment, compose)
         return
+    _train_reporting_to_tune(job, run_dir, text)
+
+
+def _train_reporting_to_tune(job: Job, run_dir: str, text: Any) -> None:
+    """The trial's run, each epoch reported to Tune. On workers Ray Train's controller reports them (Tune's
+    ``TuneReportCallback``, through Tune's queue between the two actors); in Ray Train's local mode this thread
+    trains, and reports them itself."""
+    from omegaconf import OmegaConf
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from hydra_raytrain import rundir
+    from hydra_raytrain.driver.epoch_log import EpochReportsOnly
+    from hydra_raytrain.driver.run import train
+
     epochs_before = len(rundir.read_history(run_dir))
-    # In Ray Train's local mode this thread trains: it reports to Tune itself (a worker group's reports reach Tune
-    # from Ray Train's controller, through Tune's queue between the two actors).
     local = job.cfg.scaling.num_workers == 0
     to_tune = TuneReports() if local else TuneReportCallback()
     with _train_apis_in_this_trial() if local else contextlib.nullcontext():

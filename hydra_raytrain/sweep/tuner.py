@@ -46,7 +46,7 @@ from hydra_raytrain.sweep.search import (
 )
 from hydra_raytrain.sweep.settings import EVOLVING, PAUSING, SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
-from hydra_raytrain.sweep.trial import run_trial
+from hydra_raytrain.sweep.trial import run_trial, trains_in_trial
 
 # Tune's console output off (with verbose=0 its new output still prints a "Configuration for experiment" box and
 # a TensorBoard hint into Ray's temp folder): the sweep prints its own plan line and summary table.
@@ -245,16 +245,7 @@ def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets
         cluster.resource_request(job.cfg.scaling, streamed_cpus(job.cfg.dataset, datasets)) for job in plan.probes
     ]
     largest = max(requests, key=lambda r: r.total.get("CPU", 0) + r.total.get("GPU", 0))
-    local = trains_in_trial(plan)
-    if local and settings.scheduler in PAUSING:
-        raise ConfigError(
-            "scaling.num_workers",
-            0,
-            f"{settings.scheduler} continues a trial from its checkpoint (it pauses or clones trials), and Ray "
-            "Train's local mode stores none.",
-            "scaling.num_workers >= 1 for this scheduler, or hydra.sweeper.scheduler=asha or fifo for trials in "
-            "local mode",
-        )
+    local = trains_in_trial(plan.probes, settings.scheduler)
     # A stopped trial in local mode ends with its process: no worker group's placement group to free.
     stopped_groups = not all(job.cfg.scaling.num_workers == 0 for job in plan.probes)
     ray_cfg, stops = plan.probes[0].cfg.ray, settings.scheduler in ("asha", *PAUSING) and stopped_groups
@@ -283,12 +274,6 @@ def size_cluster(plan: Trials, settings: SweepSettings, sweep_dir: str, datasets
     return concurrent
 
 
-def trains_in_trial(plan: Trials) -> bool:
-    """Whether a trial of this sweep trains in its own process (``scaling.num_workers=0``: Ray Train's local mode,
-    one process and no worker group to start), which then holds a CPU; otherwise it only waits on its workers."""
-    return any(job.cfg.scaling.num_workers == 0 for job in plan.probes)
-
-
 def run_trials(
     plan: Trials,
     settings: SweepSettings,
@@ -301,8 +286,7 @@ def run_trials(
     the trials it started that Tune did not end (the sweep was interrupted)."""
     from ray import tune
 
-    metric, mode = objective
-    local = trains_in_trial(plan)
+    (metric, mode), local = objective, trains_in_trial(plan.probes, settings.scheduler)
     space = parameter_space(plan.arguments)[1] if settings.scheduler in EVOLVING else {}  # PBT's mutations
     scheduler = _scheduler(plan, settings, space)
     searcher = _search(plan, settings, compose, objective, concurrent)
