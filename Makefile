@@ -2,7 +2,7 @@
 # make test    -> the same virtualenv, then make lint and the gate: every test but the long tier (PYTEST_ARGS="-k sampler")
 # make test-long -> the long tier (tests marked long: the variants of capabilities the gate already runs end to end)
 # make test-all -> make lint, then both tiers
-# make test-fast -> the unit tier only (no Ray cluster), in under 90 seconds
+# make test-fast -> the unit tier only (no Ray cluster), in one to two minutes
 # make lint    -> ruff (lint + format check) and mypy on the package
 PYTHON ?= python3
 VENV   := .venv
