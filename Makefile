@@ -28,17 +28,26 @@ lint: install
 	$(BIN)/mypy
 
 # --durations: the slowest tests at the end of every run, so that a gate growing past its budget shows where.
+# The unit tier starts no cluster and runs on every core (pytest-xdist); the integration tier shares one Ray cluster
+# that already uses them all, so it runs in one process.
+# PYTEST_ARGS reach both (-k, -x; -n 0 for --pdb); pytest's exit 5, no test of a tier selected, is not a failure.
+UNIT        := $(BIN)/python -m pytest tests/unit -n auto --dist worksteal --durations=15
+INTEGRATION := $(BIN)/python -m pytest tests/integration --durations=15
+SELECTED    := || [ $$? -eq 5 ]
+
 test: lint
-	$(BIN)/python -m pytest -m "not long" --durations=15 $(PYTEST_ARGS)
+	$(UNIT) -m "not long" $(PYTEST_ARGS) $(SELECTED)
+	$(INTEGRATION) -m "not long" $(PYTEST_ARGS) $(SELECTED)
 
 test-long: install
 	$(BIN)/python -m pytest -m long --durations=15 $(PYTEST_ARGS)
 
 test-all: lint
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+	$(UNIT) $(PYTEST_ARGS) $(SELECTED)
+	$(INTEGRATION) $(PYTEST_ARGS) $(SELECTED)
 
 test-fast: install
-	$(BIN)/python -m pytest tests/unit -m "not slow" $(PYTEST_ARGS)
+	$(UNIT) -m "not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/throughput.py
