@@ -311,12 +311,11 @@ def test_every_n_minutes_checkpoints_mid_epoch_and_a_corrupt_newest_checkpoint_f
 
 
 def test_an_error_that_would_repeat_is_not_retried_and_the_summary_says_why(ray_address, tmp_path):
-    """A shape mismatch in the training step, with 3 retries allowed: one attempt, not four."""
+    """A shape mismatch in the training step, with 3 retries allowed: one attempt, not four (on 1 worker: the
+    failure is classified per worker, so a second one adds nothing but its start-up)."""
+    overrides = ("debug=smoke", "scaling.num_workers=1", "failure.max_failures=3")
     with pytest.raises(TrainingFailed) as caught:
-        train(
-            compose_config("debug=smoke", "failure.max_failures=3", "task._target_=tests.helpers.tasks.ShapeMismatch"),
-            run_dir=str(tmp_path),
-        )
+        train(compose_config(*overrides, "task._target_=tests.helpers.tasks.ShapeMismatch"), run_dir=str(tmp_path))
     message = str(caught.value)
     assert "worker 0: RuntimeError: mat1 and mat2 shapes cannot be multiplied" in message, message
     assert "not retried: worker 0's error would repeat (matches failure.not_retried" in message

@@ -15,11 +15,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
 
 def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
+    """On 1 worker: every rank's share reaching storage is test_resume's (2 workers); this one is about S3."""
     pyarrow.fs.S3FileSystem(endpoint_override=s3_endpoint, allow_bucket_creation=True).create_dir("runs-bucket")
     overrides = [
         "storage.path=s3://runs-bucket/team",
         "storage.name=s3run",
         "debug=smoke",
+        "scaling.num_workers=1",
         "trainer.limit_val_batches=null",
         "dataset.test_fraction=0.1",
     ]
@@ -28,7 +30,7 @@ def test_s3_storage_round_trip(ray_address, s3_endpoint, tmp_path):
     assert summary["storage"] == "s3://runs-bucket/team/s3run"
     s3, _ = pyarrow.fs.FileSystem.from_uri("s3://runs-bucket")
     stored = {info.path for info in s3.get_file_info(pyarrow.fs.FileSelector("runs-bucket/team/s3run", recursive=True))}
-    assert {"runs-bucket/team/s3run/epoch_0001/model.pt", "runs-bucket/team/s3run/epoch_0002/rng_rank1.pt"} <= stored
+    assert {"runs-bucket/team/s3run/epoch_0001/model.pt", "runs-bucket/team/s3run/epoch_0002/rng_rank0.pt"} <= stored
     # The second command resumed the first's checkpoint from S3: it trained epoch 2 only.
     assert [json.loads(line)["epoch"] for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()] == [
         2

@@ -214,12 +214,11 @@ def test_ray_data_tokenizes_a_mixed_folder_as_the_driver_does_in_file_order(ray_
     assert any("dataset.max_length=24 cut" in message for message in said["a mixed folder"])
 
 
-def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_serve_complete_them(
-    ray_address, text_run, tmp_path
-):
-    """20 prompt -> code pairs learned on 2 workers (the samples the task writes say so); then, offline: the
-    exported Hugging Face folder loads with transformers' own Auto classes and generates each code greedily;
-    predict writes each prompt's completion beside its id; serve answers them over HTTP."""
+def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_them(ray_address, text_run, tmp_path):
+    """20 prompt -> code pairs learned in Ray Train's local mode (what is asserted is the finished run; the loss on
+    workers is the exactness test's), the samples the task writes say so; then, offline: the exported Hugging Face
+    folder loads with transformers' own Auto classes and generates each code greedily; predict (Ray Data on the
+    session's cluster) writes each prompt's completion beside its id; serve answers them over HTTP."""
     import os
     import subprocess
     import sys
@@ -239,7 +238,7 @@ def test_a_tiny_llama_memorises_20_pairs_on_2_workers_and_export_predict_and_ser
     learn = (
         f"dataset.path={data}",
         f"dataset.val_path={pairs}",
-        "scaling.num_workers=2",
+        "scaling.num_workers=0",
         "trainer.max_epochs=12",
         "trainer.batch_size=16",
         "trainer.precision=32",

@@ -42,10 +42,13 @@ def weights_on_meta():
 
 
 def one_step(model, channels, side=32):
-    """One optimizer step on a batch of 4; the logits' shape."""
+    """One optimizer step on a batch of 4; the logits' shape. Every parameter gets a gradient: none is unused, which
+    DDP would otherwise have to be told (the zoo's integration runs train in local mode on that ground)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     logits = model(torch.randn(4, channels, side, side))
     torch.nn.functional.cross_entropy(logits, torch.randint(0, 10, (4,))).backward()
+    unused = [name for name, parameter in model.named_parameters() if parameter.grad is None]
+    assert not unused, unused
     optimizer.step()
     return tuple(logits.shape)
 
