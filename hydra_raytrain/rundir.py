@@ -15,6 +15,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 MODEL_FILE = "model.pt"
 CONFIG_FILE = "config.json"  # the resolved config, in the run dir and in every checkpoint
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # dataset.chat_template's text, as the run trained with it
 SAMPLES_FILE = "samples.jsonl"  # a task's samples after each epoch (task=causal_lm: its prompts' completions)
 
 

@@ -18,6 +18,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +51,7 @@ class CausalLM(Task):
         if self.supervised_logits_only:  # the collate's, made on the host: nothing waits for the GPU
             positions = batch["supervised"] if "supervised" in batch else supervised_positions(labels)
         with supervised_head(model, labels.shape, positions):
-            output = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"))
+            output = model(**inputs_of(batch))
         logits = output.logits
         if logits.dim() == 2 and positions is not None:  # the head ran on the supervised positions alone
             targets = labels.reshape(-1).index_select(0, positions + 1)
@@ -75,6 +76,15 @@ class CausalLM(Task):
         with open(os.path.join(run_dir, SAMPLES_FILE), "a") as out:
             for prompt, completion in zip(self.prompts, completions, strict=True):
                 out.write(json.dumps({"epoch": epoch, "prompt": prompt, "completion": completion}) + "\n")
+
+
+def inputs_of(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The model's inputs: the ids and the padding mask; for packed rows (``data/packing.py``) the ids, the positions
+    restarting at each document and no mask (transformers keeps the documents apart from the positions, and builds
+    no cache: a cache turns that off)."""
+    if "position_ids" in batch:
+        return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+    return {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
 
 
 @contextlib.contextmanager

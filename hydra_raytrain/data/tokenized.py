@@ -4,8 +4,9 @@ labels, the labels of what is not learned masked (``IGNORE``, which the loss ski
 ``format``:
 - ``text``: every token is supervised (continued pre-training on documents);
 - ``prompt_completion``: the prompt is read, the completion (and the end-of-sequence token) learned;
-- ``messages``: a conversation (a list of ``{role, content}``) rendered by the tokenizer's chat template, its
-  assistant turns learned.
+- ``messages``: a conversation (a list of ``{role, content}``) rendered by the tokenizer's chat template (or the
+  Jinja file ``chat_template`` names: saved with the run, and what its export's tokenizer renders), its assistant
+  turns learned: every one (``train_on=all_assistant``) or the last (``last_assistant``).
 
 Rows longer than ``max_length`` tokens are cut (counted and said); a row left with no supervised token is
 dropped (counted and said); batches are padded to their longest row (``TokenizedRows.collate``). The splits
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -29,6 +31,7 @@ from hydra_raytrain.data.files import absolute_location, filesystem_of, listing
 from hydra_raytrain.data.splits import Splits, check_fractions, split_indices
 
 FORMATS = ("text", "prompt_completion", "messages")
+TRAIN_ON = ("all_assistant", "last_assistant")  # dataset.train_on: which assistant turns a conversation learns
 IGNORE = -100  # a label the loss skips (torch's cross_entropy ignore_index)
 SUFFIXES = (".jsonl", ".json", ".parquet")
 TOKENIZERS = ("auto", "ray_data", "driver")  # dataset.tokenize: who tokenizes a run's rows
@@ -62,10 +65,13 @@ class TokenizedRows(Dataset):
     @property
     def longest(self) -> int:
         """The most tokens a row holds."""
+        return int(self.lengths().max(initial=0))
+
+    def lengths(self) -> np.ndarray:
+        """Each row's tokens, in row order."""
         if not self.chunks:
-            return 0
-        lengths = np.concatenate([np.diff(offsets) for _, _, offsets in self.chunks])
-        return int(lengths[self.rows].max(initial=0))
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.diff(offsets) for _, _, offsets in self.chunks])[self.rows]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not -len(self) <= index < len(self):
@@ -119,23 +125,30 @@ def text(
     fold: int = 0,
     tokenize: str = "auto",
     sample: int | None = None,
+    packing: bool = False,
+    chat_template: str | None = None,
+    train_on: str = "all_assistant",
 ) -> Splits:
     """The splits of the rows at ``path`` (and ``val_path`` / ``test_path``), tokenized here by ``tokenizer``'s
     tokenizer. ``columns`` renames the columns a format reads (``{prompt: question, completion: answer}``).
     ``tokenize``: who tokenizes a run's rows (``data/tokenized_ray.py``): ``ray_data``, ``driver``, or ``auto``
     (Ray Data for file sets over 64 MiB). ``sample``: the checks before Ray starts read the first rows of each file
-    set, that many at most (nothing said of cuts)."""
+    set, that many at most (nothing said of cuts). ``packing``: rows packed into sequences of ``max_length`` tokens,
+    documents kept apart (``data/packing.py``). ``chat_template``: a Jinja file that replaces the tokenizer's
+    template, or the template itself (:func:`chat_template_of`); ``train_on``: which assistant turns are learned
+    (:data:`TRAIN_ON`)."""
     if tokenize not in TOKENIZERS:
         raise ConfigError("dataset.tokenize", tokenize, "unknown.", ", ".join(TOKENIZERS))
-    loaded, names = checked(tokenizer, format, max_length, columns)
-    tokenizing = Tokenize(loaded, format, names, max_length)
+    loaded, names = checked(tokenizer, format, max_length, columns, chat_template, train_on)
+    tokenizing = Tokenize(loaded, format, names, max_length, train_on)
     chunks, kept = {}, {}
     for source, where in sources(path, val_path, test_path).items():
         key = f"dataset.{source}"
         pairs, cut, learned = tokenizing.cut(read_rows(where, list(names.values()), key, sample))
         report(key, format, max_length, cut, learned, sampled=sample is not None)
         chunks[source], kept[source] = [chunk_of(pairs)], np.flatnonzero(learned)
-    return assemble(chunks, pick(kept, val_fraction, test_fraction, split_seed, folds, fold), loaded.pad_token_id)
+    picked = pick(kept, val_fraction, test_fraction, split_seed, folds, fold)
+    return assemble(chunks, picked, loaded.pad_token_id, max_length if packing else None)
 
 
 def is_text(node: Mapping[str, Any]) -> bool:
@@ -151,8 +164,10 @@ def is_text(node: Mapping[str, Any]) -> bool:
 def check_positions(max_length: Any, splits: Any, models: Mapping[str, Any]) -> None:
     """Text rows no longer than the models' positions (GPT-2's 1,024): refused by name, not an index error in the
     embeddings. Checked before Ray starts on the first rows, and by each worker on all of them."""
+    from hydra_raytrain.data.packing import PackedRows  # its documents' positions restart: their longest counts
+
     parts: list[Any] = [getattr(splits, name, None) for name in ("train", "val", "test")]
-    longest = max((part.longest for part in parts if isinstance(part, TokenizedRows)), default=0)
+    longest = max((part.longest for part in parts if isinstance(part, (TokenizedRows, PackedRows))), default=0)
     for model in models.values():
         limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         if isinstance(limit, int) and longest > limit:
@@ -162,22 +177,56 @@ def check_positions(max_length: Any, splits: Any, models: Mapping[str, Any]) -> 
             )  # fmt: skip
 
 
-def checked(tokenizer: str, format: str, max_length: int, columns: dict[str, str] | None) -> tuple[Any, dict[str, str]]:
-    """The tokenizer, loaded, and the columns the format reads (renamed by ``columns``); a ConfigError for a format,
-    a length or a tokenizer that cannot serve."""
+def checked(
+    tokenizer: str,
+    format: str,
+    max_length: int,
+    columns: dict[str, str] | None,
+    chat_template: str | None = None,
+    train_on: str = "all_assistant",
+) -> tuple[Any, dict[str, str]]:
+    """The tokenizer, loaded (its chat template replaced by ``chat_template``'s file when given), and the columns
+    the format reads (renamed by ``columns``); a ConfigError for a format, a length, a template or a tokenizer that
+    cannot serve."""
     from hydra_raytrain.models.text import load_tokenizer
 
     if format not in FORMATS:
         raise ConfigError("dataset.format", format, "unknown format.", ", ".join(FORMATS))
     if max_length < 2:
         raise ConfigError("dataset.max_length", max_length, "a row needs at least 2 tokens to learn one.")
+    if train_on not in TRAIN_ON:
+        raise ConfigError("dataset.train_on", train_on, "unknown.", ", ".join(TRAIN_ON))
+    if chat_template is not None and format != "messages":
+        raise ConfigError(
+            "dataset.chat_template", chat_template, f"dataset.format={format} renders no chat template.",
+            "dataset.format=messages, or dataset.chat_template=null",
+        )  # fmt: skip
     loaded = load_tokenizer(tokenizer, "dataset.tokenizer")
+    if chat_template is not None:
+        loaded.chat_template = chat_template_of(chat_template)
     if format == "messages" and not loaded.chat_template:
         raise ConfigError(
             "dataset.format", format, f"the tokenizer at {tokenizer} has no chat template.",
             "a tokenizer with a chat template (its tokenizer_config.json's), or dataset.format=prompt_completion",
         )  # fmt: skip
     return loaded, {**default_columns(format), **(columns or {})}
+
+
+def chat_template_of(value: str, cwd: str = ".") -> str:
+    """``dataset.chat_template``'s template: the Jinja file a path names (against ``cwd``), or the template itself.
+    The driver puts the file's text in the run's config (``embed_chat_template``): the workers on every node, Ray
+    Data's actors, the checkpoints and what loads them (export, predict, serve) render with what the run read."""
+    from hydra_raytrain.models.text import read_chat_template
+
+    if "{{" in value or "{%" in value:
+        return value
+    return read_chat_template(os.path.join(cwd, os.path.expanduser(value)), "dataset.chat_template")
+
+
+def embed_chat_template(node: dict[str, Any], cwd: str) -> None:
+    """A text dataset config's ``chat_template`` file replaced by its text, in place (see :func:`chat_template_of`)."""
+    if is_text(node) and isinstance(node.get("chat_template"), str):
+        node["chat_template"] = chat_template_of(node["chat_template"], cwd)
 
 
 def sources(path: str, val_path: str | None, test_path: str | None) -> dict[str, str]:
@@ -230,9 +279,16 @@ def pick(
     return picked
 
 
-def assemble(chunks: dict[str, list[Chunk]], picked: dict[str, tuple[str, np.ndarray]], pad_id: int) -> Splits:
-    """The splits ``pick`` chose, over each file set's chunks."""
-    part = {name: TokenizedRows(chunks[source], rows, pad_id) for name, (source, rows) in picked.items()}
+def assemble(
+    chunks: dict[str, list[Chunk]], picked: dict[str, tuple[str, np.ndarray]], pad_id: int, pack_to: int | None = None
+) -> Splits:
+    """The splits ``pick`` chose, over each file set's chunks; packed into sequences of ``pack_to`` tokens when
+    given (``data/packing.py``)."""
+    from hydra_raytrain.data.packing import packed
+
+    part = {
+        name: packed(TokenizedRows(chunks[source], rows, pad_id), pack_to) for name, (source, rows) in picked.items()
+    }
     return Splits(part["train"], part["val"], part.get("test"))
 
 
@@ -311,10 +367,14 @@ def collector_paused() -> Iterator[None]:
 
 
 class Tokenize:
-    """Rows of one format to ``(input_ids, labels)`` arrays, cut at ``max_length``."""
+    """Rows of one format to ``(input_ids, labels)`` arrays, cut at ``max_length``; a conversation's assistant turns
+    learned as ``train_on`` says."""
 
-    def __init__(self, tokenizer: Any, format: str, columns: dict[str, str], max_length: int):
+    def __init__(
+        self, tokenizer: Any, format: str, columns: dict[str, str], max_length: int, train_on: str = "all_assistant"
+    ):
         self.tokenizer, self.format, self.columns, self.max_length = tokenizer, format, columns, max_length
+        self.train_on = train_on
 
     def cut(self, rows: list[dict[str, Any]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
         """Each row's ids and labels cut at ``max_length``; which rows were cut; which supervise a token (the first
@@ -360,8 +420,8 @@ class Tokenize:
         return [self._conversation(row[self.columns["messages"]]) for row in rows]
 
     def _conversation(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        """The whole conversation's ids; supervised: each assistant turn, what the template adds after the
-        conversation up to it with the generation prompt."""
+        """The whole conversation's ids; supervised: each assistant turn learned (``train_on``), what the template
+        adds after the conversation up to it with the generation prompt."""
 
         def render(turns: list[dict[str, Any]], prompt: bool) -> list[int]:  # fmt: skip
             rendered = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=prompt)
@@ -369,16 +429,17 @@ class Tokenize:
 
         ids = render(messages, False)
         labels = [IGNORE] * len(ids)
-        for index, message in enumerate(messages):
-            if message.get("role") != "assistant":
-                continue
+        turns = [index for index, message in enumerate(messages) if message.get("role") == "assistant"]
+        for index in turns[-1:] if self.train_on == "last_assistant" else turns:
             before, through = render(messages[:index], True), render(messages[: index + 1], False)
             if ids[: len(before)] != before or ids[: len(through)] != through:
                 raise ConfigError(
-                    "dataset.format", "messages", "the tokenizer's chat template renders a conversation's earlier "
-                    "turns otherwise once later turns follow (or its tokens merge across turns): the assistant "
-                    "turns cannot be found in the whole conversation's tokens.",
-                    "a template that renders each turn alike whatever follows, or prompt_completion rows",
+                    "dataset.train_on", self.train_on, f"the chat template renders assistant turn {index} of a "
+                    "conversation otherwise once later turns follow (a template that drops earlier turns' "
+                    "reasoning, as Qwen3's does, or tokens that merge across turns): the turn cannot be found in "
+                    "the whole conversation's tokens.",
+                    "dataset.train_on=last_assistant (the last turn alone, rendered as it is at inference), or "
+                    "dataset.chat_template=PATH, a training template that renders every turn alike whatever follows",
                 )  # fmt: skip
             labels[len(before) : len(through)] = ids[len(before) : len(through)]
         return ids, labels

@@ -53,11 +53,13 @@ HUB_SETTINGS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "HF_HUB_CAC
 @dataclass(frozen=True)
 class TokenizedBlocks:
     """A run's tokenized text in Ray's object store: each file set's blocks (``sources``' keys), the rows each split
-    takes (``pick``'s: its file set and the rows' numbers across its blocks) and the padding id."""
+    takes (``pick``'s: its file set and the rows' numbers across its blocks), the padding id and the length of a
+    pack (``dataset.packing``; None: not packed), each worker packing its splits alike."""
 
     blocks: dict[str, list[Any]]  # source -> ObjectRefs of pyarrow Tables: input_ids, labels (list<int32>)...
     picked: dict[str, tuple[str, np.ndarray]]  # train / val / test -> (source, row numbers)
     pad_id: int
+    pack_to: int | None = None
 
     def splits(self) -> Splits:
         """The splits, over the blocks read in place."""
@@ -67,15 +69,15 @@ class TokenizedBlocks:
             source: [chunk for table in ray.get(refs) for chunk in chunks_of_table(table)]
             for source, refs in self.blocks.items()
         }
-        return assemble(chunks, self.picked, self.pad_id)
+        return assemble(chunks, self.picked, self.pad_id, self.pack_to)
 
 
 class TokenizeBatch:
     """``map_batches``' callable class: one tokenizer per actor, loaded when the actor starts."""
 
-    def __init__(self, tokenizer: str, format: str, columns: dict[str, str], max_length: int):
-        loaded, _ = checked(tokenizer, format, max_length, columns)
-        self.tokenize = Tokenize(loaded, format, columns, max_length)
+    def __init__(self, tokenizer: str, format: str, columns: dict[str, str], max_length: int, **conversation: Any):
+        loaded, _ = checked(tokenizer, format, max_length, columns, **conversation)
+        self.tokenize = Tokenize(loaded, format, columns, max_length, conversation.get("train_on", "all_assistant"))
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
@@ -188,10 +190,12 @@ def tokenize_on_ray(node: Mapping[str, Any], actors: int | None = None) -> Token
     import ray
 
     given = arguments(node)
-    loaded, names = checked(given["tokenizer"], given["format"], given["max_length"], given["columns"])
+    conversation = {"chat_template": given["chat_template"], "train_on": given["train_on"]}
+    loaded, names = checked(given["tokenizer"], given["format"], given["max_length"], given["columns"], **conversation)
     actors = actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
     tokenizer = os.path.abspath(given["tokenizer"]) if os.path.isdir(given["tokenizer"]) else given["tokenizer"]
     tokenize = dict(tokenizer=tokenizer, format=given["format"], columns=names, max_length=given["max_length"])
+    tokenize.update(conversation)
     blocks, kept = {}, {}
     for source, where in sources(given["path"], given["val_path"], given["test_path"]).items():
         key = f"dataset.{source}"
@@ -200,7 +204,7 @@ def tokenize_on_ray(node: Mapping[str, Any], actors: int | None = None) -> Token
         blocks[source], kept[source] = refs, np.flatnonzero(learned)
     fractions = given["val_fraction"], given["test_fraction"]
     picked = pick(kept, *fractions, given["split_seed"], given["folds"], given["fold"])
-    return TokenizedBlocks(blocks, picked, loaded.pad_token_id)
+    return TokenizedBlocks(blocks, picked, loaded.pad_token_id, given["max_length"] if given["packing"] else None)
 
 
 def _tokenized(

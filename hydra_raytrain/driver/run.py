@@ -439,8 +439,14 @@ def _tracked_logs(run_dir: str, test: dict[str, Any] | None) -> tuple[list[dict[
 
 def _run_files(run_dir: str, model: str | None = None) -> list[str]:
     """What a tracker keeps of a completed run: ``model.pt`` (``model``, else the run dir's), ``curves.png``,
-    ``config.json``, ``summary.json``, and a task's ``samples.jsonl`` where it wrote one."""
-    names = (report.CURVES_FILE, rundir.CONFIG_FILE, rundir.SUMMARY_FILE, rundir.SAMPLES_FILE)
+    ``config.json``, ``summary.json``, a task's ``samples.jsonl`` and the run's chat template where it has them."""
+    names = (
+        report.CURVES_FILE,
+        rundir.CONFIG_FILE,
+        rundir.SUMMARY_FILE,
+        rundir.SAMPLES_FILE,
+        rundir.CHAT_TEMPLATE_FILE,
+    )
     paths = [model or os.path.join(run_dir, rundir.MODEL_FILE), *(os.path.join(run_dir, n) for n in names)]
     return [path for path in paths if os.path.exists(path)]
 
@@ -487,6 +493,10 @@ def _write_config(run_dir: str, cfg: DictConfig, saved: dict[str, Any]) -> None:
     if not os.path.exists(os.path.join(run_dir, ".hydra", "config.yaml")):
         _save_composed(run_dir, cfg)
     rundir.write_json(os.path.join(run_dir, rundir.CONFIG_FILE), saved)
+    template = (saved.get("dataset") or {}).get("chat_template")
+    if template:  # the template the run reads (its config holds the text): a file to read beside the config
+        with open(os.path.join(run_dir, rundir.CHAT_TEMPLATE_FILE), "w", encoding="utf-8") as file:
+            file.write(template)
 
 
 def redact_hydra_files(run_dir: str) -> None:

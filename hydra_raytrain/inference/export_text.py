@@ -33,14 +33,14 @@ def is_text(cfg: dict[str, Any]) -> bool:
 
 def export_text(run: str, finished: FinishedRun, format: str, output: str | None, tolerance: float) -> dict[str, Any]:
     """Write the run's model as ``format``'s folder, loaded back and compared; returns its description."""
-    from hydra_raytrain.models.text import load_tokenizer
+    from hydra_raytrain.models.text import run_tokenizer
 
     cfg = finished.config
     adapters = (cfg.get("peft") or {}).get("method", "none") != "none"
     if format == "peft" and not adapters:
         raise ConfigError("--format", format, "this run trained no adapters (peft=none).", "--format hf")
     model = finished.load_model()
-    tokenizer = load_tokenizer(cfg["model"].get("tokenizer") or cfg["model"].get("path"))
+    tokenizer = run_tokenizer(cfg)  # with the chat template the run trained with
     path = os.path.abspath(output or os.path.join(run, "export", FOLDERS[format]))
     partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -21,12 +21,11 @@ class Completer:
 
         from hydra_raytrain.inference.evaluate import load_model
         from hydra_raytrain.inference.finished import FinishedRun
-        from hydra_raytrain.models.text import load_tokenizer
+        from hydra_raytrain.models.text import run_tokenizer
 
         if threads is not None:
             torch.set_num_threads(threads)
-        model = FinishedRun.read(run).config["model"]
-        self.tokenizer = load_tokenizer(model.get("tokenizer") or model.get("path"))
+        self.tokenizer = run_tokenizer(FinishedRun.read(run).config)
         self.model = load_model(run).to(torch.device(device)).eval()  # type: ignore[union-attr]
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
 

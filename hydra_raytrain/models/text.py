@@ -101,6 +101,40 @@ def load_tokenizer(source: str | None, key: str = "model.tokenizer") -> Any:
     return tokenizer
 
 
+def read_chat_template(path: str, key: str) -> str:
+    """The Jinja text of a chat template's file; a ConfigError naming ``key`` for a file that cannot be read or
+    does not parse as the Jinja transformers renders with."""
+    import jinja2
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            template = file.read()
+    except OSError as error:
+        raise ConfigError(
+            key, path, f"cannot be read ({error.strerror or error}).", "the path of a Jinja file (.jinja)"
+        ) from None
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateSyntaxError as error:
+        raise ConfigError(
+            key, path, f"is not a Jinja template (line {error.lineno}: {error.message}).", "a Jinja chat template"
+        ) from None
+    return template
+
+
+def run_tokenizer(cfg: dict[str, Any]) -> Any:
+    """The tokenizer a run (``cfg``: its saved config, a run dir's or a checkpoint's) trained with: its model's,
+    with the chat template the run set (``dataset.chat_template``, whose text the config holds), so that export,
+    predict and serve render prompts as training did."""
+    from hydra_raytrain.data.tokenized import chat_template_of
+
+    model, template = cfg["model"], (cfg.get("dataset") or {}).get("chat_template")
+    tokenizer = load_tokenizer(model.get("tokenizer") or model.get("path"))
+    if template:
+        tokenizer.chat_template = chat_template_of(template)
+    return tokenizer
+
+
 def check_reachable(key: str, source: str) -> None:
     """A local directory, or a hub id that is cached or whose hub answers (HF_HUB_OFFLINE=1: cached only); else
     a ConfigError naming ``key``, before anything waits on the network."""

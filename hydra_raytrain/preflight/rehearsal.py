@@ -25,6 +25,7 @@ from hydra_raytrain.config.finetuning import FinetuneConfig, PeftConfig
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.resolved import typed
 from hydra_raytrain.data import tokenized
+from hydra_raytrain.data.packing import check_text_models
 from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.models.zoo import weights_on_disk
 from hydra_raytrain.recipe import checkpoint, finetune, warm_start
@@ -74,7 +75,7 @@ def rehearse(
         return None
     check_module_classes(cfg, models)
     check_finetune(cfg, models)
-    tokenized.check_positions(cfg["dataset"].get("max_length"), splits, models)
+    check_text_models(cfg["dataset"], splits, models)
     if warm_start and cfg["run"].get("init_from"):
         check_warm_start(cfg, models)
     batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))  # a Streamed has no .train

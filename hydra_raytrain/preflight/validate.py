@@ -33,6 +33,7 @@ from hydra_raytrain.config.schema import (
     cluster_address,
 )
 from hydra_raytrain.data import roads
+from hydra_raytrain.data.tokenized import embed_chat_template
 from hydra_raytrain.internals import child_node
 from hydra_raytrain.preflight import rehearsal
 from hydra_raytrain.preflight.targets import HYDRA_KEYS, absolute, check_targets
@@ -135,6 +136,9 @@ def check_sections(cfg: DictConfig, cwd: str, problems: Problems) -> dict[str, A
         resolved["ray"]["address"] = cluster_address(resolved["ray"].get("address"), os.environ)
     if resolved.get("storage", {}).get("path"):
         resolved["storage"]["path"] = absolute(resolved["storage"]["path"], cwd)
+    if isinstance(resolved.get("dataset"), dict):  # a chat template's file: its text, what every node renders with
+        with problems.collect():
+            embed_chat_template(resolved["dataset"], cwd)
     run = resolved.get("run") or {}
     if run.get("init_from"):
         with problems.collect():

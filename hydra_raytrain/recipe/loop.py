@@ -31,7 +31,7 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import checkpointed_modules
-from hydra_raytrain.data.tokenized import check_positions
+from hydra_raytrain.data.packing import check_text_models
 from hydra_raytrain.host import mark
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
@@ -441,7 +441,7 @@ class Recipe:
         models = {}
         for name, spec in specs.items():
             module = instantiate(spec, _convert_="all")
-            check_positions(self.cfg.dataset.get("max_length"), getattr(self, "splits", None), {name: module})
+            check_text_models(self.cfg.dataset, getattr(self, "splits", None), {name: module})
             module = finetune.add_adapters(module, self.cfg.peft)  # peft=lora: only the adapters train
             finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
             if self.float_dtype is not None:

@@ -14,6 +14,31 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
+# A reasoning model's template, as Qwen3's stock one does it: an assistant turn before the last user turn loses its
+# <think>...</think> block, so a conversation's earlier turns render otherwise once later turns follow.
+QWEN3_STYLE_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{%- set content = m['content'] -%}"
+    "{%- if loop.index0 < ns.last_user and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1] -%}{%- endif -%}"
+    "<|assistant|>{{ content }}{{ eos_token }}"
+    "{%- else -%}<|{{ m['role'] }}|>{{ m['content'] }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+# The training template TRL ships for such models: every turn keeps its reasoning, whatever follows.
+TRAINING_TEMPLATE = CHAT_TEMPLATE
+THINKING = [
+    {"role": "user", "content": "op add:"},
+    {"role": "assistant", "content": "<think>plus</think>a + b"},
+    {"role": "user", "content": "op sub:"},
+    {"role": "assistant", "content": "<think>minus</think>a - b"},
+]
+
 # 20 prompt -> code pairs (the learnability test's): a short name, a distinct line of code.
 PAIRS = [(f"op {name}:", f" {code}") for name, code in [
     ("add", "a + b"), ("sub", "a - b"), ("mul", "a * b"), ("div", "a / b"), ("mod", "a % b"),

@@ -746,6 +746,12 @@ BAD_INPUTS = [
         ["model.path='nobody/no-such-model'", "HF_HUB_OFFLINE is set"],
     ),
     ([*TEXT, "peft=lora", "peft.target_modules=[qkv]"], ["peft.target_modules=['qkv']", "q_proj"]),
+    (  # packing with a model whose attention (BLOOM's ALiBi) lets packed documents attend to each other
+        ["task=causal_lm", "model=causal_lm", "model.path=null", "model.model_type=bloom", "model.tokenizer=lm"]
+        + ["+model.hidden_size=32", "+model.n_layer=1", "+model.n_head=2", "dataset=text", "dataset.path=text.jsonl"]
+        + ["dataset.packing=true"],
+        ["dataset.packing=True", "BloomForCausalLM) lets packed documents attend to each other", "packing=false"],
+    ),
 ]
 
 

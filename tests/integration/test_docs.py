@@ -176,7 +176,8 @@ def test_own_task_page(tmp_path):
 
 
 def test_text_page(tmp_path):
-    """The text page's runs on a tiny Llama written at models/base: prompt/completion rows, and chats with LoRA."""
+    """The text page's runs on a tiny Llama written at models/base: prompt/completion rows, chats with LoRA, and
+    chats packed."""
     from tests.helpers.text import PAIRS, pair_rows, write_jsonl, write_model
 
     write_model(tmp_path / "models" / "base", "llama")
@@ -184,9 +185,13 @@ def test_text_page(tmp_path):
     chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
     write_jsonl(tmp_path / "data" / "chats.jsonl", chats)
     done = run_page("text.md", tmp_path)
-    assert len(done) == 2
+    assert len(done) == 3
     summaries = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
-    assert sorted(s["status"] for s in summaries) == ["completed", "completed"]
+    assert sorted(s["status"] for s in summaries) == ["completed"] * 3
     assert all(s["final"]["train_tokens"] > 0 and s["final"]["val_perplexity"] > 1 for s in summaries)
     configs = [run_config(tmp_path, f"{Path(s['run_dir']).name}") for s in summaries]
-    assert sorted(c["peft"]["method"] for c in configs) == ["lora", "none"]
+    assert sorted((c["peft"]["method"], c["dataset"]["packing"]) for c in configs) == [
+        ("lora", False),
+        ("none", False),
+        ("none", True),
+    ]

@@ -66,6 +66,82 @@ def test_the_loss_is_exact_in_supervised_tokens_whatever_the_workers_and_accumul
     assert abs(history(mean_dir)[-1]["val_loss"] - reference[-1]["val_loss"]) > 1e-4
 
 
+# 30 training rows of 15 to 136 tokens in 8 packs: an even number, so that 2 workers' epoch wraps no pack around (the
+# sampler evens the ranks' shares by wrapping), as 1 worker's does not
+PACKED = ("dataset.packing=true", "dataset.max_length=256", "dataset.test_fraction=0.125")
+PACKED_LAYOUTS = {
+    "1 worker x 4 packs": ("scaling.num_workers=0", "trainer.batch_size=4"),
+    "1 worker x 2 x 2 accumulated": (
+        "scaling.num_workers=0",
+        "trainer.batch_size=2",
+        "trainer.accumulate_grad_batches=2",
+    ),
+    "2 workers x 2, Ray Data's tokens": ("scaling.num_workers=2", "trainer.batch_size=4", "dataset.tokenize=ray_data"),
+}
+
+
+def test_packed_rows_train_alike_on_1_and_2_workers_and_through_accumulation(ray_address, text_run, tmp_path):
+    """dataset.packing=true: trainer.batch_size counts packs of up to dataset.max_length tokens, and the loss stays
+    exact in supervised tokens: 1 worker with 4 packs a step, 1 worker accumulating 2 x 2 and 2 workers with 2 each
+    (their packs made from Ray Data's tokens, on each worker) take the same steps and score the same validation and
+    test rows (float64, to 1e-9). That packing keeps documents apart is tests/unit/test_packing.py's."""
+    import math
+
+    from hydra.utils import instantiate
+
+    packs = instantiate(compose_config(*text_run, *PACKED).dataset)
+    assert len(packs.train) == 8 and len(packs.train.rows) == 30
+    runs = {}
+    for label, layout in PACKED_LAYOUTS.items():
+        run_dir = tmp_path / label.replace(" ", "_").replace(",", "").replace("'", "")
+        summary = train(compose_config(*text_run, *PACKED, *layout), run_dir=str(run_dir))
+        assert summary["status"] == "completed", summary
+        runs[label] = run_dir, summary
+    reference_dir, reference_summary = runs["1 worker x 4 packs"]
+    reference = history(reference_dir)
+    assert [epoch["step"] for epoch in reference] == [math.ceil(len(packs.train) / 4) * e for e in (1, 2)]
+    for label, (run_dir, summary) in runs.items():
+        for epoch, expected in zip(history(run_dir), reference, strict=True):
+            for metric in ("train_loss", "val_loss", "train_tokens", "val_tokens"):
+                assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
+        assert summary["test"]["test_loss"] == pytest.approx(reference_summary["test"]["test_loss"], rel=1e-9)
+        final = weights(run_dir)
+        for name, tensor in weights(reference_dir).items():
+            assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
+
+
+def test_a_chat_template_given_trains_every_turn_and_goes_with_the_run_and_its_export(text_run, tmp_path):
+    """A Qwen3-style tokenizer (earlier turns' reasoning dropped) is refused for every assistant turn, naming the
+    fixes; dataset.chat_template=PATH (a training template) trains them, in Ray Train's local mode (what is
+    asserted is the run's files). The run keeps its copy of the template: the file may go, and the export's
+    tokenizer renders with it."""
+    from transformers import AutoTokenizer
+
+    from hydra_raytrain import ConfigError
+    from hydra_raytrain.inference.export import export
+    from hydra_raytrain.models.text import load_tokenizer
+    from tests.helpers.text import QWEN3_STYLE_TEMPLATE, THINKING, TRAINING_TEMPLATE
+
+    styled = load_tokenizer(text_run[2].split("=", 1)[1])
+    styled.chat_template = QWEN3_STYLE_TEMPLATE
+    styled.save_pretrained(tmp_path / "qwen3_style")
+    data, template = write_jsonl(tmp_path / "chats.jsonl", [{"messages": THINKING}] * 8), tmp_path / "train.jinja"
+    template.write_text(TRAINING_TEMPLATE)
+    chat = (f"model.tokenizer={tmp_path / 'qwen3_style'}", f"dataset.path={data}", "dataset.format=messages")
+    chat += ("scaling.num_workers=0", "trainer.max_epochs=1")
+    with pytest.raises(ConfigError, match=r"dataset.train_on=last_assistant .*dataset.chat_template=PATH"):
+        train(compose_config(*text_run, *chat), run_dir=str(tmp_path / "refused"))
+    run = tmp_path / "run"
+    summary = train(compose_config(*text_run, *chat, f"dataset.chat_template={template}"), run_dir=str(run))
+    assert summary["status"] == "completed" and summary["final"]["train_tokens"] > 0
+    template.unlink()  # the run's copy is what it trained with
+    assert (run / "chat_template.jinja").read_text() == TRAINING_TEMPLATE
+    export(str(run), "hf")
+    exported = AutoTokenizer.from_pretrained(run / "export" / "hf")
+    assert exported.chat_template == TRAINING_TEMPLATE
+    assert "<think>plus</think>a + b" in exported.apply_chat_template(THINKING, tokenize=False)
+
+
 LORA = ("peft=lora", "peft.r=4", "peft.alpha=8", "optimizer.lr=0.05")
 # 5 optimizer steps an epoch, a checkpoint every 3: rank 1 is SIGKILLed before its 8th batch (epoch 2), once step 6's
 # checkpoint (one batch into epoch 2) is counted; the run resumes there.
@@ -133,15 +209,17 @@ def test_lora_trains_the_adapters_alone_the_same_on_1_and_2_workers_and_through_
         assert torch.allclose(adapted(input_ids=ids).logits, trained(input_ids=ids).logits, atol=1e-6)
 
 
-@pytest.mark.long("a SIGTERM variant: preemption is test_resume's, LoRA through a kill this file's")
+@pytest.mark.long("a SIGTERM variant: preemption is test_resume's, LoRA through a kill and packing this file's")
 def test_sigterm_preempts_a_lora_run_mid_epoch_and_the_same_config_resumes_it_exactly(ray_address, text_run, tmp_path):
     """SIGTERM to the driver (this process) once epoch 1 is written, in a LoRA run on 2 workers whose rows Ray Data
-    tokenized (5 optimizer steps an epoch, 0.5 s each): every worker stops at the same step, checkpointed, status
-    preempted. The same config again resumes from that checkpoint (tokenizing again) and ends with the adapters
-    and losses of the same run never interrupted (float64)."""
+    tokenized and each worker packed, with gradient checkpointing (8 packs, 2 a step: 4 optimizer steps an epoch,
+    0.5 s each): every worker stops at the same step, checkpointed, status preempted. The same config again resumes
+    from that checkpoint mid-epoch (tokenizing and packing again) and ends with the adapters and losses of the same
+    run never interrupted (float64)."""
     import re
 
-    layout = (*text_run, *LORA, *LAYOUTS["2 workers x 4"], "dataset.tokenize=ray_data", "trainer.max_epochs=3")
+    packed = (*PACKED, "model.gradient_checkpointing=true", "dataset.tokenize=ray_data")
+    layout = (*text_run, *LORA, "scaling.num_workers=2", "trainer.batch_size=2", *packed, "trainer.max_epochs=3")
     slow = (*layout, "task._target_=tests.helpers.tasks.SlowLM", "+task.seconds_per_batch=0.5")
     run_dir = tmp_path / "run"
 
@@ -152,7 +230,7 @@ def test_sigterm_preempts_a_lora_run_mid_epoch_and_the_same_config_resumes_it_ex
     summary = train(compose_config(*slow), run_dir=str(run_dir))  # the same config again
     assert summary["status"] == "completed", summary
     log = (run_dir / "driver.log").read_text()
-    resumed = r"Resuming from checkpoint \S+: (epoch [23], after batch [1-4]/5|the start of epoch [23]), optimizer step"
+    resumed = r"Resuming from checkpoint \S+: (epoch [23], after batch [1-4]/4|the start of epoch [23]), optimizer step"
     assert re.search(resumed, log), log[-3000:]  # where every worker stopped: in epoch 2 (or 3)
     whole = tmp_path / "whole"
     assert train(compose_config(*layout), run_dir=str(whole))["status"] == "completed"
@@ -293,11 +371,11 @@ def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_t
 
 @pytest.mark.long("FSDP in the gate is the GAN in bf16, LoRA the kill test here")
 def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_adapter(ray_address, text_run, tmp_path):
-    """GPT-2 with LoRA adapters and gradient checkpointing, sharded by FSDP2 over 2 workers (its blocks' units),
-    stepped by optimizer=adamw (fused: one kernel over each rank's shards, the frozen weights among them): the
-    adapters saved (gathered whole from the shards) are a 1-worker run's: its losses to 1e-9, its test rows, its
-    adapters to 1e-6 (float64's rounding of the two layouts' sums through the Adam steps: ~3e-8 here; GPT-2
-    on DDP alike)."""
+    """GPT-2 with LoRA adapters and gradient checkpointing on packed rows, sharded by FSDP2 over 2 workers (its
+    blocks' units), stepped by optimizer=adamw (fused: one kernel over each rank's shards, the frozen weights among
+    them): the adapters saved (gathered whole from the shards) are a 1-worker run's: its losses to 1e-9, its test
+    rows, its adapters to 1e-6 (float64's rounding of the two layouts' sums through the Adam steps: ~3e-8 here;
+    GPT-2 on DDP alike)."""
     gpt2 = write_model(tmp_path / "gpt2", "gpt2")
     overrides = (
         *text_run,
@@ -305,8 +383,9 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
         *LORA,
         "optimizer=adamw",
         "peft.target_modules=[c_attn,c_proj]",
-        "dataset.max_length=128",
-        "dataset.test_fraction=0.125",
+        "dataset.max_length=120",
+        "dataset.test_fraction=0.15",
+        "dataset.packing=true",  # 18 packs of up to 120 tokens (even: see PACKED); GPT-2's learned positions restart
     )
     one, two = tmp_path / "one", tmp_path / "two"
     assert train(compose_config(*overrides, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
@@ -316,7 +395,7 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
         summary = train(compose_config(*overrides, *LAYOUTS["2 workers x 4"], *sharded), run_dir=str(two))
     assert summary["status"] == "completed", summary
     # The test split scored after training on the same tokens: cut once, said once
-    assert [str(w.message) for w in said].count("dataset.max_length=128 cut 1 of 48 rows of dataset.path") == 1
+    assert [str(w.message) for w in said].count("dataset.max_length=120 cut 3 of 48 rows of dataset.path") == 1
     tested = json.loads((one / "summary.json").read_text())["test"]  # its rows (the model: each run's best)
     assert summary["test"]["test_tokens"] == tested["test_tokens"] > 0, (summary["test"], tested)
     # Tokenized once, by Ray Data's actors: the workers read the blocks in place and cut nothing themselves

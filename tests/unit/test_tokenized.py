@@ -9,7 +9,7 @@ from hydra_raytrain.config.finetuning import PeftConfig
 from hydra_raytrain.data.tokenized import IGNORE, text
 from hydra_raytrain.models.text import causal_lm, load_tokenizer
 from hydra_raytrain.recipe.step import divide_gradients
-from tests.helpers.text import write_jsonl, write_tokenizer
+from tests.helpers.text import QWEN3_STYLE_TEMPLATE, THINKING, TRAINING_TEMPLATE, write_jsonl, write_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,9 @@ def test_max_length_cuts_and_says_so_and_rows_left_with_nothing_to_learn_are_dro
     assert all(len(row["input_ids"]) <= 16 for row in rows_of(splits.train))
 
 
+CHATS = [{"messages": THINKING}] * 3
+
+
 @pytest.mark.parametrize(
     "rows, options, key, words",
     [
@@ -86,10 +89,17 @@ def test_max_length_cuts_and_says_so_and_rows_left_with_nothing_to_learn_are_dro
         ([{"question": "op", "answer": " a"}] * 3, {"format": "prompt_completion"}, "dataset.path", "no column prompt"),
         ([{"text": "a"}] * 3, {"format": "poem"}, "dataset.format", "unknown format"),
         ([{"text": "a"}] * 3, {"format": "text", "max_length": 1}, "dataset.max_length", "at least 2"),
+        ([{"text": "a"}] * 3, {"format": "text", "chat_template": "t.jinja"}, "dataset.chat_template", "renders no"),
+        (CHATS, {"format": "messages", "chat_template": "missing.jinja"}, "dataset.chat_template", "cannot be read"),
+        (CHATS, {"format": "messages", "chat_template": "bad.jinja"}, "dataset.chat_template", "not a Jinja template"),
+        (CHATS, {"format": "messages", "train_on": "every"}, "dataset.train_on", "all_assistant, last_assistant"),
     ],
 )
 def test_bad_text_is_refused_by_name(tmp_path, tokenizer_dir, rows, options, key, words):
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m['content'] }}")  # no endfor
+    if "chat_template" in options:
+        options = {**options, "chat_template": str(tmp_path / options["chat_template"])}
     with pytest.raises(ConfigError) as caught:
         text(str(data), str(tokenizer_dir), **options)
     assert caught.value.key == key and words in str(caught.value)
@@ -243,9 +253,47 @@ def test_a_template_that_renders_earlier_turns_otherwise_is_refused(tmp_path, to
         {"role": "user", "content": "?"},
     ]
     data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": turns}] * 3)
-    with pytest.raises(ConfigError, match="renders a conversation's earlier turns otherwise") as caught:
+    with pytest.raises(ConfigError, match="renders assistant turn 1 of a conversation otherwise") as caught:
         text(str(data), str(marked), "messages")
-    assert caught.value.key == "dataset.format"
+    assert caught.value.key == "dataset.train_on"
+
+
+def learned_text(tokenizer, row):
+    pairs = zip(row["input_ids"].tolist(), row["labels"].tolist(), strict=True)
+    return tokenizer.decode([i for i, label in pairs if label != IGNORE])
+
+
+def test_a_qwen3_style_template_is_refused_naming_both_fixes_and_each_fix_trains(tmp_path, tokenizer_dir, tokenizer):
+    """A template that drops earlier turns' reasoning cannot be prefix-rendered: refused, naming train_on and
+    chat_template. train_on=last_assistant learns the last turn as inference renders it; a training template given
+    by dataset.chat_template learns every turn with its reasoning."""
+    qwen = tmp_path / "qwen3_style"
+    styled = load_tokenizer(str(tokenizer_dir))
+    styled.chat_template = QWEN3_STYLE_TEMPLATE
+    styled.save_pretrained(qwen)
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": THINKING}] * 3)
+    with pytest.raises(ConfigError) as caught:
+        text(str(data), str(qwen), "messages")
+    said = str(caught.value)
+    assert caught.value.key == "dataset.train_on" and "drops earlier turns' reasoning" in said
+    assert "dataset.train_on=last_assistant" in said and "dataset.chat_template=PATH" in said
+    last = text(str(data), str(qwen), "messages", val_fraction=0.3, train_on="last_assistant").train[0]
+    assert learned_text(tokenizer, last) == "<think>minus</think>a - b<|eos|>"
+    assert "plus" not in tokenizer.decode(last["input_ids"])  # the earlier turn rendered as inference renders it
+    template = tmp_path / "training.jinja"
+    template.write_text(TRAINING_TEMPLATE)
+    every = text(str(data), str(qwen), "messages", val_fraction=0.3, chat_template=str(template)).train[0]
+    assert learned_text(tokenizer, every) == "<think>plus</think>a + b<|eos|><think>minus</think>a - b<|eos|>"
+
+
+def test_last_assistant_learns_the_last_turn_alone(tmp_path, tokenizer_dir, tokenizer):
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": THINKING}] * 3)
+    options = dict(val_fraction=0.3)
+    every = text(str(data), str(tokenizer_dir), "messages", **options).train[0]
+    last = text(str(data), str(tokenizer_dir), "messages", train_on="last_assistant", **options).train[0]
+    assert torch.equal(every["input_ids"], last["input_ids"])
+    assert learned_text(tokenizer, last) == "<think>minus</think>a - b<|eos|>"
+    assert learned_text(tokenizer, every) == "<think>plus</think>a + b<|eos|>" + learned_text(tokenizer, last)
 
 
 def test_folds_are_cut_from_the_rows_not_beside_a_validation_file(tmp_path, tokenizer_dir):
