@@ -77,7 +77,8 @@ bench-serve: install
 	$(BIN)/python benchmarks/serve.py
 
 bench-text: install
-	$(BIN)/python benchmarks/text.py
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
+	$(BIN)/python benchmarks/text.py $(ARGS)
 
 bench-loader: install
 	$(BIN)/python benchmarks/loader.py

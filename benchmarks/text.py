@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/text.py            # or: make bench-text
     .venv/bin/python benchmarks/text.py --rows 4000 --epochs 4
+    .venv/bin/python benchmarks/text.py --only packing
 
 One small Llama (hidden 256, 4 layers; new weights, a byte-level BPE tokenizer trained on Python's help topics:
 nothing downloaded) learns prompt/completion rows. The same model, rows (tokenized once by our ``dataset=text``
@@ -14,6 +15,13 @@ as it runs by default (its output head and loss on the supervised positions only
 Printed: supervised tokens/s per contender, the median over the epochs after the first, and the ratios. Then
 tokenization in rows/s (``--tokenized-rows``): a plain loop row by row, the driver's batch encoding and Ray Data's
 actor pool (one actor per CPU at most, its start included).
+
+Packing (``--only packing``, and after the rest): supervised tokens/s of ``dataset.packing=true`` against the same
+run padded, on a corpus of mixed lengths (``dataset.format=text``: 4 rows in 5 of 1-12 words, 1 in 5 of 40-200
+words), the same model and threads. Padded: 16 rows a step; packed: sequences of ``dataset.max_length`` tokens, as
+many a step as hold the same tokens on average (the same optimisation per step). And TRL's ``SFTTrainer`` with
+``packing=True`` (its best-fit-decreasing packing, padding-free) on the same model, training rows, sequences per
+step, learning rate and threads (TRL is a bench-only dependency: ``pip install -e '.[bench]'``).
 """
 
 from __future__ import annotations
@@ -90,10 +98,26 @@ def raw_loop(folder: Path, data: Path, epochs: int) -> list[float]:
 def hf_trainer(folder: Path, data: Path, epochs: int, scratch: str) -> list[float]:
     """Supervised tokens/s of each epoch of transformers' Trainer on the same rows and batches."""
     import torch
-    from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     rows = splits(folder, data).train
     per_epoch = sum(int((rows[i]["labels"][1:] != -100).sum()) for i in range(len(rows)))
+    clock, ends = epoch_clock()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    arguments = TrainingArguments(
+        output_dir=scratch, per_device_train_batch_size=BATCH, num_train_epochs=epochs, learning_rate=LR,
+        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True,
+        dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0, disable_tqdm=True,
+    )  # fmt: skip
+    Trainer(model=model, args=arguments, train_dataset=rows, data_collator=rows.collate, callbacks=[clock]).train()
+    return [per_epoch / (end - start) for start, end in zip(ends[::2], ends[1::2], strict=True)]
+
+
+def epoch_clock():
+    """A Trainer callback that notes when each epoch begins and ends (``time.perf_counter``), and its list."""
+    from transformers import TrainerCallback
+
     ends: list[float] = []
 
     class Clock(TrainerCallback):
@@ -103,15 +127,7 @@ def hf_trainer(folder: Path, data: Path, epochs: int, scratch: str) -> list[floa
         def on_epoch_end(self, args, state, control, **kwargs):
             ends.append(time.perf_counter())
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    arguments = TrainingArguments(
-        output_dir=scratch, per_device_train_batch_size=BATCH, num_train_epochs=epochs, learning_rate=LR,
-        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[], use_cpu=True,
-        dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0, disable_tqdm=True,
-    )  # fmt: skip
-    Trainer(model=model, args=arguments, train_dataset=rows, data_collator=rows.collate, callbacks=[Clock()]).train()
-    return [per_epoch / (end - start) for start, end in zip(ends[::2], ends[1::2], strict=True)]
+    return Clock(), ends
 
 
 def ours(folder: Path, data: Path, epochs: int, scratch: str, *overrides: str) -> list[float]:
@@ -165,6 +181,79 @@ def tokenization(folder: Path, rows: list[dict], scratch: str) -> dict[str, floa
     return rates
 
 
+PACK_LENGTH = 512
+
+
+def mixed_rows(count: int, seed: int = 0) -> list[dict]:
+    """Text rows of mixed lengths: 4 in 5 short (1-12 words), 1 in 5 long (40-200 words), from pydoc's topics."""
+    import random
+    from pydoc_data.topics import topics
+
+    words = " ".join(topics.values()).split()
+    draw = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        n = draw.randint(40, 200) if draw.random() < 0.2 else draw.randint(1, 12)
+        start = draw.randrange(len(words) - n)
+        rows.append({"text": " ".join(words[start : start + n])})
+    return rows
+
+
+def packing(folder: Path, scratch: str, rows: int, epochs: int) -> dict[str, float]:
+    """Supervised tokens/s of a padded run and a packed one on the same mixed-length rows (``ours``'s runs)."""
+    from hydra_raytrain.data.tokenized import text
+
+    data = write_jsonl(Path(scratch, "mixed.jsonl"), mixed_rows(rows))
+    lengths = text(str(data), str(folder), "text", max_length=PACK_LENGTH, val_fraction=0.05).train.lengths()
+    packs = max(1, round(BATCH * float(lengths.mean()) / PACK_LENGTH))
+    print(f"packing: {rows:,} rows, {lengths.mean():.0f} tokens a row on average (longest {lengths.max()}); "
+          f"padded: {BATCH} rows a step; packed: {packs} sequences of {PACK_LENGTH} a step", flush=True)  # fmt: skip
+    common = (
+        f"dataset.path={data}", "dataset.format=text", f"dataset.max_length={PACK_LENGTH}",
+        "dataset.tokenize=driver",
+    )  # fmt: skip
+    figures = {}
+    for name, overrides in (
+        ("padded", (*common, f"trainer.batch_size={BATCH}")),
+        ("packed", (*common, "dataset.packing=true", f"trainer.batch_size={packs}")),
+    ):
+        rates = ours(folder, data, epochs, scratch, *overrides)
+        figures[name] = steady(rates)
+        each = ", ".join(f"{rate:,.0f}" for rate in rates)
+        print(f"{name:28s} {figures[name]:10,.0f} supervised tokens/s  (epochs: {each})", flush=True)
+    trl = figures["TRL SFTTrainer, packed"] = steady(trl_packed(folder, data, epochs, packs, scratch))
+    print(f"{'TRL SFTTrainer, packed':28s} {trl:10,.0f} supervised tokens/s", flush=True)
+    packed, padded = figures["packed"], figures["padded"]
+    print(f"packed / padded: {packed / padded:.2f}x; packed / TRL SFTTrainer packed: {packed / trl:.2f}x", flush=True)
+    return figures
+
+
+def trl_packed(folder: Path, data: Path, epochs: int, packs: int, scratch: str) -> list[float]:
+    """Supervised tokens/s of each epoch of TRL's SFTTrainer with packing on our run's training rows."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from hydra_raytrain.data.tokenized import text
+
+    train = text(str(data), str(folder), "text", max_length=PACK_LENGTH, val_fraction=0.05).train
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    per_epoch = int((train.lengths() - 1).sum())  # what our runs count: every token but each document's first
+    clock, ends = epoch_clock()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    config = SFTConfig(
+        output_dir=os.path.join(scratch, "trl"), per_device_train_batch_size=packs, num_train_epochs=epochs,
+        learning_rate=LR, max_length=PACK_LENGTH, packing=True, save_strategy="no", eval_strategy="no",
+        logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, lr_scheduler_type="constant",
+        warmup_steps=0, disable_tqdm=True, optim="adamw_torch_fused", weight_decay=0.0,
+    )  # fmt: skip
+    dataset = Dataset.from_list([rows[int(i)] for i in train.rows])
+    SFTTrainer(model=model, args=config, train_dataset=dataset, callbacks=[clock]).train()
+    return [per_epoch / (end - start) for start, end in zip(ends[::2], ends[1::2], strict=True)]
+
+
 def steady(rates: list[float]) -> float:
     return statistics.median(rates[1:] or rates)
 
@@ -174,9 +263,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--tokenized-rows", type=int, default=500_000, help="rows of the tokenization figures")
+    parser.add_argument("--packed-rows", type=int, default=3000, help="rows of the packing figures")
+    parser.add_argument("--only", choices=["packing"], help="only this part")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        folder = write_model(Path(scratch, "llama"), "llama", **SIZES)
+        folder = write_model(Path(scratch, "llama"), "llama", **SIZES, max_position_embeddings=PACK_LENGTH)
+        if options.only == "packing":
+            packing(folder, scratch, options.packed_rows, options.epochs)
+            return
         rows = varied_rows(options.rows)
         data = write_jsonl(Path(scratch, "train.jsonl"), rows)
         figures = {}
@@ -198,6 +292,7 @@ def main() -> None:
         plain = rates["a plain loop"]
         for name, rate in rates.items():
             print(f"tokenization, {name:28s} {rate:10,.0f} rows/s ({rate / plain:.2f}x a plain loop)", flush=True)
+        packing(folder, scratch, options.packed_rows, options.epochs)
 
 
 if __name__ == "__main__":
