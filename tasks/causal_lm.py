@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hydra_raytrain.data.tokenized import IGNORE, supervised_positions  # IGNORE: the prompt's labels, padding's
+from hydra_raytrain.data.token_rows import IGNORE, supervised_positions  # IGNORE: the prompt's labels, padding's
 from hydra_raytrain.rundir import SAMPLES_FILE
 
 from .base import StepOutput, Task

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.data.tokenized import IGNORE, TokenizedRows, check_positions, supervised_positions
+from hydra_raytrain.data.token_rows import IGNORE, TokenizedRows, supervised_positions
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[np.ndarray]:
@@ -153,6 +153,21 @@ def check_text_models(dataset: Mapping[str, Any], splits: Any, models: Mapping[s
     (on all of them): rows within their positions (``check_positions``), documents kept apart when packed."""
     check_positions(dataset.get("max_length"), splits, models)
     check_packing(dataset, models)
+
+
+def check_positions(max_length: Any, splits: Any, models: Mapping[str, Any]) -> None:
+    """Text rows no longer than the models' positions (GPT-2's 1,024): refused by name, not an index error in the
+    embeddings (a pack's documents restart their positions: its longest document counts). Checked before Ray
+    starts on the first rows, and by each worker on all of them."""
+    parts: list[Any] = [getattr(splits, name, None) for name in ("train", "val", "test")]
+    longest = max((part.longest for part in parts if isinstance(part, (TokenizedRows, PackedRows))), default=0)
+    for model in models.values():
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(limit, int) and longest > limit:
+            raise ConfigError(
+                "dataset.max_length", max_length, f"rows of up to {longest} tokens; the model has {limit} positions.",
+                f"dataset.max_length={limit} or less (longer rows are cut)",
+            )  # fmt: skip
 
 
 def check_packing(dataset: Mapping[str, Any], models: Mapping[str, Any]) -> None:

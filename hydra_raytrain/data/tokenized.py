@@ -17,97 +17,27 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.files import absolute_location, filesystem_of, listing
+from hydra_raytrain.data.packing import packed
 from hydra_raytrain.data.splits import Splits, check_fractions, split_indices
+from hydra_raytrain.data.token_rows import IGNORE, Chunk, TokenizedRows, chunk_of, supervised_positions
+
+__all__ = ["IGNORE", "Chunk", "TokenizedRows", "chunk_of", "supervised_positions", "text"]  # also read from here
 
 FORMATS = ("text", "prompt_completion", "messages")
 TRAIN_ON = ("all_assistant", "last_assistant")  # dataset.train_on: which assistant turns a conversation learns
-IGNORE = -100  # a label the loss skips (torch's cross_entropy ignore_index)
 SUFFIXES = (".jsonl", ".json", ".parquet")
 TOKENIZERS = ("auto", "ray_data", "driver")  # dataset.tokenize: who tokenizes a run's rows
 CHECKED_ROWS = 256  # the rows of each file set the checks before Ray starts tokenize (``text(sample=...)``)
 LAYOUT = "a .jsonl or .parquet file, or a folder (or s3:// prefix) of them, one row per example"
-
-
-Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # every row's ids, every row's labels, where each row starts
-
-
-class TokenizedRows(Dataset):
-    """Tokenized rows: ``{"input_ids", "labels"}`` per row; :meth:`collate` pads a batch to its longest row.
-
-    Held as chunks of flat arrays (:data:`Chunk`) and the numbers of the rows kept across them: the blocks Ray Data
-    tokenized (``data/tokenized_ray.py``) reach every worker through Ray's object store and are read in place."""
-
-    def __init__(self, chunks: Sequence[Chunk], rows: Sequence[int] | np.ndarray, pad_id: int):
-        self.chunks = list(chunks)
-        self.starts = np.cumsum([0] + [len(offsets) - 1 for _, _, offsets in self.chunks], dtype=np.int64)
-        self.rows = np.asarray(rows, dtype=np.int64)
-        self.pad_id = pad_id
-
-    @classmethod
-    def of(cls, pairs: Sequence[tuple[np.ndarray, np.ndarray]], pad_id: int) -> TokenizedRows:
-        """Every row of ``pairs`` (ids, labels), in one chunk."""
-        return cls([chunk_of(pairs)], range(len(pairs)), pad_id)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def longest(self) -> int:
-        """The most tokens a row holds."""
-        return int(self.lengths().max(initial=0))
-
-    def lengths(self) -> np.ndarray:
-        """Each row's tokens, in row order."""
-        if not self.chunks:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.diff(offsets) for _, _, offsets in self.chunks])[self.rows]
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"row {index} of {len(self)}")
-        row = int(self.rows[index])
-        chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
-        ids, labels, offsets = self.chunks[chunk]
-        start, end = offsets[row - self.starts[chunk]], offsets[row - self.starts[chunk] + 1]
-        return {
-            "input_ids": torch.from_numpy(ids[start:end].astype(np.int64)),  # a copy: the arrays may be read-only
-            "labels": torch.from_numpy(labels[start:end].astype(np.int64)),
-        }
-
-    def collate(self, rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Right-padded to the batch's longest row: padding ids, ``IGNORE`` labels, a zero attention mask; and
-        ``supervised``, the flat positions whose next token is supervised (made here, on the host, so that the
-        task's selection of them waits for no GPU: ``tasks/causal_lm.py``)."""
-        longest = max(len(row["input_ids"]) for row in rows)
-        batch = {
-            "input_ids": torch.full((len(rows), longest), self.pad_id, dtype=torch.long),
-            "attention_mask": torch.zeros((len(rows), longest), dtype=torch.long),
-            "labels": torch.full((len(rows), longest), IGNORE, dtype=torch.long),
-        }
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            batch["input_ids"][i, :n] = row["input_ids"]
-            batch["attention_mask"][i, :n] = 1
-            batch["labels"][i, :n] = row["labels"]
-        batch["supervised"] = supervised_positions(batch["labels"])
-        return batch
-
-
-def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
-    """The flat positions (row * length + t, in a ``(rows, length)`` batch) whose next token is supervised."""
-    rows, columns = (labels[:, 1:] != IGNORE).nonzero(as_tuple=True)
-    return rows * labels.size(1) + columns
 
 
 def text(
@@ -161,22 +91,6 @@ def is_text(node: Mapping[str, Any]) -> bool:
         return False
 
 
-def check_positions(max_length: Any, splits: Any, models: Mapping[str, Any]) -> None:
-    """Text rows no longer than the models' positions (GPT-2's 1,024): refused by name, not an index error in the
-    embeddings. Checked before Ray starts on the first rows, and by each worker on all of them."""
-    from hydra_raytrain.data.packing import PackedRows  # its documents' positions restart: their longest counts
-
-    parts: list[Any] = [getattr(splits, name, None) for name in ("train", "val", "test")]
-    longest = max((part.longest for part in parts if isinstance(part, (TokenizedRows, PackedRows))), default=0)
-    for model in models.values():
-        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if isinstance(limit, int) and longest > limit:
-            raise ConfigError(
-                "dataset.max_length", max_length, f"rows of up to {longest} tokens; the model has {limit} positions.",
-                f"dataset.max_length={limit} or less (longer rows are cut)",
-            )  # fmt: skip
-
-
 def checked(
     tokenizer: str,
     format: str,
@@ -188,7 +102,7 @@ def checked(
     """The tokenizer, loaded (its chat template replaced by ``chat_template``'s file when given), and the columns
     the format reads (renamed by ``columns``); a ConfigError for a format, a length, a template or a tokenizer that
     cannot serve."""
-    from hydra_raytrain.models.text import load_tokenizer
+    from hydra_raytrain.models.text import chat_template_of, load_tokenizer
 
     if format not in FORMATS:
         raise ConfigError("dataset.format", format, "unknown format.", ", ".join(FORMATS))
@@ -203,7 +117,7 @@ def checked(
         )  # fmt: skip
     loaded = load_tokenizer(tokenizer, "dataset.tokenizer")
     if chat_template is not None:
-        loaded.chat_template = chat_template_of(chat_template)
+        loaded.chat_template = chat_template_of(chat_template)  # models/text.py
     if format == "messages" and not loaded.chat_template:
         raise ConfigError(
             "dataset.format", format, f"the tokenizer at {tokenizer} has no chat template.",
@@ -212,19 +126,10 @@ def checked(
     return loaded, {**default_columns(format), **(columns or {})}
 
 
-def chat_template_of(value: str, cwd: str = ".") -> str:
-    """``dataset.chat_template``'s template: the Jinja file a path names (against ``cwd``), or the template itself.
-    The driver puts the file's text in the run's config (``embed_chat_template``): the workers on every node, Ray
-    Data's actors, the checkpoints and what loads them (export, predict, serve) render with what the run read."""
-    from hydra_raytrain.models.text import read_chat_template
-
-    if "{{" in value or "{%" in value:
-        return value
-    return read_chat_template(os.path.join(cwd, os.path.expanduser(value)), "dataset.chat_template")
-
-
 def embed_chat_template(node: dict[str, Any], cwd: str) -> None:
     """A text dataset config's ``chat_template`` file replaced by its text, in place (see :func:`chat_template_of`)."""
+    from hydra_raytrain.models.text import chat_template_of
+
     if is_text(node) and isinstance(node.get("chat_template"), str):
         node["chat_template"] = chat_template_of(node["chat_template"], cwd)
 
@@ -233,14 +138,6 @@ def sources(path: str, val_path: str | None, test_path: str | None) -> dict[str,
     """The file sets read, by their key in the dataset's config: ``path``, and ``val_path`` / ``test_path`` when set."""
     given = {"path": path, "val_path": val_path, "test_path": test_path}
     return {source: where for source, where in given.items() if where is not None}
-
-
-def chunk_of(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Chunk:
-    """Rows' (ids, labels) as one :data:`Chunk`."""
-    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in pairs], dtype=np.int64)]).astype(np.int64)
-    ids = np.concatenate([ids for ids, _ in pairs]).astype(np.int32) if pairs else np.zeros(0, np.int32)
-    labels = np.concatenate([labels for _, labels in pairs]).astype(np.int32) if pairs else ids.copy()
-    return ids, labels, offsets
 
 
 def report(key: str, format: str, max_length: int, cut: np.ndarray, learned: np.ndarray, sampled: bool) -> None:
@@ -284,8 +181,6 @@ def assemble(
 ) -> Splits:
     """The splits ``pick`` chose, over each file set's chunks; packed into sequences of ``pack_to`` tokens when
     given (``data/packing.py``)."""
-    from hydra_raytrain.data.packing import packed
-
     part = {
         name: packed(TokenizedRows(chunks[source], rows, pad_id), pack_to) for name, (source, rows) in picked.items()
     }

@@ -122,12 +122,20 @@ def read_chat_template(path: str, key: str) -> str:
     return template
 
 
+def chat_template_of(value: str, cwd: str = ".") -> str:
+    """``dataset.chat_template``'s template: the Jinja file a path names (against ``cwd``), or the template itself.
+    The driver puts the file's text in the run's config (``embed_chat_template``, data/tokenized.py): the workers
+    on every node, Ray Data's actors, the checkpoints and what loads them (export, predict, serve) render with what
+    the run read."""
+    if "{{" in value or "{%" in value:
+        return value
+    return read_chat_template(os.path.join(cwd, os.path.expanduser(value)), "dataset.chat_template")
+
+
 def run_tokenizer(cfg: dict[str, Any]) -> Any:
     """The tokenizer a run (``cfg``: its saved config, a run dir's or a checkpoint's) trained with: its model's,
     with the chat template the run set (``dataset.chat_template``, whose text the config holds), so that export,
     predict and serve render prompts as training did."""
-    from hydra_raytrain.data.tokenized import chat_template_of
-
     model, template = cfg["model"], (cfg.get("dataset") or {}).get("chat_template")
     tokenizer = load_tokenizer(model.get("tokenizer") or model.get("path"))
     if template:
