@@ -106,10 +106,6 @@ class PackedRows(Dataset):
         """The most tokens a document holds (a pack holds at most ``length``)."""
         return self.rows.longest
 
-    @property
-    def documents(self) -> int:
-        return len(self.rows)
-
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"pack {index} of {len(self)}")
