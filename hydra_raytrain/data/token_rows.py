@@ -76,6 +76,34 @@ class TokenizedRows(Dataset):
         return batch
 
 
+class ClassifiedRows(TokenizedRows):
+    """Tokenized texts and their classes (``dataset.format=classification``): ``{"input_ids", "token_type_ids",
+    "labels"}`` per row, ``labels`` the class's index (``targets``, by row number). The chunks' label arrays hold
+    the token types (a text pair's second text: 1). :meth:`collate` pads to the batch's longest row and sends
+    ``token_type_ids`` only for a tokenizer that makes them (``types``: BERT's; GPT-2's and Llama's do not)."""
+
+    def __init__(
+        self, chunks: Sequence[Chunk], rows: Sequence[int] | np.ndarray, pad_id: int, targets: np.ndarray, types: bool
+    ):
+        super().__init__(chunks, rows, pad_id)
+        self.targets, self.types = np.asarray(targets, dtype=np.int64), types
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        row = super().__getitem__(index)
+        target = torch.tensor(int(self.targets[self.rows[index]]))
+        return {"input_ids": row["input_ids"], "token_type_ids": row["labels"], "labels": target}
+
+    def collate(self, rows: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        longest = max(len(row["input_ids"]) for row in rows)
+        ids = torch.full((len(rows), longest), self.pad_id, dtype=torch.long)
+        mask, types = torch.zeros_like(ids), torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            ids[i, :n], mask[i, :n], types[i, :n] = row["input_ids"], 1, row["token_type_ids"]
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([row["labels"] for row in rows])}
+        return {**batch, "token_type_ids": types} if self.types else batch
+
+
 def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
     """The flat positions (row * length + t, in a ``(rows, length)`` batch) whose next token is supervised."""
     rows, columns = (labels[:, 1:] != IGNORE).nonzero(as_tuple=True)

@@ -18,26 +18,32 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.data.files import absolute_location, filesystem_of, listing
 from hydra_raytrain.data.packing import packed
 from hydra_raytrain.data.splits import Splits, check_fractions, split_indices
-from hydra_raytrain.data.token_rows import IGNORE, Chunk, TokenizedRows, chunk_of, supervised_positions
+from hydra_raytrain.data.text_files import LAYOUT, files_of, read_rows
+from hydra_raytrain.data.text_labels import (
+    CLASSIFICATION,
+    COLUMNS,
+    PAIR,
+    check_trained_classes,
+    class_indices,
+    text_classes,
+)
+from hydra_raytrain.data.token_rows import IGNORE, Chunk, ClassifiedRows, TokenizedRows, chunk_of, supervised_positions
 
-__all__ = ["IGNORE", "Chunk", "TokenizedRows", "chunk_of", "supervised_positions", "text"]  # also read from here
+__all__ = ["IGNORE", "LAYOUT", "Chunk", "TokenizedRows", "chunk_of", "files_of", "supervised_positions", "text"]
 
-FORMATS = ("text", "prompt_completion", "messages")
+FORMATS = ("text", "prompt_completion", "messages", CLASSIFICATION)
 TRAIN_ON = ("all_assistant", "last_assistant")  # dataset.train_on: which assistant turns a conversation learns
-SUFFIXES = (".jsonl", ".json", ".parquet")
 TOKENIZERS = ("auto", "ray_data", "driver")  # dataset.tokenize: who tokenizes a run's rows
 CHECKED_ROWS = 256  # the rows of each file set the checks before Ray starts tokenize (``text(sample=...)``)
-LAYOUT = "a .jsonl or .parquet file, or a folder (or s3:// prefix) of them, one row per example"
 
 
 def text(
@@ -58,6 +64,7 @@ def text(
     packing: bool = False,
     chat_template: str | None = None,
     train_on: str = "all_assistant",
+    classes: list[Any] | None = None,
 ) -> Splits:
     """The splits of the rows at ``path`` (and ``val_path`` / ``test_path``), tokenized here by ``tokenizer``'s
     tokenizer. ``columns`` renames the columns a format reads (``{prompt: question, completion: answer}``).
@@ -66,19 +73,32 @@ def text(
     set, that many at most (nothing said of cuts). ``packing``: rows packed into sequences of ``max_length`` tokens,
     documents kept apart (``data/packing.py``). ``chat_template``: a Jinja file that replaces the tokenizer's
     template, or the template itself (:func:`chat_template_of`); ``train_on``: which assistant turns are learned
-    (:data:`TRAIN_ON`)."""
+    (:data:`TRAIN_ON`). ``classes``: a classification's (``data/text_labels.py``; None: read from ``path``)."""
     if tokenize not in TOKENIZERS:
         raise ConfigError("dataset.tokenize", tokenize, "unknown.", ", ".join(TOKENIZERS))
-    loaded, names = checked(tokenizer, format, max_length, columns, chat_template, train_on)
+    if format == CLASSIFICATION and tokenize == "ray_data":
+        raise ConfigError(
+            "dataset.tokenize", tokenize, "format=classification is tokenized by the driver.", "auto, driver"
+        )
+    loaded, names = checked(tokenizer, format, max_length, columns, chat_template, train_on, packing)
     tokenizing = Tokenize(loaded, format, names, max_length, train_on)
-    chunks, kept = {}, {}
+    if format == CLASSIFICATION and classes is None:
+        classes = text_classes(path, format, columns)
+    chunks, kept, targets = {}, {}, {}
     for source, where in sources(path, val_path, test_path).items():
         key = f"dataset.{source}"
-        pairs, cut, learned = tokenizing.cut(read_rows(where, list(names.values()), key, sample))
+        rows = read_rows(where, list(names.values()), key, sample, optional=[PAIR] if classes else [])
+        pairs, cut, learned = tokenizing.cut(rows)
         report(key, format, max_length, cut, learned, sampled=sample is not None)
         chunks[source], kept[source] = [chunk_of(pairs)], np.flatnonzero(learned)
+        if classes:
+            targets[source] = class_indices([row[names["label"]] for row in rows], classes, key, where)
     picked = pick(kept, val_fraction, test_fraction, split_seed, folds, fold)
-    return assemble(chunks, picked, loaded.pad_token_id, max_length if packing else None)
+    if targets and sample is None:
+        source, train = picked["train"]
+        check_trained_classes(targets[source][train], classes or [], val_fraction)
+    types = "token_type_ids" in loaded.model_input_names
+    return assemble(chunks, picked, loaded.pad_token_id, max_length if packing else None, targets, types)
 
 
 def is_text(node: Mapping[str, Any]) -> bool:
@@ -98,6 +118,7 @@ def checked(
     columns: dict[str, str] | None,
     chat_template: str | None = None,
     train_on: str = "all_assistant",
+    packing: bool = False,
 ) -> tuple[Any, dict[str, str]]:
     """The tokenizer, loaded (its chat template replaced by ``chat_template``'s file when given), and the columns
     the format reads (renamed by ``columns``); a ConfigError for a format, a length, a template or a tokenizer that
@@ -110,6 +131,11 @@ def checked(
         raise ConfigError("dataset.max_length", max_length, "a row needs at least 2 tokens to learn one.")
     if train_on not in TRAIN_ON:
         raise ConfigError("dataset.train_on", train_on, "unknown.", ", ".join(TRAIN_ON))
+    if packing and format == CLASSIFICATION:
+        raise ConfigError(
+            "dataset.packing", packing, "a classifier reads one text a sequence: format=classification packs nothing.",
+            "dataset.packing=false",
+        )  # fmt: skip
     if chat_template is not None and format != "messages":
         raise ConfigError(
             "dataset.chat_template", chat_template, f"dataset.format={format} renders no chat template.",
@@ -177,13 +203,23 @@ def pick(
 
 
 def assemble(
-    chunks: dict[str, list[Chunk]], picked: dict[str, tuple[str, np.ndarray]], pad_id: int, pack_to: int | None = None
+    chunks: dict[str, list[Chunk]],
+    picked: dict[str, tuple[str, np.ndarray]],
+    pad_id: int,
+    pack_to: int | None = None,
+    targets: dict[str, np.ndarray] | None = None,
+    types: bool = False,
 ) -> Splits:
     """The splits ``pick`` chose, over each file set's chunks; packed into sequences of ``pack_to`` tokens when
-    given (``data/packing.py``)."""
-    part = {
-        name: packed(TokenizedRows(chunks[source], rows, pad_id), pack_to) for name, (source, rows) in picked.items()
-    }
+    given (``data/packing.py``); with ``targets`` (each file set's class indices), a classification's rows
+    (``types``: with their token types)."""
+
+    def rows_of(source: str, rows: np.ndarray) -> TokenizedRows:
+        if targets:
+            return ClassifiedRows(chunks[source], rows, pad_id, targets[source], types)
+        return packed(TokenizedRows(chunks[source], rows, pad_id), pack_to)
+
+    part = {name: rows_of(source, rows) for name, (source, rows) in picked.items()}
     return Splits(part["train"], part["val"], part.get("test"))
 
 
@@ -208,45 +244,11 @@ def _split(
 
 
 def default_columns(format: str) -> dict[str, str]:
-    return {"text": {"text": "text"}, "prompt_completion": {"prompt": "prompt", "completion": "completion"}}.get(
-        format, {"messages": "messages"}
-    )
-
-
-def read_rows(path: str, columns: list[str], key: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """The rows of every JSON-lines / Parquet file at ``path`` (a file, a folder, an ``s3://`` prefix), in file
-    order, holding ``columns`` (the first ``limit`` rows: only the files they take are read); a ConfigError naming
-    ``key`` for a missing column or no such file."""
-    import pyarrow.json
-    import pyarrow.parquet as pq
-
-    rows: list[dict[str, Any]] = []
-    for file in files_of(path, key):
-        fs, location = filesystem_of(file)
-        with fs.open_input_file(location) as stream:
-            table = pq.read_table(stream) if file.endswith(".parquet") else pyarrow.json.read_json(stream)
-        check_columns(table.column_names, columns, key, path, file)
-        rows.extend(table.select(columns).to_pylist())
-        if limit is not None and len(rows) >= limit:
-            return rows[:limit]
-    return rows
-
-
-def files_of(path: str, key: str) -> list[str]:
-    """The JSON-lines and Parquet files at ``path``, in order; a ConfigError naming ``key`` when there is none."""
-    files = [file for file in listing(absolute_location(path), key, LAYOUT) if file.lower().endswith(SUFFIXES)]
-    if not files:
-        raise ConfigError(key, path, "holds no .jsonl or .parquet file.", LAYOUT)
-    return files
-
-
-def check_columns(found: Sequence[str], columns: Sequence[str], key: str, path: str, file: str) -> None:
-    missing = [column for column in columns if column not in found]
-    if missing:
-        raise ConfigError(
-            key, path, f"{file} has no column {', '.join(missing)} (its columns: {', '.join(found)}).",
-            "the format's columns, or dataset.columns mapping them to yours, e.g. {prompt: question}",
-        )  # fmt: skip
+    return {
+        "text": {"text": "text"},
+        "prompt_completion": {"prompt": "prompt", "completion": "completion"},
+        CLASSIFICATION: COLUMNS,
+    }.get(format, {"messages": "messages"})
 
 
 @contextlib.contextmanager
@@ -280,9 +282,12 @@ class Tokenize:
             return self._cut(rows)
 
     def _cut(self, rows: list[dict[str, Any]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-        pairs = {"text": self._text, "prompt_completion": self._prompt_completion, "messages": self._messages}[
-            self.format
-        ](rows)
+        pairs = {
+            "text": self._text,
+            "prompt_completion": self._prompt_completion,
+            "messages": self._messages,
+            CLASSIFICATION: self._classification,
+        }[self.format](rows)
         cut = np.array([len(ids) > self.max_length for ids, _ in pairs], dtype=bool)
         kept = [
             (np.asarray(ids[: self.max_length], dtype=np.int32), np.asarray(labels[: self.max_length], dtype=np.int32))
@@ -310,6 +315,20 @@ class Tokenize:
         eos = [self.tokenizer.eos_token_id]
         completions = [row + eos for row in self._ids([row[self.columns["completion"]] for row in rows], False)]
         return [(p + c, [IGNORE] * len(p) + c) for p, c in zip(prompts, completions, strict=True)]
+
+    def _classification(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+        """Each row's text (and ``text_pair``, when the file has that column) as the tokenizer encodes it for a
+        classifier (its special tokens: BERT's [CLS] ... [SEP]), and its token types in place of labels."""
+        texts = [str(row[self.columns["text"]]) for row in rows]
+        second = [row.get(self.columns.get(PAIR, PAIR)) for row in rows]
+        if any(value is not None for value in second) and any(value is None for value in second):
+            raise ConfigError(
+                f"dataset.columns.{PAIR}", self.columns.get(PAIR, PAIR), "is empty in some rows and not in others.",
+                "a second text in every row, or in none",
+            )  # fmt: skip
+        encoded = self.tokenizer(texts, [str(v) for v in second] if second and second[0] is not None else None)
+        types = encoded.get("token_type_ids") or [[0] * len(ids) for ids in encoded["input_ids"]]
+        return list(zip(encoded["input_ids"], types, strict=True))
 
     def _messages(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
         return [self._conversation(row[self.columns["messages"]]) for row in rows]

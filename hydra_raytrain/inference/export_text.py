@@ -1,4 +1,5 @@
-"""A causal language model's run exported as Hugging Face folders (``export --format hf | peft``).
+"""A causal language model's or text classifier's run exported as Hugging Face folders (``export --format hf |
+peft``).
 
     python -m hydra_raytrain.export outputs/runs/<name> --format hf     # -> <run>/export/hf/ (LoRA merged)
     python -m hydra_raytrain.export outputs/runs/<name> --format peft   # -> <run>/export/adapter/ (LoRA runs)
@@ -6,9 +7,11 @@
 ``hf``: the model (its LoRA adapters merged into its weights) with its tokenizer and a generation config (greedy,
 the tokenizer's end and padding tokens), which ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` load offline. ``peft``: the adapters alone, which
-``PeftModel.from_pretrained(base, folder)`` loads onto the base model (``model.path``). Either is loaded back and
-its logits on a batch of token ids compared with the run's model; above ``--tolerance`` the export is refused.
-The folder is written under a temporary name and moved into place once checked.
+``PeftModel.from_pretrained(base, folder)`` loads onto the base model (``model.path``; a classifier's adapters
+hold its head). A classifier's ``hf`` folder is what ``AutoModelForSequenceClassification`` and
+``pipeline("text-classification")`` load, its classes named (``id2label``). Either is loaded back and its logits on
+a batch of token ids compared with the run's model; above ``--tolerance`` the export is refused. The folder is
+written under a temporary name and moved into place once checked.
 """
 
 from __future__ import annotations
@@ -63,20 +66,25 @@ def export_text(run: str, finished: FinishedRun, format: str, output: str | None
 
 
 def _write_hf(model: Any, tokenizer: Any, folder: str) -> Any:
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    """The model (adapters merged) and its tokenizer in ``folder``, loaded back by transformers' Auto class for it:
+    a causal LM with a greedy generation config; a classifier with its config's ``id2label`` (the run's classes)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
 
-    merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
-    merged.generation_config = GenerationConfig(
-        do_sample=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    merged.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
     from hydra_raytrain.models.text import dtype_argument
 
-    return AutoModelForCausalLM.from_pretrained(folder, **{dtype_argument(): merged.dtype}).eval()
+    merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    classifier = type(merged).__name__.endswith("ForSequenceClassification")
+    if not classifier:
+        merged.generation_config = GenerationConfig(
+            do_sample=False,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    merged.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+    return auto.from_pretrained(folder, **{dtype_argument(): merged.dtype}).eval()
 
 
 def _write_adapter(model: Any, cfg: dict[str, Any], folder: str) -> Any:

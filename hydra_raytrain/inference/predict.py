@@ -49,6 +49,7 @@ from hydra_raytrain.data.files import (
 )
 from hydra_raytrain.data.vectors import features_of, holds_numbers, sample_shape
 from hydra_raytrain.inference.actors import allocator, model_actor_env
+from hydra_raytrain.inference.classify_text import is_classifier, labelled
 from hydra_raytrain.inference.export_text import is_text
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.generate import completions, prompt_column
@@ -447,7 +448,10 @@ def predict(
             runtime_env={"env_vars": model_actor_env(import_path())},
         )
         device = "cuda" if num_gpus else "cpu"
-        if is_text(cfg):  # a causal LM: each row's prompt completed
+        if is_classifier(cfg):  # a text classifier: each row's text classified
+            options = dict(device=device, batch_size=batch_size, threads=num_cpus)
+            predictions, features = labelled(read_input(input), run, cfg, columns, options, pool)
+        elif is_text(cfg):  # a causal LM: each row's prompt completed
             data = read_input(input)
             features = [prompt_column(data, columns)]
             generating = dict(device=device, max_new_tokens=max_new_tokens, batch_size=batch_size, threads=num_cpus)

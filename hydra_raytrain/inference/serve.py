@@ -7,6 +7,8 @@
       -> {"predictions": [...], "probabilities": [[...], ...]}      (regression: no "probabilities")
     curl -s 127.0.0.1:8000/predict -d '{"inputs": ["def add(a, b):", ...]}'    (a causal LM's run)
       -> {"predictions": ["<greedy completion>", ...]}                (--max-new-tokens new tokens at most)
+    curl -s 127.0.0.1:8000/predict -d '{"inputs": ["a great film", ...]}'     (a text classifier's run)
+      -> {"predictions": [{"label": "positive", "probability": 0.98}, ...]}
     curl -s 127.0.0.1:8000/health
       -> {"status": "ready", "run": ..., "input_shape": [...], "classes": [...]}
 
@@ -94,7 +96,7 @@ def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
 
 
 def parse_prompts(body: bytes, limit: int) -> list[str]:
-    """``{"inputs": ["prompt", ...]}`` as the list of prompts, or ``BadRequest``."""
+    """``{"inputs": ["prompt", ...]}`` (prompts, or a classifier's texts) as their list, or ``BadRequest``."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as error:
@@ -122,7 +124,7 @@ def answer_prompts(complete: Any, requests: list[list[str]]) -> list[dict[str, A
         try:
             answers.append({"predictions": complete(prompts)})
         except Exception as error:  # noqa: BLE001  (the model refuses these prompts: said to their client)
-            answers.append(BadRequest(422, f"the model cannot complete these prompts: {one_line(error)}"))
+            answers.append(BadRequest(422, f"the model cannot answer these inputs: {one_line(error)}"))
     return answers
 
 
@@ -172,9 +174,12 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
             "samples (a GAN's generator is exported: python -m hydra_raytrain.export RUN_DIR).",
             "a run of a classification, regression or Lightning task",
         )
+    from hydra_raytrain.inference.classify_text import is_classifier
     from hydra_raytrain.inference.export_text import is_text
     from hydra_raytrain.inference.predict import class_names, image_builder
 
+    if is_classifier(cfg):  # a text classifier: texts in, their classes out
+        return {"run": os.path.basename(os.path.abspath(run)), "inputs": "texts", "classes": cfg["dataset"]["classes"]}
     if is_text(cfg):  # a causal LM: prompts in, completions out
         return {"run": os.path.basename(os.path.abspath(run)), "inputs": "prompts", "classes": None}
     dataset = cfg["dataset"]
@@ -188,8 +193,9 @@ def served(cfg: dict[str, Any], run: str) -> dict[str, Any]:
 
 
 def request_parser(description: dict[str, Any], limit: int) -> Any:
-    """A request body's parser for the run /health describes: prompts (a causal LM's), else samples."""
-    if description.get("inputs") == "prompts":
+    """A request body's parser for the run /health describes: prompts (a causal LM's) or texts (a classifier's),
+    else samples."""
+    if description.get("inputs") in ("prompts", "texts"):
         return functools.partial(parse_prompts, limit=limit)
     return functools.partial(parse_inputs, shape=tuple(description["input_shape"]), limit=limit)
 
@@ -202,11 +208,10 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     from fastapi.responses import JSONResponse
     from ray import serve
 
-    from hydra_raytrain.inference.generate import Completer
     from hydra_raytrain.inference.predict import Predictor
 
     app = _fastapi(description["run"], options.docs)
-    path, text = os.path.abspath(run.path), description.get("inputs") == "prompts"
+    path, text = os.path.abspath(run.path), description.get("inputs") in ("prompts", "texts")
     cap, parse = int(options.max_body_mb * 2**20), request_parser(description, options.max_samples)
 
     @serve.deployment(**deployment_options(options))
@@ -217,7 +222,7 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             # A batch of requests goes through the model --max-samples samples at a time (one request's most)
             chunk = options.max_samples
             if text:
-                self.completer = Completer(path, device, options.max_new_tokens, batch_size=chunk)
+                self.answer_texts = text_answers(description["inputs"], path, device, options, chunk)
             else:
                 self.predictor = Predictor(path, [], dataset, device, classes=description["classes"], batch_size=chunk)
 
@@ -246,14 +251,25 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             return outputs
 
         def forward(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
-            if text:  # lists of prompts: their completions, request by request
-                return answer_prompts(self.completer.complete, requests)
+            if text:  # lists of prompts or texts: their answers, request by request
+                return answer_prompts(self.answer_texts, requests)
             predictions, probabilities = self.predictor.answer(self.predictor.forward(np.concatenate(requests)))
             ends = np.cumsum([len(x) for x in requests])[:-1]
             split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
             return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
 
     return Model.bind(run.dataset)  # type: ignore[attr-defined]  # serve.deployment's
+
+
+def text_answers(inputs: str, path: str, device: str, options: argparse.Namespace, chunk: int) -> Any:
+    """What a text run's replica answers a list of texts with: a classifier's ``{"label", "probability"}`` each
+    (``inputs``: texts), a causal LM's greedy completions (prompts)."""
+    from hydra_raytrain.inference.classify_text import TextClassifier
+    from hydra_raytrain.inference.generate import Completer
+
+    if inputs == "texts":
+        return TextClassifier(path, device, batch_size=chunk).answers
+    return Completer(path, device, options.max_new_tokens, batch_size=chunk).complete
 
 
 def _fastapi(run_name: str, docs: bool) -> Any:

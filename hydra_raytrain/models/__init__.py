@@ -11,6 +11,7 @@ _EXPORTS = {
     "timm_model": "zoo",
     "huggingface_model": "zoo",
     "causal_lm": "text",
+    "text_classifier": "text",
     "Generator": "dcgan",
     "Discriminator": "dcgan",
 }

@@ -1,5 +1,6 @@
-"""A Hugging Face causal language model (``model=causal_lm``): loaded from a local directory or a hub id, or
-built with new weights from a config (``model_type`` and its keys), with its tokenizer's vocabulary.
+"""A Hugging Face causal language model (``model=causal_lm``) or text classifier (``model=text_classifier``):
+loaded from a local directory or a hub id, or built with new weights from a config (``model_type`` and its keys),
+with its tokenizer's vocabulary.
 
 Needs the text extra (``pip install 'hydra_raytrain[text]'``: transformers, tokenizers, peft). The hub is asked
 only for an id that is not a local directory, and only when it answers: a hub id that is neither cached nor
@@ -28,14 +29,66 @@ def causal_lm(
     with ``config``'s keys (``+model.hidden_size=64``) and new weights. The input embeddings grow to the
     tokenizer's vocabulary when it holds more tokens (added special tokens). ``gradient_checkpointing``:
     activations recomputed in backward (non-reentrant: works under DDP, FSDP2 and with LoRA)."""
+    from transformers import AutoModelForCausalLM
+
+    return pretrained(AutoModelForCausalLM, path, model_type, tokenizer, gradient_checkpointing, config)
+
+
+def text_classifier(
+    path: str | None = None,
+    model_type: str | None = None,
+    tokenizer: str | None = None,
+    labels: list[Any] | None = None,
+    gradient_checkpointing: bool = False,
+    **config: Any,
+) -> nn.Module:
+    """An ``AutoModelForSequenceClassification`` (``model=text_classifier``), loaded or built as :func:`causal_lm`
+    is, with a head of one output per class of ``labels`` (``dataset.classes``: its ``id2label``, what an export
+    and ``pipeline("text-classification")`` name). A folder's own head of another size is replaced by a new one
+    (transformers says so). The padding token is the tokenizer's (GPT-2's and Llama's heads read the last one
+    that is not)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging
+
+    if not labels or len(labels) < 2:
+        raise ConfigError(
+            "model.labels", labels, "a classifier needs two classes or more.",
+            "model.labels=${dataset.classes} (dataset=text dataset.format=classification reads them)",
+        )  # fmt: skip
+    names = {i: str(label) for i, label in enumerate(labels)}
+    heads = {"num_labels": len(names), "id2label": names, "label2id": {name: i for i, name in names.items()}}
+    if path is not None:
+        heads["ignore_mismatched_sizes"] = True  # a folder's head for other classes: a new one
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # its report of the new head, "newly initialized": what this builder is for
+    try:
+        model: Any = pretrained(
+            AutoModelForSequenceClassification, path, model_type, tokenizer, gradient_checkpointing, {**heads, **config}
+        )
+    finally:
+        logging.set_verbosity(verbosity)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = load_tokenizer(tokenizer or path).pad_token_id
+    return model
+
+
+def pretrained(
+    auto: Any,
+    path: str | None,
+    model_type: str | None,
+    tokenizer: str | None,
+    gradient_checkpointing: bool,
+    config: dict[str, Any],
+) -> nn.Module:
+    """A model of ``auto`` (transformers' Auto class), loaded from ``path`` or built from ``model_type``."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # a bar per worker for reading one file
     if (path is None) == (model_type is None):
         raise ConfigError(
-            "model.path", path, "a causal LM is loaded from a path or built from a model type: one of them.",
+            "model.path", path, "a model is loaded from a path or built from a model type: one of them.",
             "model.path=DIR (or a hub id), or model.model_type=llama with model.tokenizer=DIR",
         )  # fmt: skip
     vocabulary = len(load_tokenizer(tokenizer or path, "model.tokenizer" if tokenizer else "model.path"))
@@ -43,10 +96,11 @@ def causal_lm(
         check_reachable("model.path", path)
         # float32 weights whatever the checkpoint's dtype (transformers 5 keeps a bf16 checkpoint's): the optimizer
         # steps full-precision weights, and trainer.precision=bf16-mixed computes in bf16 (autocast, FSDP's policy)
-        model = AutoModelForCausalLM.from_pretrained(path, **{dtype_argument(): torch.float32, **config})
+        model = auto.from_pretrained(path, **{dtype_argument(): torch.float32, **config})
     else:
+        config = {key: value for key, value in config.items() if key != "ignore_mismatched_sizes"}
         settings = AutoConfig.for_model(str(model_type), **{"vocab_size": vocabulary, **config})
-        model = AutoModelForCausalLM.from_config(settings)
+        model = auto.from_config(settings)
     embeddings: Any = model.get_input_embeddings()
     if embeddings.num_embeddings < vocabulary:
         grow(model, vocabulary)

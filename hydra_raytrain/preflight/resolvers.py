@@ -16,7 +16,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 
 from hydra_raytrain.config.identity import run_name, sweep_name
-from hydra_raytrain.data import folders, sizing, tables
+from hydra_raytrain.data import folders, sizing, tables, text_labels
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.targets import absolute_target_paths
 
@@ -65,6 +65,7 @@ def register_resolvers() -> None:
         "table_shape": tables.table_shape,
         "table_outputs": tables.table_outputs,
         "table_classes": tables.table_classes,
+        "text_classes": text_labels.text_classes,
     }
     for name, resolver in resolvers.items():
         if not OmegaConf.has_resolver(name):

@@ -122,7 +122,9 @@ def check_patterns(models: dict[str, nn.Module], finetune: FinetuneConfig) -> No
 
 def add_adapters(model: nn.Module, settings: PeftConfig) -> nn.Module:
     """``peft=lora``: the model inside peft's ``PeftModel`` with LoRA adapters, its own weights frozen (a Hugging
-    Face causal LM as a ``PeftModelForCausalLM``, which generates); the model as it is for ``peft=none``."""
+    Face causal LM as a ``PeftModelForCausalLM``, which generates; a text classifier as a
+    ``PeftModelForSequenceClassification``, whose new head trains whole and is saved with the adapters); the model
+    as it is for ``peft=none``."""
     if settings.method == "none":
         return model
     try:
@@ -137,7 +139,7 @@ def add_adapters(model: nn.Module, settings: PeftConfig) -> nn.Module:
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=list(modules) if isinstance(modules, (list, tuple)) else modules,
-        task_type="CAUSAL_LM" if hasattr(model, "generate") and hasattr(model, "config") else None,
+        task_type=peft_task(model),
     )
     try:
         return get_peft_model(model, config)
@@ -152,3 +154,13 @@ def add_adapters(model: nn.Module, settings: PeftConfig) -> nn.Module:
             f"{str(error).splitlines()[0]}",
             f"names of the model's modules (e.g. {', '.join(names[:12])}), or all-linear",
         ) from None
+
+
+def peft_task(model: nn.Module) -> str | None:
+    """peft's task type for a Hugging Face model: ``SEQ_CLS`` for a sequence classifier (peft then trains and saves
+    its head, ``classifier`` or ``score``), ``CAUSAL_LM`` for a model that generates; None for any other."""
+    if not hasattr(model, "config"):
+        return None
+    if type(model).__name__.endswith("ForSequenceClassification"):
+        return "SEQ_CLS"
+    return "CAUSAL_LM" if hasattr(model, "generate") else None

@@ -147,3 +147,61 @@ def text_overrides(folder: Path) -> tuple[str, ...]:
         "optimizer.lr=0.01",
         "trainer.progress_bar=false",
     )
+
+
+# A keyword rule a text classifier learns: a review holding one of the KEYWORDS is "positive", else "negative".
+KEYWORDS = ("great", "superb")
+FILLER = (
+    "the film was long and the plot moved slowly while actors spoke about a city a river a train and some old "
+    "friends who met again after many years to talk of work music food weather books and small towns"
+).split()
+
+
+def review_rows(count: int, seed: int = 0) -> list[dict]:
+    """``count`` reviews of 4-12 filler words, half with a keyword put among them: ``{"review", "stars"}`` rows whose
+    label is ``positive`` or ``negative`` (what ``dataset.columns={text: review, label: stars}`` reads)."""
+    import random
+
+    draw = random.Random(seed)
+    rows = []
+    for i in range(count):
+        words = draw.choices(FILLER, k=draw.randint(4, 12))
+        if i % 2:
+            words.insert(draw.randrange(len(words) + 1), draw.choice(KEYWORDS))
+        rows.append({"id": i, "review": " ".join(words), "stars": "positive" if i % 2 else "negative"})
+    return rows
+
+
+def write_bert(folder: Path, seed: int = 0, **sizes: int) -> Path:
+    """A tiny BERT encoder (new weights, ``seed``) with a WordPiece tokenizer over the reviews' words, saved as a
+    local Hugging Face directory (``BertModel``: the classifier's head is ``model=text_classifier``'s to add)."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted({*FILLER, *KEYWORDS})]
+    tokenizer = BertTokenizer(vocab={word: i for i, word in enumerate(words)})
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    config = BertConfig(vocab_size=len(words), max_position_embeddings=64, **{**tiny, **sizes})
+    torch.manual_seed(seed)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def classifier_overrides(folder: Path, rows: int = 192) -> tuple[str, ...]:
+    """A tiny BERT and ``rows`` reviews written under ``folder``: the overrides of a text classification run on them
+    (the labels in the ``stars`` column, the texts in ``review``)."""
+    model = write_bert(folder / "bert")
+    data = write_jsonl(folder / "reviews.jsonl", review_rows(rows))
+    return (
+        "task=text_classification",
+        "model=text_classifier",
+        f"model.path={model}",
+        "dataset=text",
+        f"dataset.path={data}",
+        "dataset.format=classification",
+        "dataset.columns={text: review, label: stars}",
+        "dataset.val_fraction=0.25",
+        "trainer.progress_bar=false",
+    )

@@ -45,7 +45,13 @@ REQUIRED = {
 TEXT = ["task=causal_lm", "model=causal_lm", "model.path=lm", "dataset=text", "dataset.path=text.jsonl"]
 REQUIRED.update({option: TEXT for option in (("dataset", "text"), ("model", "causal_lm"), ("task", "causal_lm"))})
 REQUIRED[("peft", "lora")] = TEXT
-TEXT_MODELS = {"causal_lm"}
+# A text classifier: a 1-layer BERT built from its type with that tokenizer, learning labelled.jsonl's two classes.
+CLASSIFIER = ["task=text_classification", "model=text_classifier", "model.path=null", "model.model_type=bert"]
+CLASSIFIER += ["model.tokenizer=lm", "+model.hidden_size=16", "+model.num_hidden_layers=1"]
+CLASSIFIER += ["+model.num_attention_heads=2", "+model.intermediate_size=32"]
+CLASSIFIER += ["dataset=text", "dataset.path=labelled.jsonl", "dataset.format=classification"]
+REQUIRED.update({option: CLASSIFIER for option in (("model", "text_classifier"), ("task", "text_classification"))})
+TEXT_MODELS = {"causal_lm", "text_classifier"}
 # torchvision checks CIFAR-10's files by their checksums: no small stand-in exists. Without the files, the driver
 # leaves them to the workers' download (download: true, a warning), and refuses them with download=false.
 NO_DATA = {("dataset", "cifar10")}
@@ -90,6 +96,7 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     monkeypatch.chdir(tmp_path)  # relative paths are the driver's: dataset.root=pets is read where the CLI runs
     (tmp_path / "lm").symlink_to(text_model)
     write_jsonl(tmp_path / "text.jsonl", [{"text": "def f(a):"}, {"text": "return a + 1"}] * 5)
+    write_jsonl(tmp_path / "labelled.jsonl", [{"text": "def f(a):", "label": "f"}, {"text": "a + 1", "label": "e"}] * 5)
     write_images(tmp_path / "pets", ["cat", "dog"], 2)
     for name in ("MNIST", "FashionMNIST"):
         write_mnist(tmp_path / "data", name)

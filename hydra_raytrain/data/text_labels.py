@@ -1,0 +1,85 @@
+"""A text classification's labels (``dataset=text dataset.format=classification``): the classes are the label
+column's values in the training rows, sorted (strings, or integers), kept with the run (``dataset.classes``) and
+named by its model (``id2label``); each split's labels become class indices, and a label training never saw is
+refused by name. No torch here: ``${text_classes:...}`` resolves on the driver before anything heavy loads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.data.text_files import read_rows
+
+CLASSIFICATION = "classification"  # the dataset.format
+COLUMNS = {"text": "text", "label": "label"}  # what it reads; ``text_pair`` too, where a file has it
+PAIR = "text_pair"
+
+
+def label_column(columns: Mapping[str, Any] | None) -> str:
+    """The label's column: ``dataset.columns.label``, else ``label``."""
+    return str(dict(columns or {}).get("label", COLUMNS["label"]))
+
+
+def text_classes(path: str, format: str = "text", columns: Mapping[str, Any] | None = None) -> list[Any] | None:
+    """``dataset.classes``: the labels of ``path``'s rows (a classification's), sorted; None for other formats."""
+    if format != CLASSIFICATION:
+        return None
+    column = label_column(columns)
+    return classes_of([row[column] for row in read_rows(path, [column], "dataset.path")], column)
+
+
+def classes_of(values: Sequence[Any], column: str) -> list[Any]:
+    """The distinct labels, sorted; a ConfigError for empty labels, labels that are not strings or integers (or a
+    mix of both), and a single class."""
+    key = "dataset.columns.label"
+    empty = sum(value is None for value in values)
+    if empty:
+        raise ConfigError(key, column, f"{empty} rows of dataset.path have no label.", "a label in every row")
+    kinds = {type(value) for value in values}
+    if not (kinds <= {str} or kinds <= {int}):
+        found = ", ".join(sorted(kind.__name__ for kind in kinds))
+        raise ConfigError(
+            key, column, f"holds {found} values: a label is a class, named by a string or an integer (not both).",
+            "a column of strings (positive, negative) or of integers (0, 1, 2)",
+        )  # fmt: skip
+    classes = sorted(set(values))
+    if len(classes) < 2:
+        raise ConfigError(
+            key, column, f"holds one label ({few(classes)}) in dataset.path's rows: a classifier needs two or more.",
+            "a label column with at least two classes",
+        )  # fmt: skip
+    return classes
+
+
+def class_indices(values: Sequence[Any], classes: Sequence[Any], key: str, path: str) -> np.ndarray:
+    """Each label's index in ``classes``; a ConfigError naming ``key`` (the rows' file set, at ``path``) for a label
+    that is none of them."""
+    index = {label: i for i, label in enumerate(classes)}
+    unknown = sorted({value for value in values if value not in index}, key=str)
+    if unknown:
+        raise ConfigError(
+            key, path, f"holds labels the training rows never have: {few(unknown)} (the classes: {few(classes)}).",
+            "rows whose labels are among the classes of dataset.path's rows",
+        )  # fmt: skip
+    return np.fromiter((index[value] for value in values), dtype=np.int64, count=len(values))
+
+
+def check_trained_classes(train: np.ndarray, classes: Sequence[Any], val_fraction: float) -> None:
+    """Every class among the training split's labels (``train``: their indices); a ConfigError naming the classes
+    the split drew no row of (all their rows went to validation or test)."""
+    missing = sorted(set(range(len(classes))) - set(np.unique(train).tolist()))
+    if missing:
+        names = few([classes[i] for i in missing])
+        raise ConfigError(
+            "dataset.val_fraction", val_fraction, f"the training split has no row labelled {names}: every such row of "
+            "dataset.path went to validation or test, so the model could never learn it.",
+            "more rows of that label, or a dataset.val_path (and dataset.test_path) of your own",
+        )  # fmt: skip
+
+
+def few(values: Sequence[Any], shown: int = 8) -> str:
+    listed = ", ".join(repr(value) for value in values[:shown])
+    return listed + (f", ... ({len(values)} in all)" if len(values) > shown else "")
