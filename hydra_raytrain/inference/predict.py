@@ -10,7 +10,9 @@ run's features column(s). For a run on another dataset of arrays (the default ru
 values (``--features`` names them: names or patterns); each row's values, flattened (a list or tensor column, or
 scalar columns joined in order), are reshaped to the run's ``input_shape``, as serve takes a request's samples.
 For a run trained on images (``imagefolder``, ``images``, ``mnist``, ``cifar10``, ...) INPUT is an image file or a
-folder (or ``s3://`` prefix) of images, class folders or not. Each row or image is decoded as training decoded it
+folder (or ``s3://`` prefix) of images, class folders or not. For a text run, INPUT's rows hold text: a causal LM's
+``prompt`` column is completed (``prediction``); a text classifier's text column (the run's ``dataset.columns.text``)
+is classified (``prediction``: the class, ``probability``: its probability); ``--features NAME`` names another. Each row or image is decoded as training decoded it
 (the same column mapping, image transforms and ``input_shape``), the model is the run's (``load_model``), and the
 output is a folder of Parquet files: the input's other columns (ids, labels; an
 image's ``path``, and its class folder as ``label`` where that is one of the run's classes) carried through,

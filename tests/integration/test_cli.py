@@ -752,6 +752,12 @@ BAD_INPUTS = [
         + ["dataset.packing=true"],
         ["dataset.packing=True", "BloomForCausalLM) lets packed documents attend to each other", "packing=false"],
     ),
+    (  # a text classifier on a label column of one class (the texts themselves, all alike here)
+        ["task=text_classification", "model=text_classifier", "model.path=null", "model.model_type=bert"]
+        + ["model.tokenizer=lm", "dataset=text", "dataset.path=text.jsonl", "dataset.format=classification"]
+        + ["dataset.columns={label: text}"],
+        ["dataset.columns.label='text'", "holds one label ('def f(a): return a')", "at least two classes"],
+    ),
 ]
 
 

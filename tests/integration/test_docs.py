@@ -177,17 +177,22 @@ def test_own_task_page(tmp_path):
 
 def test_text_page(tmp_path):
     """The text page's runs on a tiny Llama written at models/base: prompt/completion rows, chats with LoRA, and
-    chats packed."""
-    from tests.helpers.text import PAIRS, pair_rows, write_jsonl, write_model
+    chats packed; and a tiny BERT's at models/bert classifying reviews."""
+    from tests.helpers.text import PAIRS, pair_rows, review_rows, write_bert, write_jsonl, write_model
 
     write_model(tmp_path / "models" / "base", "llama")
+    write_bert(tmp_path / "models" / "bert")
+    write_jsonl(tmp_path / "data" / "reviews.jsonl", review_rows(40))
     write_jsonl(tmp_path / "data" / "train.jsonl", pair_rows(2))
     chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
     write_jsonl(tmp_path / "data" / "chats.jsonl", chats)
     done = run_page("text.md", tmp_path)
-    assert len(done) == 3
-    summaries = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
-    assert sorted(s["status"] for s in summaries) == ["completed"] * 3
+    assert len(done) == 4
+    every = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
+    assert sorted(s["status"] for s in every) == ["completed"] * 4
+    (classified,) = [s for s in every if "val_accuracy" in s["final"]]  # a smoke run: it ran, and scored its classes
+    assert run_config(tmp_path, Path(classified["run_dir"]).name)["dataset"]["classes"] == ["negative", "positive"]
+    summaries = [s for s in every if s is not classified]
     assert all(s["final"]["train_tokens"] > 0 and s["final"]["val_perplexity"] > 1 for s in summaries)
     configs = [run_config(tmp_path, f"{Path(s['run_dir']).name}") for s in summaries]
     assert sorted((c["peft"]["method"], c["dataset"]["packing"]) for c in configs) == [

@@ -75,3 +75,30 @@ def test_a_tiny_bert_learns_a_keyword_rule_on_2_workers_and_export_predict_and_s
         assert [a["label"] for a in answered] == [a["label"] for a in exported[:5]]
         assert [a["probability"] for a in answered] == pytest.approx([a["score"] for a in exported[:5]], abs=1e-5)
     assert server.process.returncode == 0, server.errors.read_text()[-3000:]
+
+
+@pytest.mark.long("the gate's keyword-rule test carries text classification; LoRA's own is the causal LM's kill test")
+def test_lora_trains_the_classifier_s_new_head_with_its_adapters_and_both_exports_load(ray_address, reviews, tmp_path):
+    """peft=lora on 2 workers: the encoder's weights frozen, the adapters and the new head (peft's modules_to_save)
+    trained and saved alone; the peft folder loads onto the base with PeftModel, the merged hf folder with the
+    pipeline, each checked against the run's logits by export, and the rule learned well above chance."""
+    import torch
+    from transformers import pipeline
+
+    from hydra_raytrain.inference.export import export
+
+    run = tmp_path / "run"
+    lora = ("peft=lora", "optimizer.lr=1e-2", "trainer.max_epochs=12", "scaling.num_workers=2")
+    summary = train(compose_config(*reviews, *LEARN, *lora), run_dir=str(run))
+    assert summary["status"] == "completed" and summary["final"]["val_accuracy"] >= 0.8, summary
+    saved = torch.load(run / "model.pt", map_location="cpu", weights_only=True)
+    assert {name for name in saved if "lora_" not in name} == {
+        "base_model.model.classifier.modules_to_save.default.weight",
+        "base_model.model.classifier.modules_to_save.default.bias",
+    }
+    assert export(str(run), "peft")["max_abs_diff"] <= 1e-4
+    assert export(str(run), "hf")["max_abs_diff"] <= 1e-4
+    classify = pipeline("text-classification", model=str(run / "export" / "hf"))
+    new = review_rows(40, seed=2)
+    answers = classify([row["review"] for row in new])
+    assert sum(a["label"] == row["stars"] for a, row in zip(answers, new, strict=True)) >= 32
