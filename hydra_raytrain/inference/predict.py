@@ -12,14 +12,14 @@ scalar columns joined in order), are reshaped to the run's ``input_shape``, as s
 For a run trained on images (``imagefolder``, ``images``, ``mnist``, ``cifar10``, ...) INPUT is an image file or a
 folder (or ``s3://`` prefix) of images, class folders or not. For a text run, INPUT's rows hold text: a causal LM's
 ``prompt`` column is completed (``prediction``); a text classifier's text column (the run's ``dataset.columns.text``)
-is classified (``prediction``: the class, ``probability``: its probability); ``--features NAME`` names another. Each row or image is decoded as training decoded it
-(the same column mapping, image transforms and ``input_shape``), the model is the run's (``load_model``), and the
-output is a folder of Parquet files: the input's other columns (ids, labels; an
-image's ``path``, and its class folder as ``label`` where that is one of the run's classes) carried through,
-``prediction`` (the class, by name when the run's classes are strings; the value for regression) and, for
-classification, ``probabilities`` (one per class, in class order). Rows come back in no particular order: carry
-an id column to join them. The output must not exist yet (a path, or an ``s3://`` prefix with nothing under it).
-The cluster: ``--address``, else the environment's ``RAY_ADDRESS``, else a local one.
+is classified (``prediction``: the class, ``probability``: its probability); ``--features NAME`` names another.
+Each row or image is decoded as training decoded it (the same column mapping, image transforms and
+``input_shape``), the model is the run's (``load_model``), and the output is a folder of Parquet files: the input's
+other columns (ids, labels; an image's ``path``, and its class folder as ``label`` where that is one of the run's
+classes) carried through, ``prediction`` (the class, by name when the run's classes are strings; the value for
+regression) and, for classification, ``probabilities`` (one per class, in class order). Rows come back in no
+particular order: carry an id column to join them. The output must not exist yet (a path, or an ``s3://`` prefix
+with nothing under it). The cluster: ``--address``, else the environment's ``RAY_ADDRESS``, else a local one.
 """
 
 from __future__ import annotations
