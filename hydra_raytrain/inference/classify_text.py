@@ -39,7 +39,7 @@ class TextClassifier:
         tokenizer = run_tokenizer(FinishedRun.read(run).config)
         self.torch, self.device, self.batch_size = torch, torch.device(device), batch_size
         self.model: Any = load_model(run)
-        self.model.to(self.device).eval()
+        self.model.to(self.device).eval()  # type: ignore[union-attr]
         self.classes = list(dataset["classes"])
         self.pad_id, self.types = tokenizer.pad_token_id, "token_type_ids" in tokenizer.model_input_names
         self.tokenize = Tokenize(tokenizer, CLASSIFICATION, {"text": "text", PAIR: PAIR}, int(dataset["max_length"]))
@@ -48,7 +48,8 @@ class TextClassifier:
         """Each text's class (of the run's classes) and every class's probability ``(texts, classes)``."""
         from hydra_raytrain.data.token_rows import ClassifiedRows, chunk_of
 
-        rows = [{"text": t, PAIR: p} for t, p in zip(texts, pairs or [None] * len(texts), strict=True)]
+        seconds: list[str | None] = list(pairs) if pairs else [None] * len(texts)
+        rows = [{"text": t, PAIR: p} for t, p in zip(texts, seconds, strict=True)]
         encoded, _, _ = self.tokenize.cut(rows)
         every = ClassifiedRows([chunk_of(encoded)], range(len(rows)), self.pad_id, np.zeros(len(rows)), self.types)
         outputs = []
