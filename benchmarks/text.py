@@ -21,7 +21,12 @@ run padded, on a corpus of mixed lengths (``dataset.format=text``: 4 rows in 5 o
 words), the same model and threads. Padded: 16 rows a step; packed: sequences of ``dataset.max_length`` tokens, as
 many a step as hold the same tokens on average (the same optimisation per step). And TRL's ``SFTTrainer`` with
 ``packing=True`` (its best-fit-decreasing packing, padding-free) on the same model, training rows, sequences per
-step, learning rate and threads (TRL is a bench-only dependency: ``pip install -e '.[bench]'``).
+step, learning rate and threads (TRL is a bench-only dependency: ``pip install -e '.[bench]'``). ``--only trl``:
+the packed run and TRL's alone.
+
+A text classifier (``--only classifier``, and after the rest): examples/s of ``task=text_classification`` on one
+worker against a plain PyTorch loop over the same BERT (hidden 256, 4 layers, new weights), reviews (the tests'
+keyword rule: 4-13 words), batches of 32 in the same seeded order, fused AdamW and threads.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.helpers.text import varied_rows, write_jsonl, write_model  # noqa: E402  (the tests' tiny models)
+from tests.helpers.text import review_rows, varied_rows, write_bert, write_jsonl, write_model  # noqa: E402
 
 BATCH, LR = 16, 1e-3
 EVERY = "ours, every position's logits"
+CAUSAL = ("task=causal_lm", "model=causal_lm", "dataset.format=prompt_completion")
 # The vocabulary padded to 3,072 rows (the tokenizer uses 320): the output head is then ~23% of a token's matmul
 # work, as in the small LLMs users fine-tune (the head's share of the weights: SmolLM2-135M 21%, Qwen2.5-0.5B 28%,
 # Llama-3.2-1B 21%).
@@ -130,12 +136,15 @@ def epoch_clock():
     return Clock(), ends
 
 
-def ours(folder: Path, data: Path, epochs: int, scratch: str, *overrides: str) -> list[float]:
-    """Supervised tokens/s of each epoch of python -m hydra_raytrain on one worker (its metrics.jsonl)."""
+def ours(
+    folder: Path, data: Path, epochs: int, scratch: str, *overrides: str, key: str = "tokens_per_second", task=CAUSAL
+) -> list[float]:
+    """Supervised tokens/s (``key``'s figure) of each epoch of python -m hydra_raytrain on one worker (its
+    metrics.jsonl), a causal LM's run (``task``: the groups of another)."""
     run = os.path.join(scratch, f"ours{len(os.listdir(scratch))}")
     command = [
-        sys.executable, "-m", "hydra_raytrain", "task=causal_lm", "model=causal_lm", f"model.path={folder}",
-        "dataset=text", f"dataset.path={data}", "dataset.format=prompt_completion", "dataset.max_length=256",
+        sys.executable, "-m", "hydra_raytrain", *task, f"model.path={folder}",
+        "dataset=text", f"dataset.path={data}", "dataset.max_length=256",
         "dataset.val_fraction=0.05", "scaling.num_workers=1", f"trainer.batch_size={BATCH}", "optimizer=adamw",
         f"optimizer.lr={LR}", "optimizer.weight_decay=0.0", f"trainer.max_epochs={epochs}",
         "trainer.progress_bar=false", f"hydra.run.dir={run}", *overrides,
@@ -144,7 +153,7 @@ def ours(folder: Path, data: Path, epochs: int, scratch: str, *overrides: str) -
     if done.returncode:
         raise SystemExit(f"hydra_raytrain failed:\n{done.stderr[-3000:]}")
     lines = Path(run, "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["tokens_per_second"] for line in lines]
+    return [json.loads(line)[key] for line in lines]
 
 
 def tokenization(folder: Path, rows: list[dict], scratch: str) -> dict[str, float]:
@@ -199,8 +208,9 @@ def mixed_rows(count: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def packing(folder: Path, scratch: str, rows: int, epochs: int) -> dict[str, float]:
-    """Supervised tokens/s of a padded run and a packed one on the same mixed-length rows (``ours``'s runs)."""
+def packing(folder: Path, scratch: str, rows: int, epochs: int, padded: bool = True) -> dict[str, float]:
+    """Supervised tokens/s of a padded run (unless not ``padded``), a packed one (``ours``'s runs) and TRL's on the
+    same mixed-length rows."""
     from hydra_raytrain.data.tokenized import text
 
     data = write_jsonl(Path(scratch, "mixed.jsonl"), mixed_rows(rows))
@@ -213,18 +223,18 @@ def packing(folder: Path, scratch: str, rows: int, epochs: int) -> dict[str, flo
         "dataset.tokenize=driver",
     )  # fmt: skip
     figures = {}
-    for name, overrides in (
-        ("padded", (*common, f"trainer.batch_size={BATCH}")),
-        ("packed", (*common, "dataset.packing=true", f"trainer.batch_size={packs}")),
-    ):
+    runs = {"padded": (*common, f"trainer.batch_size={BATCH}")} if padded else {}
+    runs["packed"] = (*common, "dataset.packing=true", f"trainer.batch_size={packs}")
+    for name, overrides in runs.items():
         rates = ours(folder, data, epochs, scratch, *overrides)
         figures[name] = steady(rates)
         each = ", ".join(f"{rate:,.0f}" for rate in rates)
         print(f"{name:28s} {figures[name]:10,.0f} supervised tokens/s  (epochs: {each})", flush=True)
     trl = figures["TRL SFTTrainer, packed"] = steady(trl_packed(folder, data, epochs, packs, scratch))
     print(f"{'TRL SFTTrainer, packed':28s} {trl:10,.0f} supervised tokens/s", flush=True)
-    packed, padded = figures["packed"], figures["padded"]
-    print(f"packed / padded: {packed / padded:.2f}x; packed / TRL SFTTrainer packed: {packed / trl:.2f}x", flush=True)
+    if padded:
+        print(f"packed / padded: {figures['packed'] / figures['padded']:.2f}x", flush=True)
+    print(f"packed / TRL SFTTrainer packed: {figures['packed'] / trl:.2f}x", flush=True)
     return figures
 
 
@@ -248,10 +258,60 @@ def trl_packed(folder: Path, data: Path, epochs: int, packs: int, scratch: str) 
         learning_rate=LR, max_length=PACK_LENGTH, packing=True, save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, lr_scheduler_type="constant",
         warmup_steps=0, disable_tqdm=True, optim="adamw_torch_fused", weight_decay=0.0,
+        bf16=False,  # TRL defaults to bf16, ours (as transformers) to float32: bf16 is over 10x slower on this CPU
     )  # fmt: skip
     dataset = Dataset.from_list([rows[int(i)] for i in train.rows])
     SFTTrainer(model=model, args=config, train_dataset=dataset, callbacks=[clock]).train()
     return [per_epoch / (end - start) for start, end in zip(ends[::2], ends[1::2], strict=True)]
+
+
+CLASSIFIER_BATCH = 32
+BERT = dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4)
+REVIEWS = ("dataset.columns={text: review, label: stars}", "dataset.val_fraction=0.05")
+
+
+def classifier(scratch: str, rows: int, epochs: int) -> dict[str, float]:
+    """Examples/s of a text classifier: a plain loop against ``python -m hydra_raytrain`` on one worker."""
+    folder = write_bert(Path(scratch, "bert"), **BERT)
+    data = write_jsonl(Path(scratch, "reviews.jsonl"), review_rows(rows))
+    figures = {"plain loop": steady(plain_classifier_loop(folder, data, epochs))}
+    task = ("task=text_classification", "model=text_classifier", "dataset.format=classification")
+    overrides = (*REVIEWS, f"trainer.batch_size={CLASSIFIER_BATCH}")
+    rates = ours(folder, data, epochs, scratch, *overrides, key="samples_per_second", task=task)
+    figures["hydra_raytrain, 1 worker"] = steady(rates)
+    for name, rate in figures.items():
+        print(f"classifier, {name:28s} {rate:10,.0f} examples/s", flush=True)
+    print(f"classifier, ours / plain loop: {figures['hydra_raytrain, 1 worker'] / figures['plain loop']:.2f}x")
+    return figures
+
+
+def plain_classifier_loop(folder: Path, data: Path, epochs: int) -> list[float]:
+    """Examples/s of each epoch of a plain loop over the classifier (the rows and order our run takes)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from hydra_raytrain.data.tokenized import text
+    from hydra_raytrain.models.text import text_classifier
+    from hydra_raytrain.recipe.sampler import ShardedSampler
+
+    rows = text(str(data), str(folder), "classification", columns={"text": "review", "label": "stars"},
+                val_fraction=0.05).train  # fmt: skip
+    torch.manual_seed(0)
+    model = text_classifier(str(folder), labels=["negative", "positive"]).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
+    rates = []
+    for epoch in range(epochs):
+        sampler = ShardedSampler(len(rows), seed=0)
+        sampler.set_epoch(epoch)
+        started = time.perf_counter()
+        for batch in DataLoader(rows, batch_size=CLASSIFIER_BATCH, sampler=sampler, collate_fn=rows.collate):
+            labels = batch.pop("labels")
+            F.cross_entropy(model(**batch).logits, labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        rates.append(len(rows) / (time.perf_counter() - started))
+    return rates
 
 
 def steady(rates: list[float]) -> float:
@@ -264,12 +324,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--tokenized-rows", type=int, default=500_000, help="rows of the tokenization figures")
     parser.add_argument("--packed-rows", type=int, default=3000, help="rows of the packing figures")
-    parser.add_argument("--only", choices=["packing"], help="only this part")
+    parser.add_argument("--classified-rows", type=int, default=4000, help="rows of the classifier's figures")
+    parser.add_argument("--only", choices=["packing", "trl", "classifier"], help="only this part")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = write_model(Path(scratch, "llama"), "llama", **SIZES, max_position_embeddings=PACK_LENGTH)
-        if options.only == "packing":
-            packing(folder, scratch, options.packed_rows, options.epochs)
+        if options.only in ("packing", "trl"):
+            packing(folder, scratch, options.packed_rows, options.epochs, padded=options.only == "packing")
+            return
+        if options.only == "classifier":
+            classifier(scratch, options.classified_rows, options.epochs)
             return
         rows = varied_rows(options.rows)
         data = write_jsonl(Path(scratch, "train.jsonl"), rows)
@@ -293,6 +357,7 @@ def main() -> None:
         for name, rate in rates.items():
             print(f"tokenization, {name:28s} {rate:10,.0f} rows/s ({rate / plain:.2f}x a plain loop)", flush=True)
         packing(folder, scratch, options.packed_rows, options.epochs)
+        classifier(scratch, options.classified_rows, options.epochs)
 
 
 if __name__ == "__main__":
