@@ -121,6 +121,8 @@ def test_the_step_scores_the_logits_of_ids_mask_and_types(tmp_path, bert):
     output = task.training_step(model, batch)
     logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
     expected = torch.nn.functional.cross_entropy(logits, batch["labels"])
-    assert torch.allclose(output.loss, expected) and int(output.sums["count"]) == len(splits.train)
+    torch.testing.assert_close(output.outputs[0], logits, rtol=0, atol=1e-7)  # its mask and types read, not guessed
+    torch.testing.assert_close(output.loss, expected, rtol=0, atol=1e-7)
+    assert int(output.sums["count"]) == len(splits.train)
     assert int(output.sums["accuracy"]) == int((logits.argmax(1) == batch["labels"]).sum())
     assert "f1" in task.compute({**task.validation_step(model, batch)})
