@@ -83,3 +83,27 @@ def check_trained_classes(train: np.ndarray, classes: Sequence[Any], val_fractio
 def few(values: Sequence[Any], shown: int = 8) -> str:
     listed = ", ".join(repr(value) for value in values[:shown])
     return listed + (f", ... ({len(values)} in all)" if len(values) > shown else "")
+
+
+def check_text_task(dataset: Mapping[str, Any], task: Mapping[str, Any]) -> None:
+    """A text dataset's format fits its task: a classification's rows (``format=classification``) for
+    ``task=text_classification``, and only for it; a ConfigError naming ``dataset.format`` (or ``task``, for
+    ``task=text_classification`` on another dataset) otherwise."""
+    format, target = dataset.get("format"), str(task.get("_target_", ""))
+    if dataset.get("_target_") != "hydra_raytrain.data.text":
+        if target.endswith(".TextClassification"):
+            raise ConfigError(
+                "task", "text_classification", f"reads texts and labels; {dataset.get('_target_')} holds none.",
+                "dataset=text dataset.format=classification, or task=classification for images and tables",
+            )  # fmt: skip
+        return
+    if target.endswith(".TextClassification") and format != CLASSIFICATION:
+        raise ConfigError(
+            "dataset.format", format, "task=text_classification learns one label per text.",
+            "dataset.format=classification (columns text and label; dataset.columns renames them)",
+        )  # fmt: skip
+    if target.endswith(".CausalLM") and format == CLASSIFICATION:
+        raise ConfigError(
+            "dataset.format", format, "task=causal_lm learns a text's tokens, not its label.",
+            "task=text_classification model=text_classifier, or dataset.format=text, prompt_completion or messages",
+        )  # fmt: skip

@@ -758,6 +758,11 @@ BAD_INPUTS = [
         + ["dataset.columns={label: text}"],
         ["dataset.columns.label='text'", "holds one label ('def f(a): return a')", "at least two classes"],
     ),
+    (  # a text classifier on rows of text: no labels
+        ["task=text_classification", "model=text_classifier", "model.path=null", "model.model_type=bert"]
+        + ["model.tokenizer=lm", "dataset=text", "dataset.path=text.jsonl"],
+        ["dataset.format='text'", "learns one label per text", "dataset.format=classification"],
+    ),
 ]
 
 

@@ -9,7 +9,7 @@ import torch
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.finetuning import PeftConfig
 from hydra_raytrain.data.splits import split_indices
-from hydra_raytrain.data.text_labels import text_classes
+from hydra_raytrain.data.text_labels import check_text_task, text_classes
 from hydra_raytrain.data.tokenized import text
 from hydra_raytrain.models.text import text_classifier
 from hydra_raytrain.recipe.finetune import add_adapters
@@ -126,3 +126,19 @@ def test_the_step_scores_the_logits_of_ids_mask_and_types(tmp_path, bert):
     assert int(output.sums["count"]) == len(splits.train)
     assert int(output.sums["accuracy"]) == int((logits.argmax(1) == batch["labels"]).sum())
     assert "f1" in task.compute({**task.validation_step(model, batch)})
+
+
+def test_a_text_format_that_does_not_fit_the_task_is_refused_naming_the_format():
+    text_node, classify = {"_target_": "hydra_raytrain.data.text"}, "hydra_raytrain.tasks.classification."
+    for format, task, words in [
+        ("text", classify + "TextClassification", "dataset.format=classification"),
+        ("classification", "hydra_raytrain.tasks.causal_lm.CausalLM", "task=text_classification"),
+    ]:
+        with pytest.raises(ConfigError, match=words) as caught:
+            check_text_task({**text_node, "format": format}, {"_target_": task})
+        assert caught.value.key == "dataset.format"
+    check_text_task({**text_node, "format": "classification"}, {"_target_": classify + "TextClassification"})
+    with pytest.raises(ConfigError, match="task=classification for images and tables") as caught:
+        check_text_task({"_target_": "hydra_raytrain.data.digits"}, {"_target_": classify + "TextClassification"})
+    assert caught.value.key == "task"
+    check_text_task({"_target_": "hydra_raytrain.data.digits"}, {"_target_": classify + "Classification"})
