@@ -56,6 +56,7 @@ from hydra_raytrain.inference.export_text import is_text
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.generate import completions, prompt_column
 from hydra_raytrain.inference.output import check_output, writing
+from hydra_raytrain.models.sampling import GREEDY, Sampling
 from hydra_raytrain.program import Command, at_least_one
 
 READERS = {
@@ -423,6 +424,7 @@ def predict(
     num_cpus: int = 1,
     columns: list[str] | None = None,
     max_new_tokens: int = 32,
+    sampling: Sampling = GREEDY,
 ) -> dict[str, Any]:
     """Predict every row of ``input`` with a pool of ``num_workers`` model actors of ``num_cpus`` CPUs (as
     many torch threads) each; write ``output`` (Parquet). ``columns``: the input's feature columns (names or
@@ -457,6 +459,7 @@ def predict(
             data = read_input(input)
             features = [prompt_column(data, columns)]
             generating = dict(device=device, max_new_tokens=max_new_tokens, batch_size=batch_size, threads=num_cpus)
+            generating["sampling"] = sampling
             predictions = completions(data, run, features[0], generating, {**pool, "batch_size": batch_size})
         else:
             predictions, features = _predictions(cfg, run, input, columns, images, device, num_cpus, batch_size, pool)
@@ -512,7 +515,19 @@ def _options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-workers", type=int, default=1, help="model actors predicting at once")
     parser.add_argument(
-        "--max-new-tokens", type=at_least_one, default=32, help="a causal LM's run: new tokens a completion (greedy)"
+        "--max-new-tokens", type=at_least_one, default=32, help="a causal LM's run: new tokens a completion"
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="a causal LM's run: 0 greedy (default), else sampled"
+    )
+    parser.add_argument(
+        "--top-p", type=float, default=1.0, help="sampled: the nucleus's probability (default 1: every token)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="sampled: a row's completion depends on it and the row alone"
+    )
+    parser.add_argument(
+        "--stop", action="append", default=[], help="a text that ends a completion (left out); repeatable"
     )
     parser.add_argument("--batch-size", type=at_least_one, default=256, help="rows per model call")
     parser.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor (0: CPU)")
@@ -531,6 +546,7 @@ def _predict(options: argparse.Namespace) -> None:
     from hydra_raytrain.host import machine_cores
     from hydra_raytrain.reach import reach_ray
 
+    sampling = Sampling(options.temperature, options.top_p, options.seed, tuple(options.stop))  # before Ray starts
     # A local cluster of its own: the cores this command may use, or a CPU for every actor and one for the reads
     local_cpus = max(machine_cores(), options.num_workers + 1)
     try:
@@ -550,6 +566,7 @@ def _predict(options: argparse.Namespace) -> None:
             cpus,
             options.features,
             options.max_new_tokens,
+            sampling,
         )
     finally:
         ray.shutdown()

@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from torch import nn
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.models.sampling import GREEDY, Sampling, cut_at_stop, generation_options
 
 
 def causal_lm(
@@ -226,9 +227,19 @@ def check_reachable(key: str, source: str) -> None:
         ) from None  # fmt: skip
 
 
-def complete(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, batch_size: int = 8) -> list[str]:
-    """Each prompt's greedy completion: the new tokens decoded (special tokens left out), ``batch_size`` prompts
-    a call, padded on the left so that every prompt's last token is where generation starts."""
+def complete(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int = 8,
+    sampling: Sampling = GREEDY,
+    special: bool = True,
+) -> list[str]:
+    """Each prompt's completion: the new tokens decoded (special tokens left out), ``batch_size`` prompts a call,
+    padded on the left so that every prompt's last token is where generation starts. Greedy by default; else drawn
+    as ``sampling`` says, each prompt from its seed and text alone (``models/sampling.py``), and ended before its
+    first stop text. ``special``: the tokenizer adds its special tokens (a rendered chat template holds its own)."""
     import torch
 
     device = next(model.parameters()).device
@@ -239,13 +250,15 @@ def complete(model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int
     try:
         with torch.no_grad():
             for start in range(0, len(prompts), batch_size):
-                encoded = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True).to(device)
+                batch = prompts[start : start + batch_size]
+                encoded = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=special).to(device)
+                options = generation_options(batch, sampling, tokenizer)
                 out = model.generate(
-                    **encoded, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                    **encoded, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **options
                 )
                 new = out[:, encoded["input_ids"].shape[1] :]
                 completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
     finally:
         tokenizer.padding_side = side
         model.train(training)
-    return completions
+    return [cut_at_stop(text, sampling.stop) for text in completions]

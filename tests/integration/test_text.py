@@ -3,6 +3,7 @@ Llama built here with a tokenizer trained here: the loss exact in supervised tok
 accumulation, LoRA's adapters alone training, the same on 1 and 2 workers."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -140,6 +141,51 @@ def test_a_chat_template_given_trains_every_turn_and_goes_with_the_run_and_its_e
     exported = AutoTokenizer.from_pretrained(run / "export" / "hf")
     assert exported.chat_template == TRAINING_TEMPLATE
     assert "<think>plus</think>a + b" in exported.apply_chat_template(THINKING, tokenize=False)
+
+
+@pytest.mark.long("the gate's tiny Llama test carries predict; this is its chat rendering and sampling")
+def test_predict_renders_conversations_and_samples_each_row_from_its_seed_alone(ray_address, text_run, tmp_path):
+    """A chat run's predict: a ``messages`` column is rendered by the run's chat template with its generation
+    prompt, and completed sampled (--temperature, --top-p, --seed) as the same model completes it in this process;
+    the completions are the same whatever the actors' batch size, and a stop text ends them."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from hydra_raytrain.inference.evaluate import load_model
+    from hydra_raytrain.inference.finished import FinishedRun
+    from hydra_raytrain.models.sampling import Sampling
+    from hydra_raytrain.models.text import complete, run_tokenizer
+    from tests.conftest import ROOT
+    from tests.helpers.text import PAIRS, THINKING
+
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": THINKING}] * 8)
+    run = tmp_path / "run"
+    chat = (f"dataset.path={data}", "dataset.format=messages", "scaling.num_workers=0", "trainer.max_epochs=1")
+    assert train(compose_config(*text_run, *chat), run_dir=str(run))["status"] == "completed"
+    conversations = [[{"role": "user", "content": prompt}] for prompt, _ in PAIRS[:6]]
+    asked = write_jsonl(tmp_path / "asked.jsonl", [{"id": i, "messages": m} for i, m in enumerate(conversations)])
+    sampled = ["--temperature", "1.0", "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "10"]
+
+    def predicted(output, *options):
+        command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(asked), "--output", output]
+        done = subprocess.run(
+            [*command, *sampled, *options, "--address", ray_address], capture_output=True, text=True,
+            cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        written = pq.read_table(tmp_path / output).to_pydict()
+        return [text for _, text in sorted(zip(written["id"], written["prediction"], strict=True))]
+
+    tokenizer, model = run_tokenizer(FinishedRun.read(str(run)).config), load_model(str(run))
+    rendered = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
+    assert all(text.endswith("<|assistant|>") for text in rendered)  # the template's generation prompt
+    expected = complete(model, tokenizer, rendered, 10, 8, Sampling(1.0, 0.9, 3), special=False)
+    one_by_one = predicted("one", "--batch-size", "1")
+    assert one_by_one == expected == predicted("batched", "--batch-size", "4") and len(set(expected)) > 1
+    stop = next(text for text in expected if len(text) > 4)[2:4]
+    assert predicted("stopped", "--stop", stop) == [text.split(stop)[0] for text in expected]
 
 
 LORA = ("peft=lora", "peft.r=4", "peft.alpha=8", "optimizer.lr=0.05")
