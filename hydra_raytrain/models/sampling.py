@@ -94,7 +94,7 @@ def generation_options(prompts: Sequence[str], sampling: Sampling, tokenizer: An
 
     options: dict[str, Any] = {"do_sample": False}
     if not sampling.greedy:
-        options["logits_processor"] = LogitsProcessorList([RowSampler(prompts, sampling)])  # type: ignore[list-item]
+        options["logits_processor"] = LogitsProcessorList([RowSampler(prompts, sampling)])
     if sampling.stop:
         options.update(stop_strings=list(sampling.stop), tokenizer=tokenizer)
     return options
