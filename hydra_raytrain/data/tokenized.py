@@ -87,12 +87,12 @@ def text(
     chunks, kept, targets = {}, {}, {}
     for source, where in sources(path, val_path, test_path).items():
         key = f"dataset.{source}"
-        rows = read_rows(where, list(names.values()), key, sample, optional=[PAIR] if classes else [])
+        rows = read_rows(where, list(names.values()), key, sample, optional=[PAIR] if format == CLASSIFICATION else [])
         pairs, cut, learned = tokenizing.cut(rows)
         report(key, format, max_length, cut, learned, sampled=sample is not None)
         chunks[source], kept[source] = [chunk_of(pairs)], np.flatnonzero(learned)
-        if classes:
-            targets[source] = class_indices([row[names["label"]] for row in rows], classes, key, where)
+        if format == CLASSIFICATION:
+            targets[source] = class_indices([row[names["label"]] for row in rows], classes or [], key, where)
     picked = pick(kept, val_fraction, test_fraction, split_seed, folds, fold)
     if targets and sample is None:
         source, train = picked["train"]

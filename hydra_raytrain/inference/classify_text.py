@@ -35,8 +35,8 @@ class TextClassifier:
 
         if threads is not None:
             torch.set_num_threads(threads)
-        dataset = FinishedRun.read(run).config["dataset"]
-        tokenizer = run_tokenizer(FinishedRun.read(run).config)
+        config = FinishedRun.read(run).config
+        dataset, tokenizer = config["dataset"], run_tokenizer(config)
         self.torch, self.device, self.batch_size = torch, torch.device(device), batch_size
         self.model: Any = load_model(run)
         self.model.to(self.device).eval()  # type: ignore[union-attr]
