@@ -1,15 +1,19 @@
 """Completions of prompts by a causal language model's run: what ``predict`` writes for a file of prompts (a
 ``prompt`` column, or a ``messages`` column of conversations rendered by the run's chat template with its
 generation prompt) and ``serve`` answers for ``{"inputs": ["prompt", ...]}``. Greedy by default, or sampled
-(``models/sampling.py``: each row from its seed and text alone); ``max_new_tokens`` new tokens at most."""
+(``models/sampling.py``: each row from its seed and text alone); ``max_new_tokens`` new tokens at most. For
+serve's OpenAI API (``inference/openai_api.py``), the requests of a batch generate together, each with its own
+settings, and each step's new text goes to its client as it comes (``stream_rows``)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.models.sampling import GREEDY, Sampling
+from hydra_raytrain.inference.openai_api import Ask, Piece, asked, check_length, read_request, render_with
+from hydra_raytrain.models.sampling import GREEDY, RowSampler, Sampling, cut_at_stop
 
 PROMPT_COLUMN, MESSAGES_COLUMN = "prompt", "messages"
 
@@ -54,6 +58,17 @@ class Completer:
             )
         return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
 
+    def ask(self, kind: str, body: bytes, model: str, cap: int) -> Ask:
+        """An OpenAI request's body (``kind``: chat or text) read and tokenized, or ApiError: its prompt must leave
+        ``max_tokens`` of the model's positions."""
+        ask = asked(kind, read_request(body), model, cap, render_with(self.tokenizer))
+        ask.prompt_ids = list(self.tokenizer(ask.prompt, add_special_tokens=ask.special)["input_ids"])
+        check_length(ask, getattr(self.model.config, "max_position_embeddings", None))
+        return ask
+
+    def stream(self, asks: Sequence[Ask], emit: Callable[[list[Piece | None]], None]) -> None:
+        stream_rows(self.model, self.tokenizer, asks, emit)
+
 
 class PromptRows(Completer):
     """predict's actor: each row's ``column`` completed into ``prediction``, the other columns carried."""
@@ -97,3 +112,90 @@ def completions(data: Any, run: str, column: str, options: dict[str, Any], pool:
         batch_format="pyarrow",
         **pool,
     )
+
+
+class RowText:
+    """One request's answer as its tokens come: the text that can be sent so far (an unfinished character, or the
+    start of a stop text, held back), and its end: an end token or a stop text ("stop"), or ``max_tokens``
+    ("length"). Every token generated counts in ``completion_tokens``, the one that ended it too."""
+
+    def __init__(self, tokenizer: Any, ask: Ask, ends: set[int]) -> None:
+        self.tokenizer, self.ask, self.ends = tokenizer, ask, ends
+        self.ids: list[int] = []
+        self.sent, self.count, self.done = "", 0, False
+
+    def step(self, token: int) -> Piece | None:
+        if self.done:
+            return None
+        if self.ask.cancelled.is_set():  # its client left
+            self.done = True
+            return None
+        self.count += 1
+        if token in self.ends:
+            return self.end("stop", self.decoded())
+        self.ids.append(token)
+        text = self.decoded()
+        cut = cut_at_stop(text, self.ask.sampling.stop)
+        if cut != text:
+            return self.end("stop", cut)
+        if self.count >= self.ask.max_tokens:
+            return self.end("length", text)
+        return self.piece(held_back(text, self.ask.sampling.stop))
+
+    def decoded(self) -> str:
+        return str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
+
+    def piece(self, text: str, finish: str | None = None) -> Piece:
+        new = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        self.sent += new
+        if finish is None:
+            return Piece(new)
+        return Piece(new, finish, len(self.ask.prompt_ids), self.count)
+
+    def end(self, finish: str, text: str) -> Piece:
+        self.done = True
+        return self.piece(text, finish)
+
+
+def held_back(text: str, stop: Sequence[str]) -> str:
+    """``text`` without what may still change: a last character not yet whole (the replacement character a partial
+    UTF-8 sequence decodes to) and an ending that begins a stop text."""
+    text = text.rstrip("\ufffd")
+    longest = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - longest]
+
+
+def stream_rows(model: Any, tokenizer: Any, asks: Sequence[Ask], emit: Callable[[list[Piece | None]], None]) -> None:
+    """Generate every request of ``asks`` in one batch: prompts padded on the left, the KV cache on, each row drawn
+    as its request says (``RowSampler``). After each step ``emit`` gets one entry per request: its new piece, or
+    ``None`` (ended before, or cancelled). A row ends on its own: an end token, a stop text, its ``max_tokens``, or
+    its client gone; the batch ends when every row has."""
+    import torch
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ends = {tokenizer.eos_token_id, *listed(model.generation_config.eos_token_id)} - {None}
+    rows = [RowText(tokenizer, ask, ends) for ask in asks]
+    width = max(len(ask.prompt_ids) for ask in asks)
+    ids = torch.tensor([[pad] * (width - len(a.prompt_ids)) + a.prompt_ids for a in asks])
+    mask = torch.tensor([[0] * (width - len(a.prompt_ids)) + [1] * len(a.prompt_ids) for a in asks])
+
+    class Watch(StoppingCriteria):  # called after each step with every row's tokens: the new one last
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            emit([row.step(token) for row, token in zip(rows, input_ids[:, -1].tolist(), strict=True)])
+            return torch.tensor([row.done for row in rows], device=input_ids.device)
+
+    options: dict[str, Any] = {"do_sample": False, "stopping_criteria": StoppingCriteriaList([Watch()])}
+    if any(not ask.sampling.greedy for ask in asks):
+        sampler = RowSampler([ask.prompt for ask in asks], [ask.sampling for ask in asks])
+        options["logits_processor"] = LogitsProcessorList([sampler])
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), pad_token_id=pad,
+            max_new_tokens=max(ask.max_tokens for ask in asks), **options,
+        )  # fmt: skip
+
+
+def listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]

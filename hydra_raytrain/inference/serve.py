@@ -12,6 +12,12 @@
     curl -s 127.0.0.1:8000/health
       -> {"status": "ready", "run": ..., "input_shape": [...], "classes": [...]}
 
+A causal LM's run also speaks OpenAI's API (``inference/openai_api.py``), for the clients people have:
+    OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none").chat.completions.create(model="<name>", messages=...)
+``/v1/chat/completions`` (the run's chat template applied), ``/v1/completions``, ``/v1/models``; ``stream``,
+``temperature``, ``top_p``, ``seed``, ``stop``, ``max_tokens`` (at most ``--max-new-tokens``). Concurrent requests
+generate together on a replica (each with its own settings; a streamed one sends its text as it comes).
+
 Each sample is nested lists in the run's ``dataset.input_shape``: a model input as the run's dataset yields it (a
 Parquet run's ``dataset.transform`` is applied here, as in training and predict). Predictions are the class (by
 name when the run's classes are strings) or, for regression, the value. Requests are batched across clients
@@ -205,26 +211,18 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     import asyncio
 
     from fastapi import Request
-    from fastapi.responses import JSONResponse
     from ray import serve
 
-    from hydra_raytrain.inference.predict import Predictor
-
-    app = _fastapi(description["run"], options.docs)
-    path, text = os.path.abspath(run.path), description.get("inputs") in ("prompts", "texts")
+    app, path, created = _fastapi(description["run"], options.docs), os.path.abspath(run.path), int(time.time())
     cap, parse = int(options.max_body_mb * 2**20), request_parser(description, options.max_samples)
+    batching = {"max_batch_size": options.max_batch_size, "batch_wait_timeout_s": options.batch_wait_timeout_s}
 
     @serve.deployment(**deployment_options(options))
     @serve.ingress(app)
     class Model:
         def __init__(self, dataset: dict[str, Any]) -> None:
-            device = "cuda" if options.num_gpus else "cpu"
             # A batch of requests goes through the model --max-samples samples at a time (one request's most)
-            chunk = options.max_samples
-            if text:
-                self.answer_texts = text_answers(description["inputs"], path, device, options, chunk)
-            else:
-                self.predictor = Predictor(path, [], dataset, device, classes=description["classes"], batch_size=chunk)
+            self.forward, self.completer = answering(description, path, dataset, options)
 
         @app.get("/health")
         def health(self) -> dict[str, Any]:
@@ -232,33 +230,165 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
 
         @app.post("/predict")
         async def predict(self, request: Request) -> Any:
-            try:
-                body = await read_body(request, cap)
-                # Parsed in a thread: json's parser holds the GIL, so a body near the cap still delays the loop by
-                # its parse (about 35 ms a MB here); the cap bounds that
-                x = await asyncio.get_running_loop().run_in_executor(None, parse, body)
-                answered = await self.batched(x)
-                if isinstance(answered, BadRequest):
-                    raise answered
-            except BadRequest as error:
-                return JSONResponse({"error": error.reason}, status_code=error.status)
-            return answered
+            return await predict_answer(request, cap, parse, self.batched)
 
-        @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_timeout_s)
+        @app.get("/v1/models")
+        def models(self) -> Any:
+            return openai_models(self.completer, description["run"], created)
+
+        @app.post("/v1/{endpoint:path}")  # chat/completions, completions
+        async def openai(self, endpoint: str, request: Request) -> Any:
+            limits = (description["run"], cap, options.max_new_tokens)
+            return await openai_answer(endpoint, request, self.completer, self.generating, *limits)
+
+        @serve.batch(**batching)
+        async def generating(self, asks: list[Any]) -> Any:
+            # The requests of a batch generate together beside the event loop; each step's pieces go to their
+            # clients as they come
+            async for pieces in steps(self.completer.stream, asks):
+                yield pieces
+
+        @serve.batch(**batching)
         async def batched(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
             # The model runs beside the event loop, which goes on taking requests (and /health) meanwhile
             outputs = await asyncio.get_running_loop().run_in_executor(None, self.forward, requests)
             return outputs
 
-        def forward(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
-            if text:  # lists of prompts or texts: their answers, request by request
-                return answer_prompts(self.answer_texts, requests)
-            predictions, probabilities = self.predictor.answer(self.predictor.forward(np.concatenate(requests)))
-            ends = np.cumsum([len(x) for x in requests])[:-1]
-            split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
-            return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
-
     return Model.bind(run.dataset)  # type: ignore[attr-defined]  # serve.deployment's
+
+
+async def predict_answer(request: Any, cap: int, parse: Any, batched: Any) -> Any:
+    """A /predict request's answer: its body (at most ``cap`` bytes) parsed, answered in a batch (``batched``); or
+    ``{"error"}`` with its 4xx status."""
+    import asyncio
+
+    from fastapi.responses import JSONResponse
+
+    try:
+        body = await read_body(request, cap)
+        # Parsed in a thread: json's parser holds the GIL, so a body near the cap still delays the loop by its parse
+        # (about 35 ms a MB here); the cap bounds that
+        x = await asyncio.get_running_loop().run_in_executor(None, parse, body)
+        answered = await batched(x)
+        if isinstance(answered, BadRequest):
+            raise answered
+    except BadRequest as error:
+        return JSONResponse({"error": error.reason}, status_code=error.status)
+    return answered
+
+
+def answering(
+    description: dict[str, Any], path: str, dataset: dict[str, Any], options: argparse.Namespace
+) -> tuple[Any, Any]:
+    """A replica's model: what answers a batch of /predict requests, and the causal LM's ``Completer`` that answers
+    OpenAI's API (``None`` for other runs). A batch goes through the model ``--max-samples`` samples at a time."""
+    from hydra_raytrain.inference.predict import Predictor
+
+    device, chunk = "cuda" if options.num_gpus else "cpu", options.max_samples
+    if description.get("inputs") in ("prompts", "texts"):  # lists of prompts or texts: answered request by request
+        answer_texts = text_answers(description["inputs"], path, device, options, chunk)
+        completer = answer_texts.__self__ if description["inputs"] == "prompts" else None
+        return functools.partial(answer_prompts, answer_texts), completer
+    predictor = Predictor(path, [], dataset, device, classes=description["classes"], batch_size=chunk)
+    return functools.partial(answer_samples, predictor), None
+
+
+def answer_samples(predictor: Any, requests: list[np.ndarray]) -> list[dict[str, Any] | BadRequest]:
+    """Each request's answer, the batch's samples through the model together."""
+    predictions, probabilities = predictor.answer(predictor.forward(np.concatenate(requests)))
+    ends = np.cumsum([len(x) for x in requests])[:-1]
+    split = np.split(probabilities, ends) if probabilities is not None else [None] * len(requests)
+    return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
+
+
+def not_a_language_model(run: str) -> Any:
+    from hydra_raytrain.inference.openai_api import ApiError
+
+    problem = f"{run} is not a causal language model's run: POST /predict answers it."
+    return ApiError(404, problem, None, "not_found")
+
+
+def openai_models(completer: Any, run: str, created: int) -> Any:
+    """``GET /v1/models``: the run's model, by the run's name (404 for a run that is not a causal LM's)."""
+    from fastapi.responses import JSONResponse
+
+    from hydra_raytrain.inference.openai_api import models_body
+
+    if completer is None:
+        error = not_a_language_model(run)
+        return JSONResponse(error.body, status_code=error.status)
+    return models_body(run, created)
+
+
+ENDPOINTS = {"chat/completions": "chat", "completions": "text"}
+
+
+async def openai_answer(
+    endpoint: str, request: Any, completer: Any, generating: Any, run: str, cap: int, most: int
+) -> Any:
+    """An OpenAI request (``endpoint``: chat/completions or completions) read by the replica's ``completer`` (a
+    body over ``cap`` bytes, ``max_tokens`` over ``most``: refused), generated in a batch (``generating``) and answered
+    whole or streamed (server-sent events); or OpenAI's error object."""
+    import asyncio
+
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    from hydra_raytrain.inference.openai_api import ApiError, answer_body, events
+
+    try:
+        if completer is None:
+            raise not_a_language_model(run)
+        if endpoint not in ENDPOINTS:
+            raise ApiError(404, f"No /v1/{endpoint} here: /v1/chat/completions, /v1/completions, /v1/models.")
+        body = await read_body(request, cap)
+        read = functools.partial(completer.ask, ENDPOINTS[endpoint], body, run, most)
+        ask = await asyncio.get_running_loop().run_in_executor(None, read)
+    except BadRequest as bad:
+        return JSONResponse(ApiError(bad.status, bad.reason).body, status_code=bad.status)
+    except ApiError as error:
+        return JSONResponse(error.body, status_code=error.status)
+    pieces = generating(ask)
+    if ask.stream:
+        return StreamingResponse(events(ask, pieces), media_type="text/event-stream")
+    try:
+        answered = [piece async for piece in pieces if piece is not None]
+    except Exception as error:  # noqa: BLE001  (the model failed on this batch: said to its clients)
+        failed = ApiError(500, f"Generation failed: {one_line(error)}")
+        return JSONResponse(failed.body, status_code=500)
+    finally:
+        ask.cancelled.set()
+    return answer_body(ask, answered)
+
+
+async def steps(generate: Any, asks: list[Any]) -> Any:
+    """``generate(asks, emit)`` run in a thread, each step's pieces (one per request) yielded as ``emit`` gets
+    them; a request that has ended gets ``StopIteration`` (Serve's sign that its stream is over)."""
+    import asyncio
+
+    loop, queue, end = asyncio.get_running_loop(), asyncio.Queue[Any](), object()
+
+    def emit(item: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def run() -> None:
+        try:
+            generate(asks, emit)
+        except Exception as error:  # noqa: BLE001  (raised below, to every request of the batch)
+            emit(error)
+        finally:
+            emit(end)
+
+    loop.run_in_executor(None, run)
+    ended = [False] * len(asks)
+    try:
+        while (item := await queue.get()) is not end:
+            if isinstance(item, Exception):
+                raise item
+            yield [StopIteration if ended[i] else piece for i, piece in enumerate(item)]
+            ended = [done or (p is not None and p.finish is not None) for done, p in zip(ended, item, strict=True)]
+    finally:
+        for ask in asks:  # closed early (an error): the rows stop at their next token
+            ask.cancelled.set()
 
 
 def text_answers(inputs: str, path: str, device: str, options: argparse.Namespace, chunk: int) -> Any:
@@ -335,6 +465,7 @@ class Started:
     serve: bool = False
     app: str = ""
     shared: bool = False  # Serve was running already: its proxies' host and port stand
+    openai: bool = False  # a causal LM's run: OpenAI's API at /v1 too
 
 
 def serve_run(options: argparse.Namespace, started: Started) -> None:
@@ -372,7 +503,7 @@ def serve_run(options: argparse.Namespace, started: Started) -> None:
                 f"Serve on that cluster already serves {', '.join(apps)} at its routes.",
                 "a cluster whose Serve serves no app (serve.delete(name) ends one), or a local cluster",
             )
-    started.app = description["run"]
+    started.app, started.openai = description["run"], description.get("inputs") == "prompts"
     try:
         serve.run(application(finished, description, options), name=started.app, route_prefix="/", logging_config=logs)
     except Exception as error:  # a replica that cannot start (Serve's DEPLOY_FAILED), a route taken meanwhile
@@ -383,13 +514,16 @@ class ServeFailed(Exception):
     """The Serve app did not start (its replicas failed)."""
 
 
-def serving_line(options: argparse.Namespace, shared: bool) -> str:
+def serving_line(options: argparse.Namespace, shared: bool, openai: bool = False) -> str:
     """Where the model answers (and a warning when that is beyond this machine)."""
+    also = " OpenAI's API: /v1 (chat/completions, completions, models)." if openai else ""
     if shared:
         where = "the cluster's Serve proxies (their host and port; --host and --port apply to a Serve started here)"
-        return f"Serving {options.run} at {where}: /predict (POST), /health (GET). Ctrl-C stops it."
+        return f"Serving {options.run} at {where}: /predict (POST), /health (GET).{also} Ctrl-C stops it."
     url = f"http://{'[' + options.host + ']' if ':' in options.host else options.host}:{options.port}"
-    line = f"Serving {options.run} at {url}/predict (POST) and {url}/health (GET). Ctrl-C stops it."
+    line = f"Serving {options.run} at {url}/predict (POST) and {url}/health (GET)."
+    line += f" OpenAI's API: {url}/v1 (base_url)." if openai else ""
+    line += " Ctrl-C stops it."
     if options.host not in LOOPBACK:
         line += f"\nListening on {options.host}: anyone who can reach this machine can call the model."
     return line
@@ -457,7 +591,7 @@ def _serve(options: argparse.Namespace) -> int | None:
     started = Started()
     try:
         serve_run(options, started)
-        print(serving_line(options, started.shared), flush=True)
+        print(serving_line(options, started.shared, started.openai), flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

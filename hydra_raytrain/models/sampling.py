@@ -54,22 +54,29 @@ def row_seed(seed: int, prompt: str) -> int:
 
 class RowSampler:
     """A ``generate`` logits processor: each row's next token drawn from its own generator (temperature, then the
-    nucleus of ``top_p``); the scores returned keep that token alone, which greedy decoding then takes."""
+    nucleus of ``top_p``); the scores returned keep that token alone, which greedy decoding then takes. ``sampling``:
+    one for every row, or one per row (a served batch's requests each ask their own; a greedy row keeps its scores)."""
 
-    def __init__(self, prompts: Sequence[str], sampling: Sampling) -> None:
+    def __init__(self, prompts: Sequence[str], sampling: Sampling | Sequence[Sampling]) -> None:
         import torch
 
-        self.sampling = sampling
-        self.generators = [torch.Generator().manual_seed(row_seed(sampling.seed, p)) for p in prompts]
+        self.rows = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
+        self.generators = [
+            torch.Generator().manual_seed(row_seed(s.seed, p)) for p, s in zip(prompts, self.rows, strict=True)
+        ]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         import torch
 
-        probabilities = nucleus(scores.float().cpu() / self.sampling.temperature, self.sampling.top_p)
-        rows = zip(probabilities, self.generators, strict=True)
-        drawn = torch.stack([torch.multinomial(p, 1, generator=generator) for p, generator in rows])
-        kept = torch.full_like(scores, float("-inf"))
-        return kept.scatter_(1, drawn.to(scores.device), 0.0)
+        kept = scores.clone()
+        for row, (sampling, generator) in enumerate(zip(self.rows, self.generators, strict=True)):
+            if sampling.greedy:
+                continue
+            probabilities = nucleus(scores[row : row + 1].float().cpu() / sampling.temperature, sampling.top_p)
+            drawn = int(torch.multinomial(probabilities[0], 1, generator=generator))
+            kept[row] = float("-inf")
+            kept[row, drawn] = 0.0
+        return kept
 
 
 def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -161,6 +161,8 @@ def malformed_requests_get_a_4xx_and_one_line(port):
         ("GET", "/predict", None, 405, "Method Not Allowed"),
         ("GET", "/docs", None, 404, "Not Found"),  # the API's pages: off unless --docs
         ("GET", "/openapi.json", None, 404, "Not Found"),
+        ("GET", "/v1/models", None, 404, "not a causal language model's run: POST /predict answers it"),
+        ("POST", "/v1/chat/completions", b"{}", 404, '"type":"not_found_error"'),  # OpenAI's error object
     ]:
         status, text = ask(port, method, path, body)
         assert (status, reason in text, "Traceback" in text) == (code, True, False), (path, (body or b"")[:80], text)

@@ -412,6 +412,120 @@ def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_t
         assert status == 200 and json.loads(text) == {"predictions": [code for _, code in PAIRS[:5]]}, text
         status, text = ask(port, "POST", "/predict", json.dumps({"inputs": [1, 2]}).encode())
         assert status == 422 and "a non-empty list of non-empty strings" in text
+        speaks_openai(port, tokenizer, model)
+    assert server.process.returncode == 0, server.errors.read_text()[-3000:]
+
+
+def speaks_openai(port, tokenizer, model):
+    """The run's model through OpenAI's own client: the memorised completion whole and streamed (as the model's
+    tokens come, in several chunks), a chat rendered by the run's template as transformers generates it, sampled
+    completions that the seed alone decides, concurrent requests of mixed settings answered together as each alone,
+    and a bad request refused by name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from openai import BadRequestError, NotFoundError, OpenAI
+
+    from tests.helpers.text import PAIRS
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["run"]
+    prompt, code = PAIRS[0]
+    plain = client.completions.create(model="run", prompt=prompt, max_tokens=8)
+    assert plain.choices[0].text == code, plain
+    assert plain.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
+    assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
+    streamed = [c.choices[0] for c in client.completions.create(model="run", prompt=prompt, max_tokens=8, stream=True)]
+    assert "".join(c.text for c in streamed) == code and sum(1 for c in streamed if c.text) > 1
+    assert streamed[-1].finish_reason == plain.choices[0].finish_reason
+
+    chat = [{"role": "user", "content": PAIRS[3][0]}]
+    ids = tokenizer(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                    return_tensors="pt", add_special_tokens=False)  # fmt: skip
+    out = model.generate(**ids, max_new_tokens=6)
+    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    answered = client.chat.completions.create(model="run", messages=chat, max_tokens=6)
+    assert answered.choices[0].message.content == expected and answered.choices[0].message.role == "assistant"
+
+    def completion(settings):
+        return client.completions.create(model="run", **settings).choices[0].text
+
+    seeded = [completion(dict(prompt="def f(x):", max_tokens=8, temperature=1.5, seed=s)) for s in (1, 1, 2, 3)]
+    assert seeded[0] == seeded[1] and len(set(seeded)) > 1, seeded
+    mixed = [dict(prompt=p, max_tokens=m, temperature=t, seed=5, stop=stop)
+             for (p, _), m, t, stop in zip(PAIRS[:6], [8, 3, 8, 5, 8, 8], [0, 0, 1.0, 0, 1.0, 0],
+                                           [None, None, None, None, None, " b"], strict=True)]  # fmt: skip
+    alone = [completion(settings) for settings in mixed]
+    with ThreadPoolExecutor(len(mixed)) as pool:
+        assert list(pool.map(completion, mixed)) == alone
+    assert alone[5] == PAIRS[5][1].split(" b")[0]  # " a ** b" cut before its stop text
+
+    with pytest.raises(BadRequestError) as caught:
+        client.completions.create(model="run", prompt=prompt, max_tokens=9)
+    assert caught.value.param == "max_tokens" and "--max-new-tokens" in caught.value.message
+    with pytest.raises(NotFoundError):
+        client.completions.create(model="another", prompt=prompt)
+
+
+@pytest.mark.long("the gate's tiny Llama test speaks OpenAI's API through its client; this is a chat model's")
+def test_a_chat_model_answers_its_memorised_replies_through_the_openai_client(ray_address, text_run, tmp_path):
+    """A tiny Llama trained on ``messages`` (20 questions, a reply each, the template ending the assistant's turn with
+    the end token), served: OpenAI's client asks each question as a chat and gets its reply, ended by the model
+    ("stop"), whole and streamed; an unknown role, a prompt longer than the model's positions and max_tokens over the
+    cap are refused with OpenAI's error objects naming the parameter; a client that leaves a stream mid-way does not
+    keep the server from answering the next."""
+    import http.client
+    import sys
+
+    from openai import BadRequestError, OpenAI
+
+    from tests.conftest import unused_port
+    from tests.helpers.serving import serving
+    from tests.helpers.text import PAIRS
+
+    chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
+    learn = (
+        f"dataset.path={write_jsonl(tmp_path / 'chats.jsonl', chats * 8)}", "dataset.format=messages",
+        "scaling.num_workers=0", "trainer.max_epochs=24", "trainer.batch_size=16", "trainer.precision=32",
+        "optimizer=adamw",
+    )  # fmt: skip
+    run = tmp_path / "run"
+    assert train(compose_config(*text_run, *learn), run_dir=str(run))["status"] == "completed"
+    port = unused_port()
+    command = [sys.executable, "-m", "hydra_raytrain.serve", str(run), "--port", str(port), "--max-new-tokens", "12"]
+    with serving([*command, "--address", ray_address], tmp_path, port) as server:
+        assert any(f"127.0.0.1:{port}/v1" in line for line in server.printed), server.printed
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        for prompt, code in PAIRS:
+            answered = client.chat.completions.create(model="run", messages=[{"role": "user", "content": prompt}])
+            assert (answered.choices[0].message.content, answered.choices[0].finish_reason) == (code, "stop"), prompt
+        prompt, code = PAIRS[8]  # " max(a, b)": several tokens
+        question = [{"role": "user", "content": prompt}]
+        stream = client.chat.completions.create(
+            model="run", messages=question, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = list(stream)
+        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].usage.completion_tokens > 2
+        pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        assert "".join(pieces) == code and len(pieces) > 1, pieces
+
+        refusals = [
+            ({"messages": [{"role": "tool", "content": prompt}]}, "messages[0].role", "one of system, user, assistant"),
+            ({"messages": [{"role": "user", "content": "op add: " * 200}]}, "messages", "maximum context length"),
+            ({"messages": [{"role": "user", "content": prompt}], "max_tokens": 13}, "max_tokens", "from 1 to 12"),
+        ]
+        for settings, param, says in refusals:
+            with pytest.raises(BadRequestError) as caught:
+                client.chat.completions.create(model="run", **settings)
+            assert caught.value.param == param and says in caught.value.message, caught.value.message
+
+        left = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # a client that reads one chunk and leaves
+        body = {"model": "run", "messages": [{"role": "user", "content": prompt}], "stream": True}
+        left.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = left.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: ")
+        left.close()
+        again = client.chat.completions.create(model="run", messages=[{"role": "user", "content": prompt}])
+        assert again.choices[0].message.content == code
     assert server.process.returncode == 0, server.errors.read_text()[-3000:]
 
 
