@@ -8,6 +8,7 @@ settings, and each step's new text goes to its client as it comes (``stream_rows
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -134,6 +135,8 @@ class RowText:
         if token in self.ends:
             return self.end("stop", self.decoded())
         self.ids.append(token)
+        if self.count < self.ask.max_tokens and not (self.ask.stream or self.ask.sampling.stop):
+            return None  # an answer sent whole, with no stop text to look for: decoded once, at its end
         text = self.decoded()
         cut = cut_at_stop(text, self.ask.sampling.stop)
         if cut != text:
@@ -183,6 +186,7 @@ def stream_rows(model: Any, tokenizer: Any, asks: Sequence[Ask], emit: Callable[
     class Watch(StoppingCriteria):  # called after each step with every row's tokens: the new one last
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
             emit([row.step(token) for row, token in zip(rows, input_ids[:, -1].tolist(), strict=True)])
+            time.sleep(0)  # the interpreter's lock let go between steps: the replica's event loop takes requests
             return torch.tensor([row.done for row in rows], device=input_ids.device)
 
     options: dict[str, Any] = {"do_sample": False, "stopping_criteria": StoppingCriteriaList([Watch()])}

@@ -52,34 +52,14 @@ import numpy as np
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.config.schema import cluster_address
 from hydra_raytrain.inference.finished import FinishedRun
+from hydra_raytrain.inference.http_body import BadRequest, read_body
 from hydra_raytrain.program import BAD_INPUT, Command, at_least_one
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# How long a batch waits to fill unless --batch-wait-timeout-s says: a model call of milliseconds (/predict) starts at
+# once; a generation of hundreds of milliseconds waits (this long at most) for the clients its last batch answered.
+PREDICT_WAIT_S, GENERATION_WAIT_S = 0.001, 0.05
 SERVE_EXTRA = "pip install 'hydra_raytrain[serve]' (Ray Serve: ray[serve], with FastAPI and uvicorn)"
-
-
-class BadRequest(Exception):
-    """A request the model cannot answer: its HTTP status and a one-line reason."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-async def read_body(request: Any, cap: int) -> bytes:
-    """A request's body, up to ``cap`` bytes: a larger one is answered 413 before it is read (its Content-Length)
-    or as soon as it passes the cap (a body sent in chunks), never held whole."""
-    declared = request.headers.get("content-length", "")
-    too_big = f"at most {cap:,} bytes a request (--max-body-mb)"
-    if declared.isdigit() and int(declared) > cap:
-        raise BadRequest(413, f"the body holds {int(declared):,} bytes; {too_big}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise BadRequest(413, f"the body holds more than {cap:,} bytes; {too_big}")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def parse_inputs(body: bytes, shape: tuple[int, ...], limit: int) -> np.ndarray:
@@ -213,9 +193,10 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
     from fastapi import Request
     from ray import serve
 
+    from hydra_raytrain.inference.serve_openai import generation_batches, openai_answer, openai_models
+
     app, path, created = _fastapi(description["run"], options.docs), os.path.abspath(run.path), int(time.time())
     cap, parse = int(options.max_body_mb * 2**20), request_parser(description, options.max_samples)
-    batching = {"max_batch_size": options.max_batch_size, "batch_wait_timeout_s": options.batch_wait_timeout_s}
 
     @serve.deployment(**deployment_options(options))
     @serve.ingress(app)
@@ -223,6 +204,10 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
         def __init__(self, dataset: dict[str, Any]) -> None:
             # A batch of requests goes through the model --max-samples samples at a time (one request's most)
             self.forward, self.completer = answering(description, path, dataset, options)
+            # OpenAI's requests: those waiting when the model is free generate together, each piece sent as it comes
+            self.generating = generation_batches(
+                self.completer, options.max_batch_size, batch_wait_s(options, GENERATION_WAIT_S)
+            )
 
         @app.get("/health")
         def health(self) -> dict[str, Any]:
@@ -241,14 +226,7 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
             limits = (description["run"], cap, options.max_new_tokens)
             return await openai_answer(endpoint, request, self.completer, self.generating, *limits)
 
-        @serve.batch(**batching)
-        async def generating(self, asks: list[Any]) -> Any:
-            # The requests of a batch generate together beside the event loop; each step's pieces go to their
-            # clients as they come
-            async for pieces in steps(self.completer.stream, asks):
-                yield pieces
-
-        @serve.batch(**batching)
+        @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=batch_wait_s(options, PREDICT_WAIT_S))
         async def batched(self, requests: list[Any]) -> list[dict[str, Any] | BadRequest]:
             # The model runs beside the event loop, which goes on taking requests (and /health) meanwhile
             outputs = await asyncio.get_running_loop().run_in_executor(None, self.forward, requests)
@@ -301,96 +279,6 @@ def answer_samples(predictor: Any, requests: list[np.ndarray]) -> list[dict[str,
     return [answer(p, q) for p, q in zip(np.split(np.asarray(predictions), ends), split, strict=True)]
 
 
-def not_a_language_model(run: str) -> Any:
-    from hydra_raytrain.inference.openai_api import ApiError
-
-    problem = f"{run} is not a causal language model's run: POST /predict answers it."
-    return ApiError(404, problem, None, "not_found")
-
-
-def openai_models(completer: Any, run: str, created: int) -> Any:
-    """``GET /v1/models``: the run's model, by the run's name (404 for a run that is not a causal LM's)."""
-    from fastapi.responses import JSONResponse
-
-    from hydra_raytrain.inference.openai_api import models_body
-
-    if completer is None:
-        error = not_a_language_model(run)
-        return JSONResponse(error.body, status_code=error.status)
-    return models_body(run, created)
-
-
-ENDPOINTS = {"chat/completions": "chat", "completions": "text"}
-
-
-async def openai_answer(
-    endpoint: str, request: Any, completer: Any, generating: Any, run: str, cap: int, most: int
-) -> Any:
-    """An OpenAI request (``endpoint``: chat/completions or completions) read by the replica's ``completer`` (a
-    body over ``cap`` bytes, ``max_tokens`` over ``most``: refused), generated in a batch (``generating``) and answered
-    whole or streamed (server-sent events); or OpenAI's error object."""
-    import asyncio
-
-    from fastapi.responses import JSONResponse, StreamingResponse
-
-    from hydra_raytrain.inference.openai_api import ApiError, answer_body, events
-
-    try:
-        if completer is None:
-            raise not_a_language_model(run)
-        if endpoint not in ENDPOINTS:
-            raise ApiError(404, f"No /v1/{endpoint} here: /v1/chat/completions, /v1/completions, /v1/models.")
-        body = await read_body(request, cap)
-        read = functools.partial(completer.ask, ENDPOINTS[endpoint], body, run, most)
-        ask = await asyncio.get_running_loop().run_in_executor(None, read)
-    except BadRequest as bad:
-        return JSONResponse(ApiError(bad.status, bad.reason).body, status_code=bad.status)
-    except ApiError as error:
-        return JSONResponse(error.body, status_code=error.status)
-    pieces = generating(ask)
-    if ask.stream:
-        return StreamingResponse(events(ask, pieces), media_type="text/event-stream")
-    try:
-        answered = [piece async for piece in pieces if piece is not None]
-    except Exception as error:  # noqa: BLE001  (the model failed on this batch: said to its clients)
-        failed = ApiError(500, f"Generation failed: {one_line(error)}")
-        return JSONResponse(failed.body, status_code=500)
-    finally:
-        ask.cancelled.set()
-    return answer_body(ask, answered)
-
-
-async def steps(generate: Any, asks: list[Any]) -> Any:
-    """``generate(asks, emit)`` run in a thread, each step's pieces (one per request) yielded as ``emit`` gets
-    them; a request that has ended gets ``StopIteration`` (Serve's sign that its stream is over)."""
-    import asyncio
-
-    loop, queue, end = asyncio.get_running_loop(), asyncio.Queue[Any](), object()
-
-    def emit(item: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    def run() -> None:
-        try:
-            generate(asks, emit)
-        except Exception as error:  # noqa: BLE001  (raised below, to every request of the batch)
-            emit(error)
-        finally:
-            emit(end)
-
-    loop.run_in_executor(None, run)
-    ended = [False] * len(asks)
-    try:
-        while (item := await queue.get()) is not end:
-            if isinstance(item, Exception):
-                raise item
-            yield [StopIteration if ended[i] else piece for i, piece in enumerate(item)]
-            ended = [done or (p is not None and p.finish is not None) for done, p in zip(ended, item, strict=True)]
-    finally:
-        for ask in asks:  # closed early (an error): the rows stop at their next token
-            ask.cancelled.set()
-
-
 def text_answers(inputs: str, path: str, device: str, options: argparse.Namespace, chunk: int) -> Any:
     """What a text run's replica answers a list of texts with: a classifier's ``{"label", "probability"}`` each
     (``inputs``: texts), a causal LM's greedy completions (prompts)."""
@@ -429,6 +317,10 @@ def deployment_options(options: argparse.Namespace) -> dict[str, Any]:
         "max_ongoing_requests": max(8, 2 * options.max_batch_size),
         "max_queued_requests": options.max_queued_requests,  # beyond: 503 at once, not a queue without end
     }
+
+
+def batch_wait_s(options: argparse.Namespace, default: float) -> float:
+    return default if options.batch_wait_timeout_s is None else float(options.batch_wait_timeout_s)
 
 
 def check_resources(options: argparse.Namespace) -> None:
@@ -554,7 +446,11 @@ def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch-size", type=at_least_one, default=16, help="requests one model call answers at most"
     )
-    parser.add_argument("--batch-wait-timeout-s", type=float, default=0.001, help="how long a batch waits to fill")
+    parser.add_argument(
+        "--batch-wait-timeout-s",
+        type=float,
+        help=f"how long a batch waits to fill (default {PREDICT_WAIT_S} s; generations {GENERATION_WAIT_S} s)",
+    )
     parser.add_argument("--max-samples", type=at_least_one, default=1024, help="samples one request may hold")
     parser.add_argument(
         "--max-new-tokens", type=at_least_one, default=32, help="a causal LM's run: new tokens a completion (greedy)"

@@ -164,8 +164,8 @@ def generated(model, tokenizer, asks):
     return got
 
 
-def text_ask(tokenizer, prompt, max_tokens=12, sampling=GREEDY):
-    ask = Ask("text", prompt, True, max_tokens, sampling, False, False, "run")
+def text_ask(tokenizer, prompt, max_tokens=12, sampling=GREEDY, stream=True):
+    ask = Ask("text", prompt, True, max_tokens, sampling, stream, False, "run")
     ask.prompt_ids = list(tokenizer(prompt)["input_ids"])
     return ask
 
@@ -174,9 +174,11 @@ def test_a_batch_of_requests_with_their_own_settings_generates_what_each_does_al
     model, tokenizer = llama
     settings = [(12, Sampling()), (5, Sampling(1.0, 0.9, 4)), (12, Sampling(0.7, 1.0, 1)), (3, Sampling())]
     alone = [complete(model, tokenizer, [p], m, 1, s)[0] for p, (m, s) in zip(PROMPTS, settings, strict=True)]
-    asks = [text_ask(tokenizer, p, m, s) for p, (m, s) in zip(PROMPTS, settings, strict=True)]
+    streams = [True, False, True, False]  # an answer sent whole is decoded once, at its end
+    asks = [text_ask(tokenizer, p, m, s, st) for p, (m, s), st in zip(PROMPTS, settings, streams, strict=True)]
     got = generated(model, tokenizer, asks)
     assert ["".join(p.text for p in pieces) for pieces in got] == alone and len(set(alone)) == 4
+    assert [len(pieces) for pieces in got] == [12, 1, 12, 1]
     assert [pieces[-1].finish for pieces in got] == ["length"] * 4
     assert [pieces[-1].completion_tokens for pieces in got] == [12, 5, 12, 3]
     assert [pieces[-1].prompt_tokens for pieces in got] == [len(a.prompt_ids) for a in asks]
@@ -221,3 +223,38 @@ def test_a_cancelled_row_stops_at_its_next_token_and_the_others_go_on(llama):
     stream_rows(model, tokenizer, asks, emit)
     assert [s[0] is not None for s in steps] == [True, True] + [False] * 10
     assert steps[-1][1].finish == "length" and len(steps) == 12
+
+
+def test_the_requests_waiting_when_the_model_is_free_generate_together_and_share_its_failure():
+    import time
+
+    from hydra_raytrain.inference.serve_openai import GenerationBatches
+
+    batches = []
+
+    def generate(asks, emit):
+        batches.append([ask.prompt for ask in asks])
+        if "boom" in batches[-1]:
+            raise RuntimeError("out of memory")
+        time.sleep(0.3)  # the others arrive meanwhile
+        for step in range(2):
+            emit([Piece(f"{ask.prompt}{step}", "length" if step else None) for ask in asks])
+
+    async def clients(names):
+        batcher = GenerationBatches(generate, most=3, wait_s=0.001)
+
+        async def one(name):
+            if name != names[0]:
+                while not batches:  # the first one's batch is running
+                    await asyncio.sleep(0.001)
+            try:
+                return "".join([piece.text async for piece in batcher.pieces(read(prompt=name))])
+            except RuntimeError as error:
+                return str(error)
+
+        return await asyncio.gather(*(one(name) for name in names))
+
+    assert asyncio.run(clients("abcde")) == ["a0a1", "b0b1", "c0c1", "d0d1", "e0e1"]
+    assert batches == [["a"], ["b", "c", "d"], ["e"]]
+    batches.clear()
+    assert asyncio.run(clients(["x", "boom", "y"])) == ["x0x1", "out of memory", "out of memory"]
