@@ -70,6 +70,13 @@ class Completer:
     def stream(self, asks: Sequence[Ask], emit: Callable[[list[Piece | None]], None]) -> None:
         stream_rows(self.model, self.tokenizer, asks, emit)
 
+    def fits(self, asks: Sequence[Ask]) -> bool:
+        """The requests generate together within the model's positions: the longest prompt, left-padded, and the
+        most new tokens any of them asks (a row that has ended goes on taking positions until the batch ends)."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        longest, most = max(len(a.prompt_ids) for a in asks), max(a.max_tokens for a in asks)
+        return not positions or longest + most <= positions
+
 
 class PromptRows(Completer):
     """predict's actor: each row's ``column`` completed into ``prediction``, the other columns carried."""
@@ -149,7 +156,9 @@ class RowText:
         return str(self.tokenizer.decode(self.ids, skip_special_tokens=True))
 
     def piece(self, text: str, finish: str | None = None) -> Piece:
-        new = text[len(self.sent) :] if text.startswith(self.sent) else ""
+        # Text already sent stays sent: should decoding more tokens change it (a tokenizer that cleans up spaces),
+        # what follows its length is sent
+        new = text[len(self.sent) :]
         self.sent += new
         if finish is None:
             return Piece(new)
@@ -164,7 +173,7 @@ def held_back(text: str, stop: Sequence[str]) -> str:
     """``text`` without what may still change: a last character not yet whole (the replacement character a partial
     UTF-8 sequence decodes to) and an ending that begins a stop text."""
     text = text.rstrip("\ufffd")
-    longest = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    longest = max((k for s in stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])), default=0)
     return text[: len(text) - longest]
 
 

@@ -20,8 +20,11 @@ from typing import Any
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.models.sampling import Sampling
 
-ROLES = ("system", "user", "assistant")
-MAX_STOPS = 4  # OpenAI's own limit
+ROLES = ("system", "developer", "user", "assistant")
+ROLE_AS = {
+    "developer": "system"
+}  # OpenAI's newer name for the system's instructions, rendered as the template's system
+MAX_STOPS, MAX_STOP_CHARS = 4, 500  # OpenAI's own limit of texts; a text's length, looked for after every token
 # Settings this server does not implement, with the value that means "off": any other value is refused by name
 UNSUPPORTED = {
     "n": 1,
@@ -69,6 +72,7 @@ class Ask:
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_ids: list[int] = field(default_factory=list)  # set by the replica, which holds the tokenizer
+    max_tokens_given: bool = True  # else the room the model's positions leave, up to the server's cap
     cancelled: threading.Event = field(default_factory=threading.Event)  # the client left: generate no more
 
 
@@ -97,16 +101,17 @@ def asked(kind: str, data: dict[str, Any], model: str, cap: int, render: Callabl
             "model_not_found",
         )
     for name, off in UNSUPPORTED.items():
-        if data.get(name, off) not in (off, None) and not (name == "logprobs" and data[name] is False):
-            raise ApiError(400, f"{name}={data[name]!r} is not supported here: leave it out (or {off!r}).", name)
+        value = data.get(name, off)
+        if value in (off, None, [], {}, False, 0) or value == {"type": "text"}:  # what means "off" in a client's body
+            continue
+        raise ApiError(400, f"{name}={str(value)[:80]} is not supported here: leave it out (or {off!r}).", name)
     if kind == "chat":
         prompt, special = render(messages(data.get("messages"))), False
     else:
         prompt, special = text_prompt(data.get("prompt")), True
     tokens_key = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
-    max_tokens = data.get(tokens_key)
-    if max_tokens is None:
-        max_tokens = cap
+    given = data.get(tokens_key) is not None
+    max_tokens: Any = data[tokens_key] if given else cap
     if not is_int(max_tokens) or not 1 <= max_tokens <= cap:
         raise ApiError(
             400, f"{tokens_key}={max_tokens!r}: an integer from 1 to {cap} (serve --max-new-tokens).", tokens_key
@@ -119,9 +124,9 @@ def asked(kind: str, data: dict[str, Any], model: str, cap: int, render: Callabl
         raise ApiError(
             400, f"stream_options={options!r}: an object such as {{'include_usage': true}}.", "stream_options"
         )
-    return Ask(
-        kind, prompt, special, max_tokens, sampling(data), stream, bool(options.get("include_usage")), model
-    )  # fmt: skip
+    read = Ask(kind, prompt, special, max_tokens, sampling(data), stream, bool(options.get("include_usage")), model)
+    read.max_tokens_given = given
+    return read
 
 
 def is_int(value: Any) -> bool:
@@ -133,8 +138,8 @@ def number(data: dict[str, Any], name: str, default: float, low: float, high: fl
     value = data.get(name)
     if value is None:
         return default
-    above = low < value if low_open else low <= value
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (above and value <= high):
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if not number or not ((low < value if low_open else low <= value) and value <= high):
         raise ApiError(400, f"{name}={value!r}: a number {'>' if low_open else '>='} {low:g} and <= {high:g}.", name)
     return float(value)
 
@@ -149,13 +154,15 @@ def sampling(data: dict[str, Any]) -> Sampling:
     stop = data.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
-        raise ApiError(400, f"stop={stop!r}: a non-empty string, or a list of at most {MAX_STOPS}.", "stop")
+        raise ApiError(400, f"stop={str(stop)[:80]!r}: a non-empty string, or a list of at most {MAX_STOPS}.", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise ApiError(400, f"stop: texts of at most {MAX_STOP_CHARS} characters each.", "stop")
     if seed is None:
         seed = random.randrange(2**63) if temperature > 0 else 0
     return Sampling(temperature, top_p, seed % 2**63, tuple(stops))
 
 
-def messages(value: Any) -> list[dict[str, str]]:
+def messages(value: Any) -> list[dict[str, Any]]:
     """A chat's messages as ``{"role", "content"}`` with text content (OpenAI's list of text parts joined), or
     ApiError naming what is wrong."""
     if not isinstance(value, list) or not value:
@@ -165,10 +172,10 @@ def messages(value: Any) -> list[dict[str, str]]:
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ROLES:
             raise ApiError(
-                400, f"messages[{i}].role={role!r}: one of {', '.join(ROLES)} (what this run's chat template renders).",
+                400, f"messages[{i}].role={str(role)[:40]!r}: one of {', '.join(ROLES)}.",
                 f"messages[{i}].role",
             )  # fmt: skip
-        read.append({"role": role, "content": content(message.get("content"), i)})
+        read.append({"role": ROLE_AS.get(role, role), "content": content(message.get("content"), i)})
     return read
 
 
@@ -206,14 +213,19 @@ def render_with(tokenizer: Any) -> Callable[[list[dict[str, str]]], str]:
 
 
 def check_length(ask: Ask, positions: int | None) -> None:
-    """The prompt's tokens and ``max_tokens`` fit the model's positions, or ApiError (OpenAI's
-    ``context_length_exceeded``)."""
+    """The prompt holds tokens, and they and ``max_tokens`` fit the model's positions (a request that named no
+    ``max_tokens`` gets the room left, up to the server's cap); else ApiError (OpenAI's ``context_length_exceeded``)."""
+    param = "messages" if ask.kind == "chat" else "prompt"
+    if not ask.prompt_ids:
+        raise ApiError(400, "The prompt holds no tokens once tokenized.", param)
+    if positions and not ask.max_tokens_given:
+        ask.max_tokens = max(1, min(ask.max_tokens, positions - len(ask.prompt_ids)))
     if positions and len(ask.prompt_ids) + ask.max_tokens > positions:
         raise ApiError(
             400,
             f"This model's maximum context length is {positions} tokens; the prompt holds {len(ask.prompt_ids)} and "
             f"max_tokens asks {ask.max_tokens} more: shorten the prompt or lower max_tokens.",
-            "messages" if ask.kind == "chat" else "prompt",
+            param,
             "context_length_exceeded",
         )
 
@@ -275,10 +287,12 @@ DONE = b"data: [DONE]\n\n"
 
 def models_body(model: str, created: int) -> dict[str, Any]:
     """``/v1/models``: the one model this server serves, by its run's name."""
-    return {
-        "object": "list",
-        "data": [{"id": model, "object": "model", "created": created, "owned_by": "hydra_raytrain"}],
-    }
+    return {"object": "list", "data": [model_body(model, created)]}
+
+
+def model_body(model: str, created: int) -> dict[str, Any]:
+    """``/v1/models/<name>``."""
+    return {"id": model, "object": "model", "created": created, "owned_by": "hydra_raytrain"}
 
 
 def usage_chunk(ask: Ask, last: Piece) -> dict[str, Any]:

@@ -217,9 +217,9 @@ def application(run: FinishedRun, description: dict[str, Any], options: argparse
         async def predict(self, request: Request) -> Any:
             return await predict_answer(request, cap, parse, self.batched)
 
-        @app.get("/v1/models")
-        def models(self) -> Any:
-            return openai_models(self.completer, description["run"], created)
+        @app.get("/v1/{path:path}")  # models, models/<name>
+        def models(self, path: str) -> Any:
+            return openai_models(path, self.completer, description["run"], created)
 
         @app.post("/v1/{endpoint:path}")  # chat/completions, completions
         async def openai(self, endpoint: str, request: Request) -> Any:

@@ -11,21 +11,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from hydra_raytrain.config.errors import one_line
 
 END = object()
+logger = logging.getLogger(__name__)
 
 
 class GenerationBatches:
-    """``generate(asks, emit)`` (run in a thread) over batches of the requests that wait, ``most`` at most a batch.
-    A batch waits (``wait_s`` at most) for the requests it expects: those waiting when the last batch ended and those
-    that batch answered (their clients ask again), so that N clients asking in turn fill batches of N."""
+    """``generate(asks, emit)`` (run in a thread) over batches of the requests that wait: ``most`` at most a batch,
+    and those ``fits`` accepts together (the model's positions hold the longest prompt and the most new tokens). A
+    batch waits (``wait_s`` at most) for the requests it expects: those waiting when the last batch ended and those it
+    answered whose clients have not asked again, so that N clients asking in turn fill batches of N. A request's
+    answer ends when its own row does, not its batch."""
 
-    def __init__(self, generate: Callable[[list[Any], Callable[[Any], None]], None], most: int, wait_s: float) -> None:
-        self.generate, self.most, self.wait_s = generate, most, wait_s
+    def __init__(
+        self,
+        generate: Callable[[list[Any], Callable[[Any], None]], None],
+        most: int,
+        wait_s: float,
+        fits: Callable[[list[Any]], bool] | None = None,
+    ) -> None:
+        self.generate, self.most, self.wait_s, self.fits = generate, most, wait_s, fits
         self.waiting: list[tuple[Any, asyncio.Queue[Any]]] = []
         self.running: asyncio.Task[None] | None = None
         self.arrived = asyncio.Event()
@@ -44,20 +54,58 @@ class GenerationBatches:
             yield piece
 
     async def run(self) -> None:
-        while self.waiting:
-            await self.gathered()
-            batch, self.waiting = self.waiting[: self.most], self.waiting[self.most :]
-            try:
-                async for step in steps(self.generate, [ask for ask, _ in batch]):
-                    for (_, queue), piece in zip(batch, step, strict=True):
-                        if piece is not None:
-                            queue.put_nowait(piece)
-            except Exception as error:  # noqa: BLE001  (said to every request of the batch)
-                for _, queue in batch:
-                    queue.put_nowait(error)
-            for _, queue in batch:
+        try:
+            while self.waiting:
+                await self.gathered()
+                batch = self.batch()
+                if batch:
+                    arrived = len(self.waiting)
+                    await self.generated(batch)
+                    # Expected next: those waiting, and those just answered that have not asked again yet
+                    self.expected = min(
+                        self.most, len(self.waiting) + max(len(batch) - (len(self.waiting) - arrived), 0)
+                    )
+        except BaseException as error:  # the loop itself failed (or the replica stops): no request waits forever
+            for _, queue in self.waiting:
+                queue.put_nowait(error if isinstance(error, Exception) else END)
+            self.waiting = []
+            raise
+
+    def batch(self) -> list[tuple[Any, asyncio.Queue[Any]]]:
+        """The waiting requests that generate together, in the order they came; those whose clients left, ended."""
+        batch: list[tuple[Any, asyncio.Queue[Any]]] = []
+        rest: list[tuple[Any, asyncio.Queue[Any]]] = []
+        for ask, queue in self.waiting:
+            if ask.cancelled.is_set():
                 queue.put_nowait(END)
-            self.expected = min(self.most, len(batch) + len(self.waiting))
+            elif len(batch) < self.most and (
+                self.fits is None or not batch or self.fits([a for a, _ in batch] + [ask])
+            ):
+                batch.append((ask, queue))
+            else:
+                rest.append((ask, queue))
+        self.waiting = rest
+        return batch
+
+    async def generated(self, batch: list[tuple[Any, asyncio.Queue[Any]]]) -> None:
+        """``batch`` generated: each row's pieces to its request, its end as soon as it has finished."""
+        finished = [False] * len(batch)
+        try:
+            async for step in steps(self.generate, [ask for ask, _ in batch]):
+                for i, ((_, queue), piece) in enumerate(zip(batch, step, strict=True)):
+                    if piece is not None and not finished[i]:
+                        queue.put_nowait(piece)
+                        if piece.finish:
+                            finished[i] = True
+                            queue.put_nowait(END)
+        except Exception as error:  # noqa: BLE001  (said to every request of the batch not answered yet)
+            logger.exception("Generation failed for a batch of %d requests", len(batch))
+            for i, (_, queue) in enumerate(batch):
+                if not finished[i]:
+                    queue.put_nowait(error)
+        for i, (_, queue) in enumerate(batch):
+            if not finished[i]:
+                queue.put_nowait(END)
 
     async def gathered(self) -> None:
         """Until the expected requests wait, or ``wait_s`` has passed."""
@@ -65,7 +113,7 @@ class GenerationBatches:
         deadline = loop.time() + self.wait_s
         while len(self.waiting) < self.expected and (left := deadline - loop.time()) > 0:
             self.arrived.clear()
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError's alias from Python 3.11 on; not on 3.10
                 await asyncio.wait_for(self.arrived.wait(), left)
 
 
@@ -101,7 +149,7 @@ def generation_batches(completer: Any, most: int, wait_s: float) -> Any:
     batch, its first waiting ``wait_s`` for others."""
     if completer is None:
         return None
-    return GenerationBatches(completer.stream, most, wait_s).pieces
+    return GenerationBatches(completer.stream, most, wait_s, completer.fits).pieces
 
 
 def not_a_language_model(run: str) -> Any:
@@ -112,16 +160,25 @@ def not_a_language_model(run: str) -> Any:
     return ApiError(404, problem, None, "not_found")
 
 
-def openai_models(completer: Any, run: str, created: int) -> Any:
-    """``GET /v1/models``: the run's model, by the run's name (404 for a run that is not a causal LM's)."""
+def openai_models(path: str, completer: Any, run: str, created: int) -> Any:
+    """``GET /v1/models`` and ``/v1/models/<name>``: the run's model, by the run's name; else OpenAI's 404."""
     from fastapi.responses import JSONResponse
 
-    from hydra_raytrain.inference.openai_api import models_body
+    from hydra_raytrain.inference.openai_api import ApiError, model_body, models_body
 
     if completer is None:
         error = not_a_language_model(run)
-        return JSONResponse(error.body, status_code=error.status)
-    return models_body(run, created)
+    elif path == "models":
+        return models_body(run, created)
+    elif path == f"models/{run}":
+        return model_body(run, created)
+    elif path.startswith("models/"):
+        error = ApiError(
+            404, f"The model {path[7:]!r} does not exist: this server serves {run!r}.", "model", "model_not_found"
+        )
+    else:
+        error = ApiError(404, f"No GET /v1/{path} here: /v1/models.")
+    return JSONResponse(error.body, status_code=error.status)
 
 
 ENDPOINTS = {"chat/completions": "chat", "completions": "text"}
@@ -150,11 +207,17 @@ async def openai_answer(
         return JSONResponse(ApiError(bad.status, bad.reason).body, status_code=bad.status)
     except ApiError as error:
         return JSONResponse(error.body, status_code=error.status)
+    except Exception as error:  # noqa: BLE001  (a tokenizer's own failure: logged, and said as OpenAI's error)
+        logger.exception("Reading an OpenAI request failed")
+        failed = ApiError(500, f"The request could not be read: {one_line(error)}")
+        return JSONResponse(failed.body, status_code=500)
     pieces = generating(ask)
     if ask.stream:
         return StreamingResponse(events(ask, pieces), media_type="text/event-stream")
     try:
         answered = [piece async for piece in pieces if piece is not None]
+        if not answered or answered[-1].finish is None:
+            raise RuntimeError("the generation ended before this request's answer did")
     except Exception as error:  # noqa: BLE001  (the model failed on this batch: said to its clients)
         failed = ApiError(500, f"Generation failed: {one_line(error)}")
         return JSONResponse(failed.body, status_code=500)

@@ -72,7 +72,9 @@ class RowSampler:
         for row, (sampling, generator) in enumerate(zip(self.rows, self.generators, strict=True)):
             if sampling.greedy:
                 continue
-            probabilities = nucleus(scores[row : row + 1].float().cpu() / sampling.temperature, sampling.top_p)
+            logits = scores[row : row + 1].float().cpu()
+            logits = (logits - logits.max()) / sampling.temperature  # a tiny temperature: no overflow to inf
+            probabilities = nucleus(logits, sampling.top_p)
             drawn = int(torch.multinomial(probabilities[0], 1, generator=generator))
             kept[row] = float("-inf")
             kept[row, drawn] = 0.0

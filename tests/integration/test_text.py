@@ -509,7 +509,11 @@ def test_a_chat_model_answers_its_memorised_replies_through_the_openai_client(ra
         assert "".join(pieces) == code and len(pieces) > 1, pieces
 
         refusals = [
-            ({"messages": [{"role": "tool", "content": prompt}]}, "messages[0].role", "one of system, user, assistant"),
+            (
+                {"messages": [{"role": "tool", "content": prompt}]},
+                "messages[0].role",
+                "one of system, developer, user, assistant",
+            ),
             ({"messages": [{"role": "user", "content": "op add: " * 200}]}, "messages", "maximum context length"),
             ({"messages": [{"role": "user", "content": prompt}], "max_tokens": 13}, "max_tokens", "from 1 to 12"),
         ]

@@ -65,6 +65,9 @@ def test_a_plain_request_is_greedy_with_the_server_s_cap_of_tokens():
         ("text", {"max_tokens": True}, 400, "max_tokens"),
         ("text", {"max_completion_tokens": "8"}, 400, "max_completion_tokens"),
         ("text", {"temperature": 2.5}, 400, "temperature"),
+        ("text", {"temperature": "0.7"}, 400, "temperature"),
+        ("text", {"stop": "x" * 501}, 400, "stop"),
+        ("text", {"tools": [{"type": "function"}]}, 400, "tools"),
         ("text", {"top_p": 0}, 400, "top_p"),
         ("text", {"seed": 1.5}, 400, "seed"),
         ("text", {"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -86,9 +89,15 @@ def test_a_bad_request_is_refused_naming_its_parameter(kind, body, status, param
     assert error["param"] == param and error["message"] and error["type"]
 
 
+def test_what_clients_send_to_mean_off_is_accepted_and_developer_is_the_system():
+    ask = read("chat", tools=[], logit_bias={}, response_format={"type": "text"}, top_logprobs=0, n=1, logprobs=False,
+               messages=[{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}])  # fmt: skip
+    assert ask.prompt == "<system>be brief<user>hi<assistant>"
+
+
 def test_an_unknown_role_names_the_roles_the_template_renders():
-    with pytest.raises(ApiError, match="one of system, user, assistant"):
-        messages([{"role": "user", "content": "a"}, {"role": "developer", "content": "b"}])
+    with pytest.raises(ApiError, match="one of system, developer, user, assistant"):
+        messages([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}])
 
 
 def test_a_prompt_that_leaves_no_room_for_max_tokens_is_refused_as_openai_does():
@@ -99,6 +108,13 @@ def test_a_prompt_that_leaves_no_room_for_max_tokens_is_refused_as_openai_does()
     with pytest.raises(ApiError) as caught:
         check_length(ask, 64)
     assert caught.value.code == "context_length_exceeded" and "64 tokens" in caught.value.message
+    unasked = read()  # no max_tokens: the room left, up to the cap (16)
+    unasked.prompt_ids = list(range(54))
+    check_length(unasked, 64)
+    assert unasked.max_tokens == 10
+    unasked.prompt_ids = []
+    with pytest.raises(ApiError, match="no tokens"):
+        check_length(unasked, 64)
 
 
 def test_answer_bodies_have_openai_s_shapes():
@@ -258,3 +274,71 @@ def test_the_requests_waiting_when_the_model_is_free_generate_together_and_share
     assert batches == [["a"], ["b", "c", "d"], ["e"]]
     batches.clear()
     assert asyncio.run(clients(["x", "boom", "y"])) == ["x0x1", "out of memory", "out of memory"]
+
+
+def test_a_request_ends_with_its_row_keeps_its_answer_when_the_batch_fails_later_and_left_clients_are_dropped():
+    import threading
+
+    from hydra_raytrain.inference.serve_openai import GenerationBatches
+
+    batches, go_on = [], threading.Event()
+
+    def generate(asks, emit):
+        batches.append([ask.prompt for ask in asks])
+        emit([Piece("a", "stop", 1, 1), Piece("b")])  # the first row ends at its first step
+        go_on.wait(5)
+        raise RuntimeError("out of memory")
+
+    async def clients():
+        batcher = GenerationBatches(generate, most=4, wait_s=0.01)
+        gone = read(prompt="gone")
+        gone.cancelled.set()  # its client left before its batch began
+
+        async def one(ask):
+            got = []
+            try:
+                async for piece in batcher.pieces(ask):
+                    got.append(piece.text)
+            except RuntimeError as error:
+                got.append(str(error))
+            if ask.prompt == "short":
+                go_on.set()  # answered while the batch still runs
+            return got
+
+        return await asyncio.gather(one(read(prompt="short")), one(read(prompt="long")), one(gone))
+
+    assert asyncio.run(clients()) == [["a"], ["b", "out of memory"], []]
+    assert batches == [["short", "long"]]
+
+
+def test_requests_that_would_pass_the_model_s_positions_together_go_in_separate_batches():
+    from hydra_raytrain.inference.serve_openai import GenerationBatches
+
+    batches = []
+
+    def generate(asks, emit):
+        batches.append([ask.prompt for ask in asks])
+        emit([Piece("", "length", 1, 1) for _ in asks])
+
+    def fits(asks):
+        return sum(len(ask.prompt) for ask in asks) <= 6
+
+    async def clients(names):
+        batcher = GenerationBatches(generate, most=8, wait_s=0.01, fits=fits)
+
+        async def one(name):
+            return [piece async for piece in batcher.pieces(read(prompt=name))]
+
+        return await asyncio.gather(*(one(name) for name in names))
+
+    asyncio.run(clients(["aaaa", "bb", "ccc", "d"]))
+    assert batches == [["aaaa", "bb"], ["ccc", "d"]]
+
+
+def test_a_tiny_temperature_draws_the_most_probable_token_without_overflow():
+    from hydra_raytrain.models.sampling import RowSampler
+
+    scores = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.1, 0.2]])
+    kept = RowSampler(["a", "b"], [Sampling(1e-40, 1.0, 0), Sampling()])(None, scores)
+    assert kept[0].argmax().item() == 1 and torch.isinf(kept[0]).sum() == 2
+    assert torch.equal(kept[1], scores[1])  # a greedy row keeps its scores
