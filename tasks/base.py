@@ -54,6 +54,9 @@ class StepOutput:
 class Task:
     monitor: str = "val_loss"  # the metric that picks the best epoch unless trainer.monitor says otherwise
     mode: str = "min"
+    modes: dict[str, str] = {}  # the direction of a metric the task reports that is not ``mode``'s (val_accuracy: max)
+    # (names, n): metrics reported every n epochs only (and at the last); on the other epochs they are absent
+    occasional: tuple[frozenset[str], int] = (frozenset(), 1)
 
     # ``model`` is the model, or the dict of models of a task with several (``config.model`` names them).
     def training_step(self, model: Any, batch: Any) -> StepOutput:
@@ -67,6 +70,17 @@ class Task:
         if metrics is None or output.outputs is None:
             return output.sums
         return {**output.sums, **metrics.sums(*output.outputs)}
+
+    def on_validation_start(self, epoch: int | None = None, max_epochs: int | None = None) -> bool:
+        """Every rank, before a pass over a split (``epoch``: the epoch just trained, 1-based, of ``max_epochs``;
+        None: a split scored after training). True when the pass's forwards may differ in number between ranks (a
+        generation's steps): under FSDP the runner then gathers every unit's parameters for the pass."""
+        return False
+
+    def on_validation_end(self) -> dict[str, float]:
+        """Every rank, after the pass (a collective may run here): figures that are no sums, computed once from what
+        the pass's steps kept (every worker's rows); they join the totals :meth:`compute` receives."""
+        return {}
 
     def compute(self, sums: dict[str, float]) -> dict[str, float]:
         """Metrics from sums added over every batch and worker. Default: each sum divided by ``count``."""

@@ -9,6 +9,9 @@ or per micro-batch would weigh a short row's tokens more than a long row's.
 Reports ``loss`` (per supervised token), ``perplexity`` and ``tokens`` (supervised) as ``train_*`` / ``val_*``
 (the loop adds ``tokens_per_second``). After each epoch, rank 0 completes ``prompts`` greedily into
 ``<run dir>/samples.jsonl`` (one line per prompt and epoch), which the trackers keep with the run's other files.
+With ``eval_generation``, validation also completes each row's prompt and scores the completions
+(``val_exact_match``, the user's ``generation_metrics``: ``tasks/generation.py``) every ``eval_generation_every``
+epochs and at the last, and on every split scored after training (``test_*``, ``evaluate``).
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.token_rows import IGNORE, supervised_positions  # IGNORE: the prompt's labels, padding's
 from hydra_raytrain.rundir import SAMPLES_FILE
 
-from .base import StepOutput, Task
+from .base import StepOutput, Sums, Task
+from .generation import EXACT_MATCH, GenerationScores
 
 
 class CausalLM(Task):
     monitor = "val_loss"
     mode = "min"
+    modes = {f"{split}_{EXACT_MATCH}": "max" for split in ("val", "test")}
 
     def __init__(
         self,
@@ -40,9 +46,25 @@ class CausalLM(Task):
         max_new_tokens: int = 32,
         tokenizer: str | None = None,
         supervised_logits_only: bool = True,
+        eval_generation: bool = False,
+        eval_generation_every: int = 1,
+        eval_max_new_tokens: int | None = None,
+        generation_metrics: Sequence[Any] = (EXACT_MATCH,),
     ):
         self.prompts, self.max_new_tokens, self.tokenizer = list(prompts), max_new_tokens, tokenizer
         self.supervised_logits_only = supervised_logits_only
+        if not isinstance(eval_generation_every, int) or eval_generation_every < 1:
+            raise ConfigError("task.eval_generation_every", eval_generation_every, "is a number of epochs.", "1, 2...")
+        if eval_max_new_tokens is not None and (not isinstance(eval_max_new_tokens, int) or eval_max_new_tokens < 1):
+            raise ConfigError("task.eval_max_new_tokens", eval_max_new_tokens, "is a number of tokens.", "null, 1...")
+        self.every, self.generating = eval_generation_every, False
+        self.scores = None
+        if eval_generation:
+            self.scores = GenerationScores(
+                list(generation_metrics), self._tokenizer, eval_max_new_tokens or max_new_tokens
+            )
+        self.occasional = (frozenset(self.scores.names), self.every) if self.scores else Task.occasional
+        self._loaded: Any = None
 
     def training_step(self, model, batch) -> StepOutput:
         labels = batch["labels"]
@@ -62,17 +84,42 @@ class CausalLM(Task):
         sums = {"loss": loss.detach(), "tokens": tokens, "count": labels.new_full((), len(labels))}
         return StepOutput(loss, sums, normalizer=tokens)
 
+    def validation_step(self, model, batch) -> Sums:
+        sums = self.training_step(model, batch).sums
+        if self.scores is not None and self.generating:
+            sums.update(self.scores.sums(model, batch))
+        return sums
+
+    def on_validation_start(self, epoch: int | None = None, max_epochs: int | None = None) -> bool:
+        """Generation every ``eval_generation_every`` epochs and at the last (on a split scored after training:
+        always); its steps differ in number between workers."""
+        self.generating = self.scores is not None and (epoch is None or epoch % self.every == 0 or epoch == max_epochs)
+        return self.generating
+
+    def on_validation_end(self) -> dict[str, float]:
+        return self.scores.gathered() if self.scores is not None and self.generating else {}
+
     def compute(self, sums: dict[str, float]) -> dict[str, float]:
         loss = sums["loss"] / max(sums["tokens"], 1)
-        return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": sums["tokens"]}
+        values = {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": sums["tokens"]}
+        if sums.get("generated"):
+            values[EXACT_MATCH] = sums[EXACT_MATCH] / sums["generated"]
+        extra = set(sums) - {"loss", "tokens", "count", "generated", EXACT_MATCH}  # on_validation_end's figures
+        return {**values, **{name: sums[name] for name in sorted(extra)}}
+
+    def _tokenizer(self) -> Any:
+        from hydra_raytrain.models.text import load_tokenizer
+
+        if self._loaded is None:
+            self._loaded = load_tokenizer(self.tokenizer, "task.tokenizer")
+        return self._loaded
 
     def on_epoch_end(self, model, epoch: int, run_dir: str) -> None:
         if not self.prompts:
             return
-        from hydra_raytrain.models.text import complete, load_tokenizer
+        from hydra_raytrain.models.text import complete
 
-        tokenizer = load_tokenizer(self.tokenizer, "task.tokenizer")
-        completions = complete(model, tokenizer, self.prompts, self.max_new_tokens)
+        completions = complete(model, self._tokenizer(), self.prompts, self.max_new_tokens)
         with open(os.path.join(run_dir, SAMPLES_FILE), "a") as out:
             for prompt, completion in zip(self.prompts, completions, strict=True):
                 out.write(json.dumps({"epoch": epoch, "prompt": prompt, "completion": completion}) + "\n")

@@ -94,6 +94,7 @@ def score(path: str, cfg: dict[str, Any], split: str = "val", built: Any = None)
     if is_lightning(cfg["task"]["_target_"]):
         return _validate_lightning(cfg, model, device, split)
     task = instantiate(cfg["task"])
+    task.on_validation_start()
     totals = validation_totals(task, model, split_loader(cfg, split, built), lambda b: move_to(b, device))
     matrices = task.metrics.matrices(totals) if getattr(task, "metrics", None) is not None else {}
     return {f"{split}_{name}": value for name, value in {**task.compute(totals), **matrices}.items()}

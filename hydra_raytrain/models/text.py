@@ -240,25 +240,37 @@ def complete(
     padded on the left so that every prompt's last token is where generation starts. Greedy by default; else drawn
     as ``sampling`` says, each prompt from its seed and text alone (``models/sampling.py``), and ended before its
     first stop text. ``special``: the tokenizer adds its special tokens (a rendered chat template holds its own)."""
-    import torch
-
-    device = next(model.parameters()).device
-    training, side = model.training, tokenizer.padding_side
+    training = model.training
     model.eval()
-    tokenizer.padding_side = "left"
     completions: list[str] = []
     try:
-        with torch.no_grad():
-            for start in range(0, len(prompts), batch_size):
-                batch = prompts[start : start + batch_size]
-                encoded = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=special).to(device)
-                options = generation_options(batch, sampling, tokenizer)
-                out = model.generate(
-                    **encoded, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **options
-                )
-                new = out[:, encoded["input_ids"].shape[1] :]
-                completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+        for start in range(0, len(prompts), batch_size):
+            batch = prompts[start : start + batch_size]
+            ids = tokenizer(batch, add_special_tokens=special)["input_ids"]
+            options = generation_options(batch, sampling, tokenizer)
+            new = generated(model, tokenizer.pad_token_id, ids, max_new_tokens, **options)
+            completions.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
     finally:
-        tokenizer.padding_side = side
         model.train(training)
     return [cut_at_stop(text, sampling.stop) for text in completions]
+
+
+def generated(model: Any, pad: int, prompts: list[list[int]], max_new_tokens: int, **options: Any) -> list[Any]:
+    """Each prompt's new ids (the end token and the padding after it included), the prompts (ids) generating
+    together, padded on the left with ``pad`` (the tokenizer's padding token) so that every prompt's last token is where
+    generation starts; greedy unless ``options`` (``generate``'s) say otherwise. What ``complete`` (predict, serve's
+    /predict) and the validation's generation (``tasks/causal_lm.py``) run."""
+    import torch
+
+    device, width = next(model.parameters()).device, max(len(ids) for ids in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    options.setdefault("do_sample", False)
+    # Each caller generates on its own: on an FSDP-managed model transformers would step in lockstep with the other
+    # ranks (an all-reduce a step) that never join it (validation gathers the units' parameters first)
+    options.setdefault("synced_gpus", False)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, **options
+        )  # fmt: skip
+    return out[:, width:].tolist()

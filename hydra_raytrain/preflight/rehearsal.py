@@ -292,13 +292,15 @@ def step_sums(task: Any, model: Any, batch: Any) -> tuple[dict[str, Any], dict[s
     modules = list(model.values()) if isinstance(model, dict) else [model]
     for module in modules:
         module.eval()
+    task.on_validation_start()  # as on a split scored after training: every metric the task has
     with torch.no_grad():
         val_sums = train_sums = task.validation_step(model, batch)
+    ended = task.on_validation_end()
     if type(task).train_batch is Task.train_batch:  # the default step: training_step's sums are the train metrics
         for module in modules:
             module.train()
         train_sums = task.training_step(model, batch).sums
-    return _floats(train_sums), _floats(val_sums)
+    return _floats(train_sums), {**_floats(val_sums), **ended}
 
 
 def _parameter_count(spec: Mapping[str, Any]) -> int:
@@ -417,6 +419,18 @@ def check_monitors(
                     ", ".join(sorted(names)),
                 )
             )
+    score, every_n = checkpoint["checkpoint_score_attribute"], checkpoint["every_n_epochs"]
+    occasional, n = getattr(task, "occasional", Task.occasional)
+    if score and score.split("_", 1)[-1] in occasional and n > 1 and every_n % n:
+        problems.add(
+            ConfigError(
+                "checkpoint.every_n_epochs",
+                every_n,
+                f"the checkpoints are ordered by {score}, which the task "
+                f"reports every {n} epochs only: a checkpoint of another epoch would have no score.",
+                f"a multiple of {n}, or checkpoint.checkpoint_score_attribute of a metric reported every epoch",
+            )  # fmt: skip
+        )
     problems.raise_any()
 
 

@@ -551,7 +551,7 @@ class Recipe:
                 self.status = "preempted"
                 break
             train_seconds = time.perf_counter() - started
-            val = self._validate()
+            val = self._validate(epoch + 1)
             metrics = {
                 "epoch": epoch + 1,
                 **{f"train_{k}": v for k, v in self.task.compute(train).items()},
@@ -591,7 +591,9 @@ class Recipe:
             return False
         trainer = self.cfg.trainer
         monitor, mode = monitored(self.task, (settings.monitor, settings.mode), (trainer.monitor, trainer.monitor_mode))
-        return should_stop([m.get(monitor) for m in self.history], mode, settings.patience, settings.min_delta)
+        # patience counts the epochs that report the metric (one a task reports every n epochs: those epochs)
+        scores = [m.get(monitor) for m in self.history if monitor in m]
+        return should_stop(scores, mode, settings.patience, settings.min_delta)
 
     def _train_epoch(self, epoch: int, done: int, meter: SumMeter) -> dict[str, float] | None:
         """The epoch's batches from ``done`` on (0 unless resumed mid-epoch), their sums added to ``meter``; the
@@ -650,14 +652,19 @@ class Recipe:
             bar.update(done)
         return bar
 
-    def _validate(self) -> dict[str, float]:
+    def _validate(self, epochs_done: int) -> dict[str, float]:
         # The unwrapped models: ranks hold different numbers of validation batches, and DDP's forward could
         # start a collective (buffer broadcast) that the other ranks never join. FSDP's forward all-gathers each
-        # unit's parameters: there every rank runs as many forwards (``val_steps``), the extra ones uncounted.
+        # unit's parameters: there every rank runs as many forwards (``val_steps``), the extra ones uncounted; or,
+        # for a pass whose forwards differ in number (a generation's), every unit is gathered first.
+        uneven_forwards = self.task.on_validation_start(epochs_done, self.cfg.trainer.max_epochs)
         batches = itertools.islice(self.val_loader, self.val_batches)
-        extra = self.val_steps - self.val_batches
+        extra = 0 if uneven_forwards else self.val_steps - self.val_batches
         uneven = isinstance(self.val_loader, StreamLoader)  # a rank's shard may hold no batch at all
-        with self.step.precision.autocast():
+        with contextlib.ExitStack() as stack:
+            if self.sharded and uneven_forwards:
+                stack.enter_context(parallel.gathered(self.step.models.values(), self.cfg.fsdp.reshard_after_forward))
+            stack.enter_context(self.step.precision.autocast())
             return validation_totals(
                 self.task, self._eval_models(), batches, self._to_device, extra, uneven, self.device
             )

@@ -71,7 +71,8 @@ def validation_totals(
 ) -> dict[str, Any]:
     """The task's validation sums over ``batches``, added over workers (a collective when distributed). ``extra``
     more steps on the last batch, uncounted, keep this rank in step with ranks that hold more batches (FSDP's
-    forward is a collective); ``uneven``: a rank may hold no batch (see ``SumMeter.totals``)."""
+    forward is a collective); ``uneven``: a rank may hold no batch (see ``SumMeter.totals``). The task's
+    ``on_validation_start`` was called before; what its ``on_validation_end`` returns joins the totals."""
     for module in model.values() if isinstance(model, dict) else [model]:
         module.eval()
     meter, batch = SumMeter(), None
@@ -80,7 +81,8 @@ def validation_totals(
         meter.add(task.validation_step(model, batch))
     for _ in range(extra):
         task.validation_step(model, batch)
-    return meter.totals(uneven, device)
+    totals = meter.totals(uneven, device)
+    return {**totals, **task.on_validation_end()}
 
 
 def should_stop(scores: Sequence[float | None], mode: str, patience: int, min_delta: float = 0.0) -> bool:

@@ -187,9 +187,11 @@ def test_text_page(tmp_path):
     chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
     write_jsonl(tmp_path / "data" / "chats.jsonl", chats)
     done = run_page("text.md", tmp_path)
-    assert len(done) == 4
+    assert len(done) == 5
     every = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
-    assert sorted(s["status"] for s in every) == ["completed"] * 4
+    assert sorted(s["status"] for s in every) == ["completed"] * 5
+    (scored,) = [s for s in every if "val_exact_match" in s["final"]]  # and my_metrics.py's figure
+    assert scored["monitor"] == "val_exact_match" and scored["final"]["val_length_ratio"] > 0
     (classified,) = [s for s in every if "val_accuracy" in s["final"]]  # a smoke run: it ran, and scored its classes
     assert run_config(tmp_path, Path(classified["run_dir"]).name)["dataset"]["classes"] == ["negative", "positive"]
     summaries = [s for s in every if s is not classified]
@@ -197,6 +199,7 @@ def test_text_page(tmp_path):
     configs = [run_config(tmp_path, f"{Path(s['run_dir']).name}") for s in summaries]
     assert sorted((c["peft"]["method"], c["dataset"]["packing"]) for c in configs) == [
         ("lora", False),
+        ("none", False),
         ("none", False),
         ("none", True),
     ]

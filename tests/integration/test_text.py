@@ -40,14 +40,23 @@ LAYOUTS = {
 }
 
 
+# Validation completes each row's prompt too: exact match, and a metric that counts the rows it is given
+GENERATION = (
+    "task.eval_generation=true",
+    "task.eval_max_new_tokens=6",
+    "task.generation_metrics=[exact_match,tests.helpers.tasks.completion_census]",
+)
+
+
 def test_the_loss_is_exact_in_supervised_tokens_whatever_the_workers_and_accumulation(ray_address, text_run, tmp_path):
     """1 worker with batch 8, 1 worker with 4 x 2 accumulation and 2 workers with 4 each take the same steps (to
     float64's accuracy): every step divides by its supervised tokens on all workers and micro-batches. A mean per
-    worker's micro-batch (what most loops take) on 2 workers x 4 moves away from them."""
+    worker's micro-batch (what most loops take) on 2 workers x 4 moves away from them. Validation's generation
+    completes every row once whatever the workers, and says the same."""
     runs = {}
     for label, layout in LAYOUTS.items():
         run_dir = tmp_path / label.replace(" ", "_")
-        summary = train(compose_config(*text_run, *layout), run_dir=str(run_dir))
+        summary = train(compose_config(*text_run, *layout, *GENERATION), run_dir=str(run_dir))
         assert summary["status"] == "completed", summary
         runs[label] = run_dir
     reference = history(runs["1 worker x 8"])
@@ -58,6 +67,9 @@ def test_the_loss_is_exact_in_supervised_tokens_whatever_the_workers_and_accumul
         for epoch, expected in zip(history(run_dir), reference, strict=True):
             for metric in ("train_loss", "val_loss", "train_tokens", "val_tokens"):
                 assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
+            generation = ("val_exact_match", "val_rows", "val_distinct_answers", "val_said")
+            assert {m: epoch[m] for m in generation} == {m: expected[m] for m in generation}, label
+            assert epoch["val_rows"] == epoch["val_distinct_answers"] == 12 and epoch["val_said"] > 0  # each row once
         final = weights(run_dir)
         for name, tensor in weights(runs["1 worker x 8"]).items():
             assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
@@ -105,6 +117,9 @@ def test_packed_rows_train_alike_on_1_and_2_workers_and_through_accumulation(ray
         for epoch, expected in zip(history(run_dir), reference, strict=True):
             for metric in ("train_loss", "val_loss", "train_tokens", "val_tokens"):
                 assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
+            generation = ("val_exact_match", "val_rows", "val_distinct_answers", "val_said")
+            assert {m: epoch[m] for m in generation} == {m: expected[m] for m in generation}, label
+            assert epoch["val_rows"] == epoch["val_distinct_answers"] == 12 and epoch["val_said"] > 0  # each row once
         assert summary["test"]["test_loss"] == pytest.approx(reference_summary["test"]["test_loss"], rel=1e-9)
         final = weights(run_dir)
         for name, tensor in weights(reference_dir).items():
@@ -343,35 +358,43 @@ def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_t
     workers is the exactness test's), the samples the task writes say so; then, offline: the exported Hugging Face
     folder loads with transformers' own Auto classes and generates each code greedily; predict (Ray Data on the
     session's cluster) writes each prompt's completion beside its id; serve answers them over HTTP."""
-    import os
-    import subprocess
     import sys
 
-    import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hydra_raytrain.inference.export import export
-    from tests.conftest import ROOT, unused_port
+    from tests.conftest import unused_port
     from tests.helpers.serving import ask, serving
     from tests.helpers.text import PAIRS, pair_rows
 
-    data, pairs = (
+    unseen = [{"prompt": "op hex:", "completion": " hex(a)"}, {"prompt": "op chr:", "completion": " chr(a)"}]
+    data, val = (
         write_jsonl(tmp_path / "train.jsonl", pair_rows(8)),
-        write_jsonl(tmp_path / "pairs.jsonl", pair_rows()),
+        write_jsonl(tmp_path / "val.jsonl", pair_rows() + unseen),  # 20 of 22 can be learned: 0.909 at best
     )
     learn = (
         f"dataset.path={data}",
-        f"dataset.val_path={pairs}",
-        "scaling.num_workers=0",
+        f"dataset.val_path={val}",
+        "scaling.num_workers=1",  # a Ray Train worker: Ray keeps the checkpoints (local mode keeps none)
         "trainer.max_epochs=12",
         "trainer.batch_size=16",
         "trainer.precision=32",
         "optimizer=adamw",
         "task.prompts=[op add:,op rev:]",
         "task.max_new_tokens=8",
+        "task.eval_generation=true",  # every epoch's validation completes its 22 prompts
+        "task.eval_generation_every=2",
+        "trainer.monitor=val_exact_match",
+        "checkpoint.every_n_epochs=2",
+        "checkpoint.checkpoint_score_attribute=val_exact_match",
     )
     run, tracked = tmp_path / "run", ("logger=mlflow", f"logger.mlflow.tracking_uri=sqlite:///{tmp_path}/mlflow.db")
-    assert train(compose_config(*text_run, *learn, *tracked), run_dir=str(run))["status"] == "completed"
+    summary = train(compose_config(*text_run, *learn, *tracked), run_dir=str(run))
+    assert summary["status"] == "completed" and summary["monitor_mode"] == "max"
+    scored = [(m["epoch"], m["val_exact_match"]) for m in history(run) if "val_exact_match" in m]
+    assert [epoch for epoch, _ in scored] == [2, 4, 6, 8, 10, 12] and scored[0][1] < 0.5, scored
+    best = summary["best"]
+    assert best["val_exact_match"] == max(score for _, score in scored) >= 0.9, scored
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [(s["epoch"], s["completion"]) for s in samples[-2:]] == [(12, " a + b"), (12, " a[::-1]")]
     from mlflow.tracking import MlflowClient  # the tracker has the samples and the perplexity
@@ -391,18 +414,12 @@ def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_t
         out = model.generate(**ids, max_new_tokens=8)  # the folder's generation config: greedy
         assert tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True) == code, prompt
 
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i, "prompt": p} for i, (p, _) in enumerate(PAIRS)])
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(prompts), "--output", "completions"]
-    done = subprocess.run(
-        [*command, "--max-new-tokens", "8", "--address", ray_address],
-        capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    written = pq.read_table(tmp_path / "completions").to_pydict()
-    assert sorted(zip(written["id"], written["prompt"], written["prediction"], strict=True)) == [
-        (i, prompt, code) for i, (prompt, code) in enumerate(PAIRS)
-    ]
+    # predict of the best checkpoint (by val_exact_match) says what its validation scored, on the same rows
+    (checkpoint,) = (run / "ray_storage").glob(f"*/epoch_{best['epoch']:04d}")
+    rows = pair_rows() + unseen
+    said = predicted(checkpoint, [row["prompt"] for row in rows], tmp_path, ray_address)
+    matched = [completion.strip() == row["completion"].strip() for completion, row in zip(said, rows, strict=True)]
+    assert sum(matched) / len(rows) == best["val_exact_match"] and matched[:20] == [True] * 20, said
 
     port = unused_port()
     command = [sys.executable, "-m", "hydra_raytrain.serve", str(run), "--port", str(port), "--max-new-tokens", "8"]
@@ -414,6 +431,30 @@ def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_t
         assert status == 422 and "a non-empty list of non-empty strings" in text
         speaks_openai(port, tokenizer, model)
     assert server.process.returncode == 0, server.errors.read_text()[-3000:]
+
+
+def predicted(run, prompts, tmp_path, ray_address):
+    """``predict``'s completions of ``prompts`` by ``run`` (a run dir or a checkpoint), greedy, 8 new tokens, on the
+    session's cluster: in the prompts' order (its output keeps each row's id)."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from tests.conftest import ROOT
+
+    rows = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i, "prompt": p} for i, p in enumerate(prompts)])
+    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(rows), "--output", "completions"]
+    done = subprocess.run(
+        [*command, "--max-new-tokens", "8", "--address", ray_address], capture_output=True, text=True,
+        cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = pq.read_table(tmp_path / "completions").to_pydict()
+    assert sorted(written["id"]) == list(range(len(prompts))), written
+    said = dict(zip(written["id"], written["prediction"], strict=True))
+    return [said[i] for i in range(len(prompts))]
 
 
 def speaks_openai(port, tokenizer, model):
@@ -572,3 +613,22 @@ def test_fsdp2_shards_a_gpt2_with_lora_and_checkpointing_and_gathers_the_whole_a
         assert torch.allclose(tensor, adapters[name], rtol=1e-6, atol=1e-7), name
     for epoch, expected in zip(history(two), history(one), strict=True):
         assert epoch["val_loss"] == pytest.approx(expected["val_loss"], rel=1e-9)
+
+
+@pytest.mark.long("the gate's exactness test generates on DDP's workers; this is FSDP2's, ranks of unequal rows")
+def test_fsdp2_validation_generates_every_row_once_as_one_worker_does(ray_address, text_run, tmp_path):
+    """Validation's generation under FSDP2 over 2 workers whose shares of the 9 validation rows differ (5 and 4: 3
+    batches and 2): each unit's parameters gathered for the pass (a forward would otherwise wait for a rank that
+    has none left), and the same completions (a checksum of the text), exact match and rows as 1 worker's run
+    (whose 39 training rows the 2 workers' sampler evens to 40 by repeating one: the weights differ a little, the
+    completions not)."""
+    split = ("dataset.val_fraction=0.1875", "trainer.val_batch_size_per_worker=2", "trainer.max_epochs=1", *GENERATION)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train(compose_config(*text_run, *split, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
+    sharded = ("trainer.parallel_strategy=fsdp", "fsdp.shard_modules=[LlamaDecoderLayer]")
+    summary = train(compose_config(*text_run, *split, *LAYOUTS["2 workers x 4"], *sharded), run_dir=str(two))
+    assert summary["status"] == "completed", summary
+    generation = ("val_exact_match", "val_rows", "val_distinct_answers", "val_said")
+    (alone,), (together,) = history(one), history(two)
+    assert {m: together[m] for m in generation} == {m: alone[m] for m in generation}
+    assert together["val_rows"] == together["val_distinct_answers"] == 9 and together["val_said"] > 0
