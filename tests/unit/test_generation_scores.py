@@ -149,7 +149,8 @@ def test_checkpoints_ordered_by_a_metric_of_some_epochs_only_fall_on_those_epoch
 
     def cfg(every_n_epochs: int, score: str = "val_exact_match") -> dict:
         trainer = {"monitor": score, "monitor_mode": None, "early_stopping": {"monitor": None}}
-        return {"trainer": trainer, "checkpoint": {"checkpoint_score_attribute": score, "every_n_epochs": every_n_epochs}}
+        checkpoint = {"checkpoint_score_attribute": score, "every_n_epochs": every_n_epochs}
+        return {"trainer": trainer, "checkpoint": checkpoint}
 
     check_monitors(cfg(2), names, task, allow_any_train=False)
     check_monitors(cfg(3, "val_loss"), names, task, allow_any_train=False)  # reported every epoch
