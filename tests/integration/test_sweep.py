@@ -556,3 +556,41 @@ def test_an_asha_sweep_on_validation_perplexity_stops_the_hopeless_learning_rate
         assert last["val_perplexity"] > 1 and last["tokens_per_second"] > 0
         assert "Text tokenized" not in Path(row["run_dir"], "driver.log").read_text()  # the trial read the sweep's
     assert done.stdout.count("Text tokenized once for the workers, by the driver") == 1, done.stdout[-3000:]
+
+
+@pytest.mark.long("a text variant: ASHA in the gate is the local-mode sweep, exact match test_text's")
+def test_an_asha_sweep_on_validation_exact_match_stops_the_learning_rates_that_say_nothing_right(ray_address, tmp_path):
+    """A sweep picked on what the models say: ASHA on val_exact_match (upwards: the task's direction for it, no
+    mode given) over a memorisation run's learning rates; the two that barely move complete no prompt and stop at
+    a rung, the best learning rate trains to the end and is the sweep's best."""
+    from tests.helpers.text import pair_rows, write_jsonl
+
+    text_run = text_overrides(tmp_path / "text")
+    train, val = write_jsonl(tmp_path / "train.jsonl", pair_rows(8)), write_jsonl(tmp_path / "val.jsonl", pair_rows())
+    args = [
+        *asha(ray_address),
+        *(
+            a
+            for a in text_run
+            if not a.startswith(("trainer.max_epochs", "trainer.precision", "optimizer.lr", "dataset.path"))
+        ),
+        f"dataset.path={train}",
+        f"dataset.val_path={val}",
+        "optimizer=adamw",
+        "trainer.batch_size=16",
+        "task.eval_generation=true",
+        "task.eval_max_new_tokens=8",
+        "hydra.sweeper.metric=val_exact_match",
+        "scaling.num_workers=1",
+        "optimizer.lr=1e-2,1e-8,3e-3,1e-9",
+        "trainer.max_epochs=8",
+        "hydra.sweep.dir=sweep",
+    ]
+    done = run_cli(args, cwd=str(tmp_path), timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    status = {row["overrides"].split("lr=")[1]: (row["status"], row["epochs"]) for row in summary["trials"]}
+    assert status["0.01"] == ("completed", 8), status
+    assert all(state == "stopped" and epochs < 8 for state, epochs in (status["1e-08"], status["1e-09"])), status
+    assert summary["best"]["overrides"] == "optimizer.lr=0.01" and summary["mode"] == "max", summary
+    assert summary["best"]["best"] >= 0.5, summary["best"]  # 0.95 of 20 rows here
