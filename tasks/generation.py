@@ -25,6 +25,7 @@ from hydra_raytrain.data.token_rows import IGNORE
 
 EXACT_MATCH = "exact_match"
 KEY = "task.generation_metrics"
+TAKEN = ("loss", "perplexity", "tokens", "count", "generated", EXACT_MATCH)  # names the task reports itself
 
 
 class GenerationScores:
@@ -40,6 +41,11 @@ class GenerationScores:
         their texts kept for the user's metrics."""
         from hydra_raytrain.models.text import generated
 
+        if not callable(getattr(model, "generate", None)):
+            raise ConfigError(
+                "task.eval_generation", True, f"completes prompts with the model's generate(): "
+                f"{type(model).__name__} has none.", "a transformers causal LM (model=causal_lm), or false",
+            )  # fmt: skip
         tokenizer = self.tokenizer()
         prompts, answers = prompts_and_answers(batch)
         completions = tokenizer.batch_decode(
@@ -102,7 +108,9 @@ def named_metrics(metrics: Sequence[Any]) -> dict[str, Callable[..., Any]]:
                 KEY, entry, "is no metric.", f"{EXACT_MATCH}, module.fn, or {{_target_: module.fn, _partial_: true}}"
             )
         name = metric_name(metric)
-        if name in named or name == EXACT_MATCH:
+        if name in TAKEN:
+            raise ConfigError(KEY, entry, f"is named {name!r}, a metric the task reports itself.", "other names")
+        if name in named:
             raise ConfigError(KEY, entry, f"names the metric {name!r} twice.")
         named[name] = metric
     return named
@@ -119,14 +127,16 @@ def called(name: str, metric: Callable[..., Any], predictions: list[str], refere
     """``metric(predictions, references)`` as figures: a number under ``name``, a dict's numbers under its keys."""
     try:
         value = metric(predictions, references)
-        if isinstance(value, dict):
-            return {str(key): float(number) for key, number in value.items()}
-        return {name: float(value)}
+        figures = {str(k): float(v) for k, v in value.items()} if isinstance(value, dict) else {name: float(value)}
     except Exception as error:
         raise ConfigError(
             KEY, name, f"failed on {len(predictions)} completions ({type(error).__name__}: {error}).",
             "a function of (predictions, references), lists of strings, returning a number or a dict of numbers",
         ) from None  # fmt: skip
+    taken = sorted(set(figures) & set(TAKEN))
+    if taken:
+        raise ConfigError(KEY, name, f"reports {', '.join(taken)}, a name the task reports itself.", "other names")
+    return figures
 
 
 def prompts_and_answers(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]], list[list[int]]]:
@@ -148,9 +158,9 @@ def prompts_and_answers(batch: dict[str, torch.Tensor]) -> tuple[list[list[int]]
             start -= 1
         if start == 0:
             raise ConfigError(
-                "task.eval_generation", True, "completes each validation row's prompt: rows of "
-                "dataset.format=text have none (every token is learned).",
-                "dataset.format=prompt_completion, or messages",
+                "task.eval_generation", True, "completes each validation row's prompt: a row has none (rows of "
+                "dataset.format=text learn every token; a prompt_completion row's prompt may be empty).",
+                "dataset.format=prompt_completion or messages, every row with a prompt",
             )  # fmt: skip
         prompts.append(ids[:start])
         answers.append(labels[start:end])

@@ -420,8 +420,8 @@ def check_monitors(
                 )
             )
     score, every_n = checkpoint["checkpoint_score_attribute"], checkpoint["every_n_epochs"]
-    occasional, n = getattr(task, "occasional", Task.occasional)
-    if score and score.split("_", 1)[-1] in occasional and n > 1 and every_n % n:
+    n = reported_every(task, score)
+    if every_n % n:
         problems.add(
             ConfigError(
                 "checkpoint.every_n_epochs",
@@ -432,6 +432,13 @@ def check_monitors(
             )  # fmt: skip
         )
     problems.raise_any()
+
+
+def reported_every(task: Any, metric: str | None) -> int:
+    """How many epochs apart ``task`` (an instance) reports ``metric`` (``val_``/``test_`` aside): 1, every epoch,
+    unless it is among the task's ``occasional`` metrics."""
+    names, n = getattr(task, "occasional", Task.occasional)
+    return n if metric and metric.split("_", 1)[-1] in names else 1
 
 
 def _build(key: str, node: Mapping[str, Any], valid: str | None = None) -> Any:

@@ -117,9 +117,6 @@ def test_packed_rows_train_alike_on_1_and_2_workers_and_through_accumulation(ray
         for epoch, expected in zip(history(run_dir), reference, strict=True):
             for metric in ("train_loss", "val_loss", "train_tokens", "val_tokens"):
                 assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
-            generation = ("val_exact_match", "val_rows", "val_distinct_answers", "val_said")
-            assert {m: epoch[m] for m in generation} == {m: expected[m] for m in generation}, label
-            assert epoch["val_rows"] == epoch["val_distinct_answers"] == 12 and epoch["val_said"] > 0  # each row once
         assert summary["test"]["test_loss"] == pytest.approx(reference_summary["test"]["test_loss"], rel=1e-9)
         final = weights(run_dir)
         for name, tensor in weights(reference_dir).items():

@@ -59,7 +59,7 @@ def test_a_rows_prompt_is_what_predict_would_complete_and_its_answer_the_last_sp
 def test_rows_without_a_prompt_and_packed_rows_are_refused_by_name(llama):
     _, tokenizer, _ = llama
     batch = collated(tokenizer, "text", [{"text": "a + b"}])
-    with pytest.raises(ConfigError, match="rows of dataset.format=text have none") as caught:
+    with pytest.raises(ConfigError, match="rows of dataset.format=text learn every token") as caught:
         prompts_and_answers(batch)
     assert caught.value.key == "task.eval_generation"
     with pytest.raises(ConfigError, match="dataset.packing=false"):
@@ -68,6 +68,10 @@ def test_rows_without_a_prompt_and_packed_rows_are_refused_by_name(llama):
 
 def mine(predictions, references):
     return 0.25
+
+
+def loss(predictions, references):
+    return 1.0
 
 
 class Scorer:
@@ -88,6 +92,7 @@ def test_metrics_are_named_by_their_function_and_bad_ones_refused_by_name():
         (["tests.unit.test_generation_scores.nothing"], "imports no function"),
         (["exact_match", 3], "is no metric"),
         (["tests.unit.test_generation_scores.mine", functools.partial(mine)], "names the metric 'mine' twice"),
+        (["tests.unit.test_generation_scores.loss"], "a metric the task reports itself"),
     ],
 )
 def test_bad_metric_lists_are_refused_by_name(metrics, problem):
@@ -99,6 +104,8 @@ def test_bad_metric_lists_are_refused_by_name(metrics, problem):
 def test_a_metric_gives_a_number_under_its_name_or_a_dict_under_its_keys_and_a_failure_names_it():
     assert called("mine", mine, ["a"], ["b"]) == {"mine": 0.25}
     assert called("census", completion_census, ["ab", "c"], ["x", "x"]) == {"rows": 2, "distinct_answers": 1, "said": 3}
+    with pytest.raises(ConfigError, match="reports count, exact_match, a name the task reports itself"):
+        called("hf", lambda p, r: {"exact_match": 1.0, "count": 1}, ["a"], ["a"])  # evaluate's exact_match, say
     with pytest.raises(ConfigError, match=r"failed on 1 completions \(ZeroDivisionError") as caught:
         called("broken", lambda p, r: 1 / 0, ["a"], ["b"])
     assert caught.value.key == "task.generation_metrics" and caught.value.value == "broken"
@@ -157,3 +164,23 @@ def test_checkpoints_ordered_by_a_metric_of_some_epochs_only_fall_on_those_epoch
     with pytest.raises(ConfigError, match="reports every 2 epochs only") as caught:
         check_monitors(cfg(3), names, task, allow_any_train=False)
     assert caught.value.key == "checkpoint.every_n_epochs" and "a multiple of 2" in caught.value.valid
+
+
+def test_a_model_without_generate_and_a_sweep_on_a_metric_of_some_epochs_are_refused_by_name(llama):
+    from types import SimpleNamespace
+
+    from hydra_raytrain.sweep.tuner import _check_reported_every_epoch
+
+    _, tokenizer, folder = llama
+    task = CausalLM(tokenizer=folder, eval_generation=True)
+    batch = collated(tokenizer, "prompt_completion", [{"prompt": "op add:", "completion": " a + b"}])
+    with pytest.raises(ConfigError, match="Linear has none") as caught:
+        task.scores.sums(torch.nn.Linear(2, 2), batch)
+    assert caught.value.key == "task.eval_generation"
+    node = {"_target_": "hydra_raytrain.tasks.causal_lm.CausalLM", "eval_generation": True}
+    probes = [SimpleNamespace(cfg=SimpleNamespace(task={**node, "eval_generation_every": every})) for every in (1, 2)]
+    _check_reported_every_epoch("val_exact_match", probes[:1])
+    _check_reported_every_epoch("val_loss", probes)
+    with pytest.raises(ConfigError, match="Tune reads it in every epoch's result") as caught:
+        _check_reported_every_epoch("val_exact_match", probes)
+    assert caught.value.key == "task.eval_generation_every" and caught.value.value == 2
