@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError, Problems, did_you_mean, one_line
@@ -30,7 +30,13 @@ from hydra_raytrain.data.streamed import Streamed
 from hydra_raytrain.models.zoo import weights_on_disk
 from hydra_raytrain.recipe import checkpoint, finetune, warm_start
 from hydra_raytrain.recipe.augment import Augment
-from hydra_raytrain.recipe.lightning_setup import MODULE_LOADERS, check_module, import_lightning, one_device_trainer
+from hydra_raytrain.recipe.lightning_setup import (
+    MODULE_LOADERS,
+    check_module,
+    import_lightning,
+    is_lightning,
+    one_device_trainer,
+)
 from hydra_raytrain.recipe.loaders import collate_of
 from hydra_raytrain.recipe.parallel import matching_modules, module_classes
 from hydra_raytrain.recipe.step import build_lr_scheduler
@@ -439,6 +445,20 @@ def reported_every(task: Any, metric: str | None) -> int:
     unless it is among the task's ``occasional`` metrics."""
     names, n = getattr(task, "occasional", Task.occasional)
     return n if metric and metric.split("_", 1)[-1] in names else 1
+
+
+def check_every_epoch(metric: str, tasks: Sequence[Mapping[str, Any]]) -> None:
+    """Tune reads a sweep's metric in every epoch's result: one the trials' tasks (their config nodes) report on some
+    epochs only is refused."""
+    from hydra.utils import instantiate
+
+    for node in tasks:
+        n = 1 if is_lightning(node["_target_"]) else reported_every(instantiate(node), metric)
+        if n > 1:
+            raise ConfigError(
+                "task.eval_generation_every", n, f"the sweep's metric {metric} is reported every {n} epochs only: "
+                "Tune reads it in every epoch's result.", "1, or a hydra.sweeper.metric reported every epoch",
+            )  # fmt: skip
 
 
 def _build(key: str, node: Mapping[str, Any], valid: str | None = None) -> Any:

@@ -29,7 +29,7 @@ from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
 from hydra_raytrain.data.tokenized_ray import for_sweep
 from hydra_raytrain.loggers import base as trackers
-from hydra_raytrain.preflight.rehearsal import Datasets, reported_every
+from hydra_raytrain.preflight.rehearsal import Datasets, check_every_epoch
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning_setup import is_lightning
@@ -168,7 +168,7 @@ def run_sweep(
     trainer = plan.probes[0].cfg.trainer
     task = get_object(plan.probes[0].cfg.task["_target_"])
     metric, mode = monitored(task, (settings.metric, settings.mode), (trainer.monitor, trainer.monitor_mode))
-    _check_reported_every_epoch(metric, plan.probes)
+    check_every_epoch(metric, [job.cfg.task for job in plan.probes])
     if settings.scheduler == "asha":
         _check_asha(settings.grace_period, plan.probes)
     if settings.scheduler == "hyperband":
@@ -549,21 +549,6 @@ def _search(
         budget=plan.budget,
         hidden=shared_secrets(plan.probes),
     )
-
-
-def _check_reported_every_epoch(metric: str, probes: Sequence[Job]) -> None:
-    """Tune reads the sweep's metric in every epoch's result: one a task reports on some epochs only is refused."""
-    from hydra.utils import instantiate
-
-    for job in probes:
-        if is_lightning(job.cfg.task["_target_"]):
-            continue
-        n = reported_every(instantiate(job.cfg.task), metric)
-        if n > 1:
-            raise ConfigError(
-                "task.eval_generation_every", n, f"the sweep's metric {metric} is reported every {n} epochs only: "
-                "Tune reads it in every epoch's result.", "1, or a hydra.sweeper.metric reported every epoch",
-            )  # fmt: skip
 
 
 def _optuna_search(space: dict[str, Parameter], metric: str, mode: str, seed: int, done: list[Job]):

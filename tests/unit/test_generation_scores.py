@@ -167,9 +167,7 @@ def test_checkpoints_ordered_by_a_metric_of_some_epochs_only_fall_on_those_epoch
 
 
 def test_a_model_without_generate_and_a_sweep_on_a_metric_of_some_epochs_are_refused_by_name(llama):
-    from types import SimpleNamespace
-
-    from hydra_raytrain.sweep.tuner import _check_reported_every_epoch
+    from hydra_raytrain.preflight.rehearsal import check_every_epoch
 
     _, tokenizer, folder = llama
     task = CausalLM(tokenizer=folder, eval_generation=True)
@@ -178,9 +176,9 @@ def test_a_model_without_generate_and_a_sweep_on_a_metric_of_some_epochs_are_ref
         task.scores.sums(torch.nn.Linear(2, 2), batch)
     assert caught.value.key == "task.eval_generation"
     node = {"_target_": "hydra_raytrain.tasks.causal_lm.CausalLM", "eval_generation": True}
-    probes = [SimpleNamespace(cfg=SimpleNamespace(task={**node, "eval_generation_every": every})) for every in (1, 2)]
-    _check_reported_every_epoch("val_exact_match", probes[:1])
-    _check_reported_every_epoch("val_loss", probes)
+    tasks = [{**node, "eval_generation_every": every} for every in (1, 2)]
+    check_every_epoch("val_exact_match", tasks[:1])
+    check_every_epoch("val_loss", tasks)
     with pytest.raises(ConfigError, match="Tune reads it in every epoch's result") as caught:
-        _check_reported_every_epoch("val_exact_match", probes)
+        check_every_epoch("val_exact_match", tasks)
     assert caught.value.key == "task.eval_generation_every" and caught.value.value == 2
