@@ -14,8 +14,6 @@ import contextlib
 import io
 import itertools
 import logging
-import math
-import os
 import sys
 import time
 from typing import Any, cast
@@ -26,47 +24,30 @@ import torch
 from hydra.utils import instantiate
 
 from hydra_raytrain.callbacks.base import Callbacks, RunState
-from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.config.schema import checkpointed_modules
-from hydra_raytrain.data.packing import check_text_models
 from hydra_raytrain.host import mark
 from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
 from hydra_raytrain.notice import NoticeReader
 from hydra_raytrain.outcome import RunStatus, WorkerResult
-from hydra_raytrain.recipe import checkpoint, ema, finetune, parallel, warm_start
+from hydra_raytrain.recipe import checkpoint, ema, parallel, warm_start
 from hydra_raytrain.recipe.augment import Augment
+from hydra_raytrain.recipe.building import Place, build_loaders, build_models, build_profiler, build_step
 from hydra_raytrain.recipe.cadence import Cadence
-from hydra_raytrain.recipe.device_data import (
-    DEVICE_MEMORY_SHARE,
-    DeviceLoader,
-    fits_device,
-    in_memory_tensors,
-    load_tensors,
-    nbytes,
-)
 from hydra_raytrain.recipe.loaders import (
-    build_loader,
     copies_ahead,
-    loader_processes,
     loader_seed,
     move_to,
-    per_worker_batch_size,
     prefetched,
-    sharded_sampler,
-    worker_cpus,
 )
-from hydra_raytrain.recipe.metrics import SumMeter, should_stop, validation_totals
+from hydra_raytrain.recipe.metrics import SumMeter, rates, should_stop, validation_totals
 from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
-from hydra_raytrain.recipe.step import PARAM_DTYPES, Precision, StepTimer, TrainStep, build_lr_scheduler
-from hydra_raytrain.recipe.streaming import StreamLoader, per_rank_rows
+from hydra_raytrain.recipe.step import PARAM_DTYPES, sync_debug
+from hydra_raytrain.recipe.streaming import StreamLoader
 from hydra_raytrain.tasks.base import Task
-
-PROFILER_DIR = "profiler"
 
 logger = logging.getLogger(__name__)
 
@@ -150,11 +131,14 @@ class Recipe:
         # The same seed on every rank for the initial weights (DDP also broadcasts rank 0's at wrap time)...
         seed_everything(trainer.seed)
         self.task = instantiate(self.cfg.task)
-        self._setup_data()
-        models = self._setup_models()
+        place = Place(self.rank, self.world_size, self.device, self.float_dtype)
+        loaders = build_loaders(self.cfg, place, self.rows, self.built)
+        self.train_loader, self.val_loader, self.batch_size = loaders.train, loaders.val, loaders.batch_size
+        self.train_batches, self.val_batches = loaders.train_batches, loaders.val_batches
+        models = build_models(self.cfg, place, loaders.splits)
         if self.float_dtype is not None:  # after the models: float64 weights start from float32's initial values
             torch.set_default_dtype(self.float_dtype)
-        self.step = self._setup_step(models)
+        self.step = build_step(self.cfg, models, self.train_batches, self.device)
         self.sharded = bool(self.step.gradient_sync)  # some model is sharded by FSDP
         decay = trainer.ema.decay  # the weights' moving averages: validated and saved (recipe/ema.py)
         self.averages = ema.averaged(self.step.unwrapped, decay) if decay is not None else {}
@@ -175,7 +159,7 @@ class Recipe:
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": self.saved, "run_name": self.run_name, "provenance": self.provenance}
         self.tracker_ids = start_all(self.loggers, config, self.run_dir, self.tracker_ids)
-        self.profiler = self._setup_profiler()
+        self.profiler = build_profiler(self.cfg, place, self.run_dir)
         every = self.cfg.checkpoint
         self.notice_reader = NoticeReader(self.notice) if self.notice and self.rank == 0 else None
         self.uploads = checkpoint.Uploads(
@@ -319,212 +303,6 @@ class Recipe:
             loaded = sum(len(states) for states in models.values())
             also = " and the optimizer state" if state["optimizers"] else ""
             print(f"Starting from run.init_from={run.init_from}: {loaded} weights{also}", flush=True)
-
-    def _setup_data(self) -> None:
-        """The splits, on the device-resident path or behind DataLoaders, sized to the CPUs this worker holds:
-        torch's threads and the loader processes (printed once, by rank 0)."""
-        trainer = self.cfg.trainer
-        self.batch_size = batch = per_worker_batch_size(
-            trainer.batch_size, trainer.batch_size_per_worker, self.world_size
-        )
-        val_batch = trainer.val_batch_size_per_worker or batch
-        cpus = worker_cpus()
-        torch.set_num_threads(trainer.num_threads or cpus)
-        if self.rows is not None:
-            where = self._setup_stream(batch, val_batch)
-        else:
-            where = self._setup_loaders(batch, val_batch, cpus)
-        self.train_batches = min(len(self.train_loader), trainer.limit_train_batches or len(self.train_loader))
-        if isinstance(self.val_loader, StreamLoader):  # as many as this rank's shard holds
-            self.val_batches = trainer.limit_val_batches or sys.maxsize
-        else:
-            self.val_batches = min(len(self.val_loader), trainer.limit_val_batches or len(self.val_loader))
-        if self.rank == 0:
-            threads, niceness = torch.get_num_threads(), os.nice(0)
-            print(
-                f"Workers: {self.world_size} x {cpus} CPU{'s' if cpus > 1 else ''}, {threads} torch "
-                f"thread{'s' if threads > 1 else ''} each"
-                + (f", niceness {niceness} (RAY_worker_niceness)" if niceness else "")
-                + f"; data {where}",
-                flush=True,
-            )
-
-    def _setup_stream(self, batch: int, val_batch: int) -> str:
-        """This rank's shards of the splits Ray Data streams (``recipe/streaming.py``)."""
-        assert self.rows is not None
-        dataset = self.cfg.dataset
-        options = dict(
-            seed=self.cfg.trainer.seed,
-            rank=self.rank,
-            prefetch_batches=dataset.get("prefetch_batches", 1),
-            device=self.device,
-        )
-        rows = per_rank_rows(self.rows["train"], self.world_size)
-        buffer = dataset.get("local_shuffle_buffer_size")
-        train = ray.train.get_dataset_shard("train")
-        # Any: a DataLoader, a DeviceLoader or a StreamLoader, each iterated alike
-        self.train_loader: Any = StreamLoader(train, batch, rows=rows, local_shuffle_buffer_size=buffer, **options)
-        self.val_loader: Any = StreamLoader(ray.train.get_dataset_shard("val"), val_batch, rows=None, **options)
-        return (
-            f"streamed by Ray Data ({self.rows['train']:,} training rows, {rows:,} per worker per epoch; "
-            f"{self.rows['val']:,} validation rows)"
-        )
-
-    def _setup_loaders(self, batch: int, val_batch: int, cpus: int) -> str:
-        """The splits, built here: on the device-resident path or behind DataLoaders."""
-        trainer = self.cfg.trainer
-        splits = self.splits = self._splits()
-        held = {"train": in_memory_tensors(splits.train), "val": in_memory_tensors(splits.val)}
-        in_memory = all(tensors is not None for tensors in held.values())
-        options = trainer.dataloader
-        processes = loader_processes(options.num_workers, cpus, in_memory, self.device.type == "cuda")
-        pinned = self.device.type == "cuda" if options.pin_memory is None else options.pin_memory
-        shard = dict(rank=self.rank, world_size=self.world_size, seed=trainer.seed)
-        on_device = self._on_device(splits, held, in_memory, processes)
-        if on_device is not None:
-            for split, tensors in on_device.items():
-                sampler = sharded_sampler(len(tensors[0]), train=split == "train", **shard)
-                loader = DeviceLoader(
-                    tensors, batch if split == "train" else val_batch, sampler, self.device, self.float_dtype
-                )
-                setattr(self, f"{split}_loader", loader)
-            where = f"on {self.device} as tensors ({nbytes(on_device['train']) + nbytes(on_device['val']):,} bytes)"
-        else:
-            loading = dict(options=options, num_workers=processes, pin_memory=pinned, **shard)
-            self.train_loader = build_loader(splits.train, batch, train=True, **loading)
-            self.val_loader = build_loader(splits.val, val_batch, train=False, **loading)
-            where = (
-                f"read by DataLoaders ({processes} loader processes per worker"
-                + (", pinned memory" if pinned else "")
-                + (", each batch copied ahead" if copies_ahead(self.train_loader, self.device) else "")
-                + ")"
-            )
-        return where
-
-    def _splits(self) -> Any:
-        """The dataset's splits: over the blocks Ray Data tokenized (text), else built here."""
-        if self.built is None:
-            return instantiate(self.cfg.dataset, _convert_="all")
-        return self.built.splits()
-
-    def _on_device(
-        self, splits: Any, held: dict[str, tuple[torch.Tensor, ...] | None], in_memory: bool, loader_processes: int
-    ) -> dict[str, tuple[torch.Tensor, ...]] | None:
-        """The splits' tensors for the device-resident path, or None for the DataLoader path
-        (``trainer.data_on_device``: null takes in-memory tensors that fit when no loader process was asked for)."""
-        wanted = self.cfg.trainer.data_on_device
-        if wanted is False or (wanted is None and not (in_memory and loader_processes == 0)):
-            return None
-        if wanted is None:
-            size = sum(nbytes(tensors) for tensors in held.values() if tensors is not None)
-            return cast(dict, held) if fits_device(size, self.device, DEVICE_MEMORY_SHARE) else None
-        loaded = {
-            name: tensors if tensors is not None else load_tensors(getattr(splits, name), loader_processes, name)
-            for name, tensors in held.items()
-        }
-        size = sum(nbytes(tensors) for tensors in loaded.values())
-        if not fits_device(size, self.device, 1.0):
-            raise ConfigError(
-                "trainer.data_on_device",
-                True,
-                f"the splits take {size / 2**30:.1f} GiB, more than {self.device} has free.",
-                "trainer.data_on_device=false (the DataLoader path)",
-            )
-        return loaded
-
-    def _setup_models(self) -> dict[str, torch.nn.Module]:
-        """Each model: built, channels-last, activation checkpointing and compiled if asked, then spread over the
-        workers: FSDP2 (``recipe/parallel.py``), or Ray's prepare_model (device; DDP with more than one worker)."""
-        trainer = self.cfg.trainer
-        specs = dict(self.cfg.model) if self.several_models else {"model": self.cfg.model}
-        sharding = trainer.parallel_strategy == "fsdp" and torch.distributed.is_initialized()  # not in local mode
-        models = {}
-        for name, spec in specs.items():
-            module = instantiate(spec, _convert_="all")
-            check_text_models(self.cfg.dataset, getattr(self, "splits", None), {name: module})
-            module = finetune.add_adapters(module, self.cfg.peft)  # peft=lora: only the adapters train
-            finetune.freeze(module, self.cfg.finetune.freeze)  # before DDP, which then leaves them out
-            if self.float_dtype is not None:
-                module = module.to(self.float_dtype)
-            if trainer.channels_last:
-                module = module.to(memory_format=torch.channels_last)
-            if trainer.activation_checkpointing == "full":
-                parallel.checkpoint_activations(
-                    module, checkpointed_modules(trainer.activation_checkpointing_modules, self.cfg.fsdp.shard_modules)
-                )
-            if trainer.compile:
-                module.compile(**(trainer.compile_kwargs or {}))  # in place: state_dict keys unchanged
-            if sharding:
-                fsdp = self.cfg.fsdp
-                models[name] = parallel.fully_shard(
-                    module,
-                    self.device,
-                    fsdp.shard_modules,
-                    fsdp.reshard_after_forward,
-                    trainer.precision,
-                    fsdp.cpu_offload,
-                )
-                continue
-            models[name] = ray.train.torch.prepare_model(
-                module,
-                parallel_strategy="ddp",
-                parallel_strategy_kwargs=trainer.parallel_strategy_kwargs or None,
-            )
-        return models
-
-    def _setup_step(self, models: dict[str, torch.nn.Module]) -> TrainStep:
-        """One optimizer per model (config.optimizer is one node for all, or one per model name), each with the
-        configured LR schedule and warm-up."""
-        trainer, scheduler = self.cfg.trainer, self.cfg.scheduler
-        specs = (
-            {name: self.cfg.optimizer for name in models}
-            if "_target_" in self.cfg.optimizer
-            else dict(self.cfg.optimizer)
-        )
-        optimizers = {
-            name: finetune.build_optimizer(specs[name], model, self.cfg.finetune) for name, model in models.items()
-        }
-        steps_per_epoch = math.ceil(self.train_batches / trainer.accumulate_grad_batches)
-        lr_schedulers: dict[str, list[Any]] = {}
-        warmups: dict[str, Any] = {}
-        for name, optimizer in optimizers.items():
-            lr_schedulers[name] = []
-            if scheduler.lr_scheduler is not None:
-                lr_schedulers[name].append(build_lr_scheduler(scheduler.lr_scheduler, optimizer, steps_per_epoch))
-            if scheduler.warmup_steps:  # built after the main schedule: both scale the LR the other one set
-                warmups[name] = torch.optim.lr_scheduler.LinearLR(
-                    optimizer, scheduler.warmup_start_factor, total_iters=scheduler.warmup_steps
-                )
-        return TrainStep(
-            models,
-            optimizers,
-            lr_schedulers,
-            Precision.build(trainer.precision, self.device),
-            accumulate_grad_batches=trainer.accumulate_grad_batches,
-            gradient_clip_val=trainer.gradient_clip_val,
-            step_scheduler_per_batch=scheduler.interval == "step",
-            warmups=warmups,
-            timer=StepTimer(trainer.profile, self.device),
-        )
-
-    def _setup_profiler(self) -> torch.profiler.profile | None:
-        """``trainer.profiler_steps``: a torch.profiler trace of that many training steps of rank 0 (after one
-        step of warm-up), written as a Chrome trace into ``<run dir>/profiler``."""
-        steps = self.cfg.trainer.profiler_steps
-        if not steps or self.rank != 0:
-            return None
-        folder = os.path.join(self.run_dir, PROFILER_DIR)
-        os.makedirs(folder, exist_ok=True)
-        activities = [torch.profiler.ProfilerActivity.CPU] + (
-            [torch.profiler.ProfilerActivity.CUDA] if self.device.type == "cuda" else []
-        )
-        profiler = torch.profiler.profile(
-            activities=activities,
-            schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
-            on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(folder, f"rank0_step{p.step_num}.json")),
-        )
-        profiler.start()
-        return profiler
 
     def train(self) -> bytes | None:
         """The epochs left; the final weights' bytes on rank 0, None when a preemption notice stopped the run."""
@@ -795,29 +573,6 @@ class Recipe:
             "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
             "callbacks": self.callbacks.state_dict(),  # rank 0's callbacks' (hydra_raytrain/callbacks/base.py)
         }
-
-
-def rates(totals: dict[str, float], before: dict[str, float], seconds: float) -> dict[str, float]:
-    """Samples (and a task's supervised ``tokens``) per second of this attempt's share of the epoch: its totals
-    less what a resumed epoch had ``before``."""
-    figures = {"samples_per_second": (totals["count"] - before.get("count", 0)) / seconds}
-    if "tokens" in totals:
-        figures["tokens_per_second"] = (totals["tokens"] - before.get("tokens", 0)) / seconds
-    return figures
-
-
-@contextlib.contextmanager
-def sync_debug(mode: str | None, device: torch.device) -> Any:
-    """``trainer.sync_debug_mode`` on GPU workers: ``torch.cuda.set_sync_debug_mode`` warns of (or raises at) each
-    operation inside that makes the host wait for the GPU."""
-    if mode is None or device.type != "cuda":
-        yield
-        return
-    torch.cuda.set_sync_debug_mode(mode)
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
 
 
 def _to_bytes(state: dict[str, Any]) -> bytes:

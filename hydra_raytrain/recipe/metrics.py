@@ -98,3 +98,12 @@ def should_stop(scores: Sequence[float | None], mode: str, patience: int, min_de
         else:
             waited += 1
     return waited >= patience
+
+
+def rates(totals: dict[str, float], before: dict[str, float], seconds: float) -> dict[str, float]:
+    """Samples (and a task's supervised ``tokens``) per second of this attempt's share of the epoch: its totals
+    less what a resumed epoch had ``before``."""
+    figures = {"samples_per_second": (totals["count"] - before.get("count", 0)) / seconds}
+    if "tokens" in totals:
+        figures["tokens_per_second"] = (totals["tokens"] - before.get("tokens", 0)) / seconds
+    return figures

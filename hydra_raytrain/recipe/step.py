@@ -238,3 +238,17 @@ class TrainStep:
             self.warmups[name].load_state_dict(saved)
         if state["scaler"]:
             self.precision.scaler.load_state_dict(state["scaler"])
+
+
+@contextlib.contextmanager
+def sync_debug(mode: str | None, device: torch.device) -> Any:
+    """``trainer.sync_debug_mode`` on GPU workers: ``torch.cuda.set_sync_debug_mode`` warns of (or raises at) each
+    operation inside that makes the host wait for the GPU."""
+    if mode is None or device.type != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
