@@ -618,8 +618,9 @@ def test_fsdp2_validation_generates_every_row_once_as_one_worker_does(ray_addres
     batches and 2): each unit's parameters gathered for the pass (a forward would otherwise wait for a rank that
     has none left), and the same completions (a checksum of the text), exact match and rows as 1 worker's run
     (whose 39 training rows the 2 workers' sampler evens to 40 by repeating one: the weights differ a little, the
-    completions not)."""
+    completions not). Rank 0's samples (``task.prompts``) are generated on it alone, no other rank stepping with it."""
     split = ("dataset.val_fraction=0.1875", "trainer.val_batch_size_per_worker=2", "trainer.max_epochs=1", *GENERATION)
+    split += ("task.prompts=[op add:]", "task.max_new_tokens=4")  # and rank 0's samples, generated alone
     one, two = tmp_path / "one", tmp_path / "two"
     assert train(compose_config(*text_run, *split, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
     sharded = ("trainer.parallel_strategy=fsdp", "fsdp.shard_modules=[LlamaDecoderLayer]")
@@ -629,3 +630,5 @@ def test_fsdp2_validation_generates_every_row_once_as_one_worker_does(ray_addres
     (alone,), (together,) = history(one), history(two)
     assert {m: together[m] for m in generation} == {m: alone[m] for m in generation}
     assert together["val_rows"] == together["val_distinct_answers"] == 9 and together["val_said"] > 0
+    (sample,) = [json.loads(line) for line in (two / "samples.jsonl").read_text().splitlines()]
+    assert sample["epoch"] == 1 and sample["completion"], sample
