@@ -42,7 +42,7 @@ from hydra_raytrain.recipe.loaders import (
     move_to,
     prefetched,
 )
-from hydra_raytrain.recipe.metrics import SumMeter, rates, should_stop, validation_totals
+from hydra_raytrain.recipe.metrics import SumMeter, rates, reported, should_stop, validation_totals
 from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
 from hydra_raytrain.recipe.step import PARAM_DTYPES, sync_debug
@@ -369,9 +369,7 @@ class Recipe:
             return False
         trainer = self.cfg.trainer
         monitor, mode = monitored(self.task, (settings.monitor, settings.mode), (trainer.monitor, trainer.monitor_mode))
-        # patience counts the epochs that report the metric (one a task reports every n epochs: those epochs)
-        scores = [m.get(monitor) for m in self.history if monitor in m]
-        return should_stop(scores, mode, settings.patience, settings.min_delta)
+        return should_stop(reported(self.history, monitor), mode, settings.patience, settings.min_delta)
 
     def _train_epoch(self, epoch: int, done: int, meter: SumMeter) -> dict[str, float] | None:
         """The epoch's batches from ``done`` on (0 unless resumed mid-epoch), their sums added to ``meter``; the

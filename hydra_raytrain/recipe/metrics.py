@@ -85,6 +85,12 @@ def validation_totals(
     return {**totals, **task.on_validation_end()}
 
 
+def reported(history: Sequence[Mapping[str, Any]], monitor: str) -> list[Any]:
+    """``monitor``'s value in each epoch of ``history`` that reports it: early stopping's patience counts those
+    epochs (a metric a task reports every n epochs: every n-th)."""
+    return [metrics[monitor] for metrics in history if monitor in metrics]
+
+
 def should_stop(scores: Sequence[float | None], mode: str, patience: int, min_delta: float = 0.0) -> bool:
     """Early stopping: True when the last ``patience`` scores brought no improvement of more than ``min_delta``
     over the best one before them (Lightning's EarlyStopping rule). Missing scores (None) count as no improvement."""

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hydra_raytrain.reach import free_port
-from hydra_raytrain.recipe.metrics import should_stop
+from hydra_raytrain.recipe.metrics import reported, should_stop
 from hydra_raytrain.recipe.step import Precision, TrainStep
 
 CPU = torch.device("cpu")
@@ -155,3 +155,14 @@ def test_a_task_with_several_optimizers_must_name_one():
 )
 def test_early_stopping_rule(scores, mode, patience, min_delta, stop):
     assert should_stop(scores, mode, patience, min_delta) is stop
+
+
+def test_early_stopping_counts_the_epochs_that_report_its_metric():
+    """A metric of every other epoch (task.eval_generation_every=2): patience 2 is two of its epochs, not two epochs."""
+    history = [{"val_loss": 1.0}, {"val_loss": 0.9, "val_exact_match": 0.5}, {"val_loss": 0.8}]
+    history += [{"val_loss": 0.7, "val_exact_match": 0.4}, {"val_loss": 0.6}]
+    assert reported(history, "val_exact_match") == [0.5, 0.4]
+    assert not should_stop(reported(history, "val_exact_match"), "max", 2)  # one epoch of it without improvement
+    history.append({"val_loss": 0.5, "val_exact_match": 0.45})
+    assert should_stop(reported(history, "val_exact_match"), "max", 2)
+    assert reported(history, "val_loss") == [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]
