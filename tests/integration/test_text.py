@@ -617,10 +617,12 @@ def test_fsdp2_validation_generates_every_row_once_as_one_worker_does(ray_addres
     """Validation's generation under FSDP2 over 2 workers whose shares of the 9 validation rows differ (5 and 4: 3
     batches and 2): each unit's parameters gathered for the pass (a forward would otherwise wait for a rank that
     has none left), and the same completions (a checksum of the text), exact match and rows as 1 worker's run
-    (whose 39 training rows the 2 workers' sampler evens to 40 by repeating one: the weights differ a little, the
-    completions not). Rank 0's samples (``task.prompts``) are generated on it alone, no other rank stepping with it."""
+    (whose training rows the 2 workers' sampler may even out by repeating one: the weights differ a little, the
+    completions not). Rank 0's samples (``task.prompts``) are generated on it alone, no other rank stepping with it;
+    the test split, scored after training, is completed too."""
     split = ("dataset.val_fraction=0.1875", "trainer.val_batch_size_per_worker=2", "trainer.max_epochs=1", *GENERATION)
     split += ("task.prompts=[op add:]", "task.max_new_tokens=4")  # and rank 0's samples, generated alone
+    split += ("dataset.test_fraction=0.125",)  # 6 rows, scored after training on the driver: test_exact_match
     one, two = tmp_path / "one", tmp_path / "two"
     assert train(compose_config(*text_run, *split, *LAYOUTS["1 worker x 8"]), run_dir=str(one))["status"] == "completed"
     sharded = ("trainer.parallel_strategy=fsdp", "fsdp.shard_modules=[LlamaDecoderLayer]")
@@ -630,5 +632,7 @@ def test_fsdp2_validation_generates_every_row_once_as_one_worker_does(ray_addres
     (alone,), (together,) = history(one), history(two)
     assert {m: together[m] for m in generation} == {m: alone[m] for m in generation}
     assert together["val_rows"] == together["val_distinct_answers"] == 9 and together["val_said"] > 0
+    tested = summary["test"]
+    assert tested["test_rows"] == tested["test_distinct_answers"] == 6 and 0 <= tested["test_exact_match"] <= 1
     (sample,) = [json.loads(line) for line in (two / "samples.jsonl").read_text().splitlines()]
     assert sample["epoch"] == 1 and sample["completion"], sample
