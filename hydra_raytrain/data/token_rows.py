@@ -48,7 +48,10 @@ class TokenizedRows(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"row {index} of {len(self)}")
-        row = int(self.rows[index])
+        return self.row(int(self.rows[index]))
+
+    def row(self, row: int) -> dict[str, torch.Tensor]:
+        """Row ``row`` of the chunks (numbered across them, whether kept or not)."""
         chunk = int(np.searchsorted(self.starts, row, side="right")) - 1
         ids, labels, offsets = self.chunks[chunk]
         start, end = offsets[row - self.starts[chunk]], offsets[row - self.starts[chunk] + 1]

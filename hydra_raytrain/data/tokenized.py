@@ -26,6 +26,8 @@ import torch
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.packing import packed
+from hydra_raytrain.data.preference import COLUMNS as PREFERENCE_COLUMNS
+from hydra_raytrain.data.preference import PREFERENCE, SIDES, PreferenceRows, conversations, pair_flags, report_ties
 from hydra_raytrain.data.splits import Splits, check_fractions, split_indices
 from hydra_raytrain.data.text_files import LAYOUT, files_of, read_rows
 from hydra_raytrain.data.text_labels import (
@@ -40,7 +42,7 @@ from hydra_raytrain.data.token_rows import IGNORE, Chunk, ClassifiedRows, Tokeni
 
 __all__ = ["IGNORE", "LAYOUT", "Chunk", "TokenizedRows", "chunk_of", "files_of", "supervised_positions", "text"]
 
-FORMATS = ("text", "prompt_completion", "messages", CLASSIFICATION)
+FORMATS = ("text", "prompt_completion", "messages", CLASSIFICATION, PREFERENCE)
 TRAIN_ON = ("all_assistant", "last_assistant")  # dataset.train_on: which assistant turns a conversation learns
 TOKENIZERS = ("auto", "ray_data", "driver")  # dataset.tokenize: who tokenizes a run's rows
 CHECKED_ROWS = 256  # the rows of each file set the checks before Ray starts tokenize (``text(sample=...)``)
@@ -76,10 +78,8 @@ def text(
     (:data:`TRAIN_ON`). ``classes``: a classification's (``data/text_labels.py``; None: read from ``path``)."""
     if tokenize not in TOKENIZERS:
         raise ConfigError("dataset.tokenize", tokenize, "unknown.", ", ".join(TOKENIZERS))
-    if format == CLASSIFICATION and tokenize == "ray_data":
-        raise ConfigError(
-            "dataset.tokenize", tokenize, "format=classification is tokenized by the driver.", "auto, driver"
-        )
+    if format in (CLASSIFICATION, PREFERENCE) and tokenize == "ray_data":
+        raise ConfigError("dataset.tokenize", tokenize, f"format={format} is tokenized by the driver.", "auto, driver")
     loaded, names = checked(tokenizer, format, max_length, columns, chat_template, train_on, packing)
     tokenizing = Tokenize(loaded, format, names, max_length, train_on)
     if format == CLASSIFICATION and classes is None:
@@ -87,8 +87,13 @@ def text(
     chunks, kept, targets = {}, {}, {}
     for source, where in sources(path, val_path, test_path).items():
         key = f"dataset.{source}"
-        rows = read_rows(where, list(names.values()), key, sample, optional=[PAIR] if format == CLASSIFICATION else [])
+        optional = {CLASSIFICATION: [PAIR], PREFERENCE: [names.get("prompt", "")]}.get(format, [])
+        required = [column for column in names.values() if column not in optional]
+        rows = read_rows(where, required, key, sample, optional=optional)
         pairs, cut, learned = tokenizing.cut(rows)
+        if format == PREFERENCE:  # the flags of each row's pair of sides
+            cut, learned, tied = pair_flags(cut, learned, pairs)
+            report_ties(key, tied, sampled=sample is not None)
         report(key, format, max_length, cut, learned, sampled=sample is not None)
         chunks[source], kept[source] = [chunk_of(pairs)], np.flatnonzero(learned)
         if format == CLASSIFICATION:
@@ -98,7 +103,8 @@ def text(
         source, train = picked["train"]
         check_trained_classes(targets[source][train], classes or [], val_fraction)
     types = "token_type_ids" in loaded.model_input_names
-    return assemble(chunks, picked, loaded.pad_token_id, max_length if packing else None, targets, types)
+    pad = loaded.pad_token_id
+    return assemble(chunks, picked, pad, max_length if packing else None, targets, types, format == PREFERENCE)
 
 
 def is_text(node: Mapping[str, Any]) -> bool:
@@ -131,12 +137,12 @@ def checked(
         raise ConfigError("dataset.max_length", max_length, "a row needs at least 2 tokens to learn one.")
     if train_on not in TRAIN_ON:
         raise ConfigError("dataset.train_on", train_on, "unknown.", ", ".join(TRAIN_ON))
-    if packing and format == CLASSIFICATION:
+    if packing and format in (CLASSIFICATION, PREFERENCE):
         raise ConfigError(
-            "dataset.packing", packing, "a classifier reads one text a sequence: format=classification packs nothing.",
+            "dataset.packing", packing, f"format={format} reads each row's texts side by side: it packs nothing.",
             "dataset.packing=false",
         )  # fmt: skip
-    if chat_template is not None and format != "messages":
+    if chat_template is not None and format not in ("messages", PREFERENCE):
         raise ConfigError(
             "dataset.chat_template", chat_template, f"dataset.format={format} renders no chat template.",
             "dataset.format=messages, or dataset.chat_template=null",
@@ -209,12 +215,15 @@ def assemble(
     pack_to: int | None = None,
     targets: dict[str, np.ndarray] | None = None,
     types: bool = False,
+    pairs: bool = False,
 ) -> Splits:
     """The splits ``pick`` chose, over each file set's chunks; packed into sequences of ``pack_to`` tokens when
     given (``data/packing.py``); with ``targets`` (each file set's class indices), a classification's rows
-    (``types``: with their token types)."""
+    (``types``: with their token types); ``pairs``: preference pairs (``data/preference.py``)."""
 
     def rows_of(source: str, rows: np.ndarray) -> TokenizedRows:
+        if pairs:
+            return PreferenceRows(chunks[source], rows, pad_id)
         if targets:
             return ClassifiedRows(chunks[source], rows, pad_id, targets[source], types)
         return packed(TokenizedRows(chunks[source], rows, pad_id), pack_to)
@@ -248,6 +257,7 @@ def default_columns(format: str) -> dict[str, str]:
         "text": {"text": "text"},
         "prompt_completion": {"prompt": "prompt", "completion": "completion"},
         CLASSIFICATION: COLUMNS,
+        PREFERENCE: PREFERENCE_COLUMNS,
     }.get(format, {"messages": "messages"})
 
 
@@ -287,6 +297,7 @@ class Tokenize:
             "prompt_completion": self._prompt_completion,
             "messages": self._messages,
             CLASSIFICATION: self._classification,
+            PREFERENCE: self._preference,
         }[self.format](rows)
         cut = np.array([len(ids) > self.max_length for ids, _ in pairs], dtype=bool)
         kept = [
@@ -333,9 +344,31 @@ class Tokenize:
     def _messages(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
         return [self._conversation(row[self.columns["messages"]]) for row in rows]
 
-    def _conversation(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
-        """The whole conversation's ids; supervised: each assistant turn learned (``train_on``), what the template
-        adds after the conversation up to it with the generation prompt."""
+    def _preference(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
+        """Each row's chosen side, then its rejected side (``data/preference.py``): a prompt and completion as
+        ``prompt_completion`` tokenizes them, or a conversation's last assistant turn through the chat template."""
+        whole = conversations(rows, self.columns)
+        if whole is not None:
+            if not self.tokenizer.chat_template:
+                raise ConfigError(
+                    "dataset.format", PREFERENCE, "the rows hold conversations; the tokenizer has no chat template.",
+                    "a tokenizer with a chat template, dataset.chat_template=PATH, or rows of prompt, chosen and "
+                    "rejected strings",
+                )  # fmt: skip
+            return [self._conversation(turns, "last_assistant") for pair in whole for turns in pair]
+        prompts = self._ids([row[self.columns["prompt"]] for row in rows], True)
+        eos = [self.tokenizer.eos_token_id]
+        sides = [self._ids([row[self.columns[side]] for row in rows], False) for side in SIDES]
+        return [
+            (prompt + completion + eos, [IGNORE] * len(prompt) + completion + eos)
+            for prompt, *completions in zip(prompts, *sides, strict=True)
+            for completion in completions
+        ]
+
+    def _conversation(self, messages: list[dict[str, Any]], train_on: str | None = None) -> tuple[list[int], list[int]]:
+        """The whole conversation's ids; supervised: each assistant turn learned (``train_on``, else the dataset's),
+        what the template adds after the conversation up to it with the generation prompt."""
+        train_on = train_on or self.train_on
 
         def render(turns: list[dict[str, Any]], prompt: bool) -> list[int]:  # fmt: skip
             rendered = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=prompt)
@@ -344,11 +377,11 @@ class Tokenize:
         ids = render(messages, False)
         labels = [IGNORE] * len(ids)
         turns = [index for index, message in enumerate(messages) if message.get("role") == "assistant"]
-        for index in turns[-1:] if self.train_on == "last_assistant" else turns:
+        for index in turns[-1:] if train_on == "last_assistant" else turns:
             before, through = render(messages[:index], True), render(messages[: index + 1], False)
             if ids[: len(before)] != before or ids[: len(through)] != through:
                 raise ConfigError(
-                    "dataset.train_on", self.train_on, f"the chat template renders assistant turn {index} of a "
+                    "dataset.train_on", train_on, f"the chat template renders assistant turn {index} of a "
                     "conversation otherwise once later turns follow (a template that drops earlier turns' "
                     "reasoning, as Qwen3's does, or tokens that merge across turns): the turn cannot be found in "
                     "the whole conversation's tokens.",

@@ -131,8 +131,8 @@ def tokenized_for_run(node: Mapping[str, Any]) -> TokenizedBlocks | TokenizedHer
         return None
     given = arguments(node)
     wanted = given["tokenize"]
-    if wanted == "auto" and given["format"] == "classification":
-        wanted = "driver"  # a classification's labels are read with its texts (data/text_labels.py)
+    if wanted == "auto" and given["format"] in ("classification", "preference"):
+        wanted = "driver"  # a classification's labels, a preference's pairs are read with their texts
     if wanted == "auto":  # Ray Data's actors may run on any node: on one node, or files every node reads
         where = sources(given["path"], given["val_path"], given["test_path"])
         held = sum(total_bytes(files_of(path, f"dataset.{source}")) for source, path in where.items())
