@@ -15,6 +15,7 @@ checkpoints and resume of every model and optimizer.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,6 +71,11 @@ class Task:
         if metrics is None or output.outputs is None:
             return output.sums
         return {**output.sums, **metrics.sums(*output.outputs)}
+
+    def on_setup(self, starting: Callable[[], Any]) -> None:
+        """Every rank, once, before the first step (and before a split is scored after training): ``starting()``
+        builds the run's model as the run started it (its builder's weights, or ``run.init_from``'s), on the CPU,
+        without adapters: what a task compares the trained model with (DPO's reference). Called only when used."""
 
     def on_validation_start(self, epoch: int | None = None, max_epochs: int | None = None) -> bool:
         """Every rank, before a pass over a split (``epoch``: the epoch just trained, 1-based, of ``max_epochs``;

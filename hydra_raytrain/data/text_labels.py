@@ -102,6 +102,18 @@ def check_text_task(dataset: Mapping[str, Any], task: Mapping[str, Any]) -> None
             "dataset.format", format, "task=text_classification learns one label per text.",
             "dataset.format=classification (columns text and label; dataset.columns renames them)",
         )  # fmt: skip
+    pairs = format == "preference"
+    if target.endswith(".DPO") and not pairs:
+        raise ConfigError(
+            "dataset.format", format, "task=dpo learns from pairs: a prompt, a chosen and a rejected completion.",
+            "dataset.format=preference (columns prompt, chosen, rejected; dataset.columns renames them)",
+        )  # fmt: skip
+    if pairs and target.endswith((".CausalLM", ".TextClassification")):
+        raise ConfigError(
+            "dataset.format", format, f"task={'causal_lm' if target.endswith('.CausalLM') else 'text_classification'}"
+            " learns from single texts; pairs train task=dpo.",
+            "task=dpo, or dataset.format=text, prompt_completion or messages",
+        )  # fmt: skip
     if target.endswith(".CausalLM") and format == CLASSIFICATION:
         raise ConfigError(
             "dataset.format", format, "task=causal_lm learns a text's tokens, not its label.",

@@ -19,6 +19,7 @@ from hydra_raytrain.config.schema import DataLoaderConfig
 from hydra_raytrain.recipe.lightning_setup import import_lightning, is_lightning, one_device_trainer
 from hydra_raytrain.recipe.loaders import build_loader, move_to
 from hydra_raytrain.recipe.metrics import validation_totals
+from hydra_raytrain.recipe.warm_start import starting_model
 
 SPLITS = ("val", "test")
 
@@ -94,6 +95,7 @@ def score(path: str, cfg: dict[str, Any], split: str = "val", built: Any = None)
     if is_lightning(cfg["task"]["_target_"]):
         return _validate_lightning(cfg, model, device, split)
     task = instantiate(cfg["task"])
+    task.on_setup(lambda: starting_model(cfg["model"], (cfg.get("run") or {}).get("init_from")))
     task.on_validation_start()
     totals = validation_totals(task, model, split_loader(cfg, split, built), lambda b: move_to(b, device))
     matrices = task.metrics.matrices(totals) if getattr(task, "metrics", None) is not None else {}

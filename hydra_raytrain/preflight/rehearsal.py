@@ -15,6 +15,7 @@ and checked when the run starts.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -86,6 +87,7 @@ def rehearse(
         check_warm_start(cfg, models)
     batch = _augmented(cfg, _spread_samples(getattr(splits, "train", splits)))  # a Streamed has no .train
     model = models if "_target_" not in cfg["model"] else models["model"]
+    task.on_setup(lambda: copy.deepcopy(model))  # the rehearsed weights are its starting ones
     try:
         train_sums, val_sums = step_sums(task, model, batch)
     except ConfigError:  # a setting the step itself refuses (task.metrics' top-k beyond the classes)

@@ -131,6 +131,7 @@ class Recipe:
         # The same seed on every rank for the initial weights (DDP also broadcasts rank 0's at wrap time)...
         seed_everything(trainer.seed)
         self.task = instantiate(self.cfg.task)
+        self.task.on_setup(lambda: warm_start.starting_model(self.cfg.model, self.cfg.run.init_from))
         place = Place(self.rank, self.world_size, self.device, self.float_dtype)
         loaders = build_loaders(self.cfg, place, self.rows, self.built)
         self.train_loader, self.val_loader, self.batch_size = loaders.train, loaders.val, loaders.batch_size

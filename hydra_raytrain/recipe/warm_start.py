@@ -74,6 +74,25 @@ def read(source: str, init_optimizer: bool) -> dict[str, Any]:
         return read_weights(folder, optimizers=init_optimizer)
 
 
+def starting_model(spec: Mapping[str, Any], init_from: str | None) -> Any:
+    """The model as a run starts it, without adapters, on the CPU: its builder's, with ``init_from``'s weights where
+    given (every key of the model's the source holds). A task's reference (``Task.on_setup``: DPO's)."""
+    from hydra.utils import instantiate
+
+    model = instantiate(dict(spec), _convert_="all")
+    if init_from:
+        saved = read(init_from, False)["model"]
+        expected = model.state_dict()
+        if any("lora_" in key for key in saved) or not any(key in saved for key in expected):
+            raise ConfigError(
+                KEY, init_from, "holds no whole model to start the reference from (a LoRA run saves its adapters).",
+                "a run trained without peft (its model.pt holds every weight), or export --format hf merges a LoRA "
+                "run's adapters into a model directory for model.path",
+            )  # fmt: skip
+        model.load_state_dict(fitting(expected, saved), strict=False)
+    return model
+
+
 def mismatches(expected: Mapping[str, Any], saved: Mapping[str, Any], strict: bool) -> list[str]:
     """What keeps ``saved`` (a state_dict) from loading into a model whose state_dict is ``expected``: shapes that
     differ (always), keys missing or unexpected (``strict``)."""

@@ -129,6 +129,16 @@ def varied_rows(count: int = 48) -> list[dict]:
     return rows
 
 
+def preference_rows(count: int = 48) -> list[dict]:
+    """Prompt, chosen and rejected rows: each varied row's completion chosen over the next row's (sides of 1 to 24
+    tokens, so that a pair's two sides and the pairs differ in length)."""
+    rows = varied_rows(count)
+    return [
+        {"prompt": row["prompt"], "chosen": row["completion"], "rejected": rows[(i + 1) % count]["completion"]}
+        for i, row in enumerate(rows)
+    ]
+
+
 def text_overrides(folder: Path) -> tuple[str, ...]:
     """A tiny Llama (its tokenizer beside it) and 48 prompt/completion rows whose supervised tokens per row vary
     from 1 to 24, written under ``folder``: the overrides of a float64 run on them (2 epochs, a global batch of 8)."""
