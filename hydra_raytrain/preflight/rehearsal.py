@@ -354,6 +354,14 @@ def check_warm_start(cfg: Mapping[str, Any], models: dict[str, Any]) -> None:
     """``run.init_from``'s weights loaded into the rehearsed models, as the workers load them: what does not fit
     is named here, key by key, before any worker starts."""
     run, several = cfg["run"], "_target_" not in cfg["model"]
+    if warm_start.starts_built(cfg["peft"]["method"], run["init_from"], run.get("init_full_state", False)):
+        if run.get("init_optimizer"):
+            raise ConfigError(
+                "run.init_optimizer", True, f"peft={cfg['peft']['method']} trains new adapters on run.init_from's "
+                "weights: no optimizer state of the source fits them.", "run.init_optimizer=false",
+            )  # fmt: skip
+        warm_start.starting_model(cfg["model"], run["init_from"])  # its weights fit the model, or refused by name
+        return
     saved = checkpoint.unpack_models(warm_start.read(run["init_from"], False)["model"], several)
     warm_start.check_fit(models, saved, run["init_from"], run["init_from_strict"])
 

@@ -19,7 +19,7 @@ from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import checkpointed_modules
 from hydra_raytrain.data.packing import check_text_models
-from hydra_raytrain.recipe import finetune, parallel
+from hydra_raytrain.recipe import finetune, parallel, warm_start
 from hydra_raytrain.recipe.device_data import (
     DEVICE_MEMORY_SHARE,
     DeviceLoader,
@@ -190,9 +190,12 @@ def build_models(cfg: Resolved, place: Place, splits: Any = None) -> dict[str, t
     several = "_target_" not in cfg.model  # config.model names several models (a GAN)
     specs = dict(cfg.model) if several else {"model": cfg.model}
     sharding = trainer.parallel_strategy == "fsdp" and torch.distributed.is_initialized()  # not in local mode
+    run = cfg.run
+    built_start = warm_start.starts_built(cfg.peft.method, run.init_from, run.init_full_state)
     models = {}
     for name, spec in specs.items():
-        module = instantiate(spec, _convert_="all")
+        # peft with run.init_from: new adapters on the source's weights; else they load once the model is built
+        module = warm_start.starting_model(spec, run.init_from) if built_start else instantiate(spec, _convert_="all")
         check_text_models(cfg.dataset, splits, {name: module})
         module = finetune.add_adapters(module, cfg.peft)  # peft=lora: only the adapters train
         finetune.freeze(module, cfg.finetune.freeze)  # before DDP, which then leaves them out

@@ -154,8 +154,10 @@ class Recipe:
         self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
         self.callbacks = Callbacks.build(self.cfg.callbacks)  # every rank's; their state resumes with the run
         self.run_state = RunState(self.rank, self.world_size, self.run_dir, self.step.unwrapped, self.step.optimizers)
-        if self.cfg.run.init_from and ray.train.get_checkpoint() is None:  # a resumed run has newer weights
-            self._continue_from() if self.cfg.run.init_full_state else self._warm_start()
+        run = self.cfg.run
+        built_start = warm_start.starts_built(self.cfg.peft.method, run.init_from, run.init_full_state)
+        if run.init_from and ray.train.get_checkpoint() is None and not built_start:  # a resumed run's are newer
+            self._continue_from() if run.init_full_state else self._warm_start()
         rng = self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": self.saved, "run_name": self.run_name, "provenance": self.provenance}

@@ -20,7 +20,7 @@ from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.recipe.checkpoint import STATE_FILE, has_weights
-from hydra_raytrain.rundir import SUMMARY_FILE
+from hydra_raytrain.rundir import CONFIG_FILE, SUMMARY_FILE
 
 KEY = "run.init_from"
 
@@ -63,34 +63,56 @@ def _listing(source: str) -> list[str] | None:
     return sorted(os.path.basename(info.path) for info in infos) or None
 
 
-def read(source: str, init_optimizer: bool) -> dict[str, Any]:
+def read(source: str, init_optimizer: bool, config: bool = False) -> dict[str, Any]:
     """``model``: model.pt's state (one state_dict, or {name: state_dict}); ``optimizers``: the optimizers'
-    full states when asked."""
+    full states when asked; ``config``: the source's resolved config when asked (None where it has none)."""
+    import json
+
     import ray.train
 
     from hydra_raytrain.recipe.checkpoint import read_weights
 
     with ray.train.Checkpoint(path=source).as_directory() as folder:
-        return read_weights(folder, optimizers=init_optimizer)
+        state = read_weights(folder, optimizers=init_optimizer)
+        if config:
+            path = os.path.join(folder, CONFIG_FILE)
+            state["config"] = None
+            if os.path.exists(path):
+                with open(path) as file:
+                    state["config"] = json.load(file)
+        return state
+
+
+def starts_built(peft_method: str, init_from: str | None, init_full_state: bool) -> bool:
+    """Whether ``run.init_from``'s weights go into the model as it is built, before its adapters (``peft``): new
+    adapters on the source's weights (a LoRA source's adapters merged into them first). Else the loop loads them
+    into the built model (``Recipe._warm_start``), or continues the source's full state."""
+    return peft_method != "none" and bool(init_from) and not init_full_state
 
 
 def starting_model(spec: Mapping[str, Any], init_from: str | None) -> Any:
     """The model as a run starts it, without adapters, on the CPU: its builder's, with ``init_from``'s weights where
-    given (every key of the model's the source holds). A task's reference (``Task.on_setup``: DPO's)."""
+    given (every key of the model's the source holds). A source that trained LoRA adapters (its config's ``peft``)
+    has them merged into its base: the model it fine-tuned. What a LoRA run's adapters are added to, and a task's
+    reference (``Task.on_setup``: DPO's)."""
     from hydra.utils import instantiate
 
     model = instantiate(dict(spec), _convert_="all")
-    if init_from:
-        saved = read(init_from, False)["model"]
-        expected = model.state_dict()
-        if any("lora_" in key for key in saved) or not any(key in saved for key in expected):
-            raise ConfigError(
-                KEY, init_from, "holds no whole model to start the reference from (a LoRA run saves its adapters).",
-                "a run trained without peft (its model.pt holds every weight), or export --format hf merges a LoRA "
-                "run's adapters into a model directory for model.path",
-            )  # fmt: skip
-        model.load_state_dict(fitting(expected, saved), strict=False)
-    return model
+    if not init_from:
+        return model
+    state = read(init_from, False, config=True)
+    saved, peft = state["model"], (state["config"] or {}).get("peft") or {}
+    if peft.get("method", "none") != "none":  # the source's adapters, on the base, merged
+        from hydra_raytrain.config.finetuning import PeftConfig
+        from hydra_raytrain.config.resolved import typed
+        from hydra_raytrain.recipe.finetune import add_adapters
+
+        model = add_adapters(model, typed(PeftConfig, peft))
+    expected = model.state_dict()
+    if not any(key in saved for key in expected):
+        check_fit({"model": model}, {"model": saved}, init_from, strict=False)
+    model.load_state_dict(fitting(expected, saved), strict=False)
+    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
 
 
 def mismatches(expected: Mapping[str, Any], saved: Mapping[str, Any], strict: bool) -> list[str]:
