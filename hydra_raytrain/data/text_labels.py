@@ -91,6 +91,11 @@ def check_text_task(dataset: Mapping[str, Any], task: Mapping[str, Any]) -> None
     ``task=text_classification`` on another dataset) otherwise."""
     format, target = dataset.get("format"), str(task.get("_target_", ""))
     if dataset.get("_target_") != "hydra_raytrain.data.text":
+        if target.endswith(".DPO"):
+            raise ConfigError(
+                "task", "dpo", f"learns from preference pairs; {dataset.get('_target_')} holds none.",
+                "dataset=text dataset.format=preference model=causal_lm",
+            )  # fmt: skip
         if target.endswith(".TextClassification"):
             raise ConfigError(
                 "task", "text_classification", f"reads texts and labels; {dataset.get('_target_')} holds none.",

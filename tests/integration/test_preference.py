@@ -10,7 +10,7 @@ import torch
 
 from hydra_raytrain import train
 from tests.conftest import compose_config
-from tests.helpers.text import preference_rows, write_jsonl, write_model
+from tests.helpers.text import PAIRS, preference_rows, write_jsonl, write_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
 
@@ -82,3 +82,83 @@ def test_dpo_starts_at_ln_2_and_its_loss_is_exact_in_pairs_whatever_the_workers(
         final = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
         for name, tensor in torch.load(runs["1 worker x 8"] / "model.pt", weights_only=True).items():
             assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
+
+
+def memorised_pairs(folder):
+    """The 20 prompt -> code pairs as SFT rows (4 times); as preference pairs, each code chosen over the codes of the
+    3 prompts after it (training) and over those of the 5th and 9th after it (held out: rejections never trained)."""
+    codes = [code for _, code in PAIRS]
+
+    def pairs(shifts):
+        return [
+            {"prompt": prompt, "chosen": code, "rejected": codes[(i + shift) % len(codes)]}
+            for shift in shifts
+            for i, (prompt, code) in enumerate(PAIRS)
+        ]
+
+    sft = write_jsonl(folder / "sft.jsonl", [{"prompt": p, "completion": c} for p, c in PAIRS] * 4)
+    return sft, write_jsonl(folder / "train.jsonl", pairs((1, 2, 3))), write_jsonl(folder / "val.jsonl", pairs((5, 9)))
+
+
+def greedy(run_dir):
+    """The run's greedy completions of the 20 prompts."""
+    from hydra_raytrain.inference.evaluate import load_model
+    from hydra_raytrain.inference.finished import FinishedRun
+    from hydra_raytrain.models.text import complete, run_tokenizer
+
+    tokenizer = run_tokenizer(FinishedRun.read(str(run_dir)).config)
+    return complete(load_model(str(run_dir)), tokenizer, [prompt for prompt, _ in PAIRS], 8)
+
+
+@pytest.mark.long("the gate's DPO test is its exactness; this is what it learns after SFT, through run.init_from")
+def test_dpo_after_sft_prefers_the_memorised_completions_and_generates_them(ray_address, tmp_path):
+    """SFT memorises 20 completions (full weights); DPO from that run (run.init_from: the reference is the SFT model,
+    a frozen copy on each of 2 workers) prefers each completion over other prompts' completions: reward accuracy
+    >= 0.95 on held-out pairs (rejections it never trained on), and greedy decoding says every chosen completion,
+    those SFT got wrong included. A LoRA SFT run's adapters are merged into the base a LoRA DPO run starts from."""
+    from hydra_raytrain.recipe.warm_start import starting_model
+
+    model = write_model(tmp_path / "llama", "llama")
+    sft_data, train_pairs, val_pairs = memorised_pairs(tmp_path)
+    base = ("model=causal_lm", f"model.path={model}", "dataset=text", "trainer.progress_bar=false")
+    sft = (*base, "task=causal_lm", f"dataset.path={sft_data}", "dataset.format=prompt_completion")
+    sft_options = ("trainer.batch_size=8", "optimizer.lr=0.01", "scaling.num_workers=0")
+    sft_dir = tmp_path / "sft"
+    done = train(compose_config(*sft, *sft_options, "trainer.max_epochs=15"), run_dir=str(sft_dir))
+    assert done["status"] == "completed"
+    said = greedy(sft_dir)
+    dpo = (
+        *base,
+        "task=dpo",
+        f"dataset.path={train_pairs}",
+        f"dataset.val_path={val_pairs}",
+        "dataset.format=preference",
+    )
+    dpo_dir = tmp_path / "dpo"
+    options = ("task.beta=0.5", "optimizer.lr=0.001", "trainer.max_epochs=8", "trainer.batch_size=8")
+    done = train(
+        compose_config(*dpo, *options, f"run.init_from={sft_dir}", "scaling.num_workers=2"), run_dir=str(dpo_dir)
+    )
+    assert done["status"] == "completed", done
+    epochs = history(dpo_dir)
+    assert epochs[-1]["val_reward_accuracy"] >= 0.95 and epochs[-1]["val_reward_margin"] > 0
+    codes = [code for _, code in PAIRS]
+    now = greedy(dpo_dir)
+    assert sum(text == code for text, code in zip(now, codes, strict=True)) >= 19, (said, now)
+    assert sum(text == code for text, code in zip(now, codes, strict=True)) > sum(
+        text == code for text, code in zip(said, codes, strict=True)
+    ), (said, now)
+
+    lora_dir = tmp_path / "sft_lora"
+    lora = ("peft=lora", "peft.r=4", "peft.alpha=8")
+    assert train(compose_config(*sft, *sft_options, *lora, "trainer.max_epochs=3"), run_dir=str(lora_dir))
+    from hydra_raytrain.inference.evaluate import load_model
+
+    ids = torch.tensor([[1, 40, 41, 42, 43, 44]])
+    merged = starting_model(compose_config(*sft).model, str(lora_dir)).eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, load_model(str(lora_dir))(ids).logits, atol=1e-5)
+    first = ("scaling.num_workers=0", "trainer.max_epochs=1", "trainer.limit_train_batches=1", *lora)
+    lora_dpo = tmp_path / "dpo_lora"
+    done = train(compose_config(*dpo, *first, f"run.init_from={lora_dir}"), run_dir=str(lora_dpo))
+    assert done["status"] == "completed" and history(lora_dpo)[0]["train_loss"] == pytest.approx(math.log(2), abs=1e-6)

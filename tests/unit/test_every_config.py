@@ -45,6 +45,7 @@ REQUIRED = {
 TEXT = ["task=causal_lm", "model=causal_lm", "model.path=lm", "dataset=text", "dataset.path=text.jsonl"]
 REQUIRED.update({option: TEXT for option in (("dataset", "text"), ("model", "causal_lm"), ("task", "causal_lm"))})
 REQUIRED[("peft", "lora")] = TEXT
+REQUIRED[("task", "dpo")] = [*TEXT[1:4], "dataset.path=pairs.jsonl", "dataset.format=preference"]
 # A text classifier: a 1-layer BERT built from its type with that tokenizer, learning labelled.jsonl's two classes.
 CLASSIFIER = ["task=text_classification", "model=text_classifier", "model.path=null", "model.model_type=bert"]
 CLASSIFIER += ["model.tokenizer=lm", "+model.hidden_size=16", "+model.num_hidden_layers=1"]
@@ -97,6 +98,7 @@ def test_option_composes_and_validates(group, option, tmp_path, capsys, monkeypa
     (tmp_path / "lm").symlink_to(text_model)
     write_jsonl(tmp_path / "text.jsonl", [{"text": "def f(a):"}, {"text": "return a + 1"}] * 5)
     write_jsonl(tmp_path / "labelled.jsonl", [{"text": "def f(a):", "label": "f"}, {"text": "a + 1", "label": "e"}] * 5)
+    write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "def f(a):", "chosen": " a", "rejected": " b"}] * 10)
     write_images(tmp_path / "pets", ["cat", "dog"], 2)
     for name in ("MNIST", "FashionMNIST"):
         write_mnist(tmp_path / "data", name)

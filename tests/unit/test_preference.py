@@ -130,3 +130,34 @@ def test_the_dpo_losses_follow_their_formulas_and_start_at_ln_2():
     assert ipo.tolist() == pytest.approx([(float(m) - 1 / (2 * beta)) ** 2 for m in margins], rel=1e-12)
     same = preference_loss(chosen, rejected, chosen, rejected, beta, "sigmoid", 0.0)
     assert same.tolist() == [math.log(2)] * 2
+
+
+@pytest.mark.parametrize(
+    "dataset, task, key",
+    [
+        ({"_target_": "hydra_raytrain.data.digits"}, "hydra_raytrain.tasks.dpo.DPO", "task"),
+        ({"_target_": "hydra_raytrain.data.text", "format": "text"}, "hydra_raytrain.tasks.dpo.DPO", "dataset.format"),
+        (
+            {"_target_": "hydra_raytrain.data.text", "format": "preference"},
+            "hydra_raytrain.tasks.causal_lm.CausalLM",
+            "dataset.format",
+        ),
+    ],
+)
+def test_dpo_takes_pairs_and_pairs_take_dpo(dataset, task, key):
+    from hydra_raytrain.data.text_labels import check_text_task
+
+    with pytest.raises(ConfigError) as refused:
+        check_text_task(dataset, {"_target_": task})
+    assert refused.value.key == key
+
+
+def test_a_dpo_setting_out_of_range_is_refused_by_name():
+    from tasks.dpo import DPO
+
+    for settings, key in (({"beta": 0}, "task.beta"), ({"loss": "hinge"}, "task.loss")):
+        with pytest.raises(ConfigError) as refused:
+            DPO(**settings)
+        assert refused.value.key == key
+    with pytest.raises(ConfigError, match="task.label_smoothing"):
+        DPO(loss="ipo", label_smoothing=0.1)
