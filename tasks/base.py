@@ -72,10 +72,18 @@ class Task:
             return output.sums
         return {**output.sums, **metrics.sums(*output.outputs)}
 
-    def on_setup(self, starting: Callable[[], Any]) -> None:
+    def on_setup(
+        self,
+        starting: Callable[[], Any],
+        splits: Any = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         """Every rank, once, before the first step (and before a split is scored after training): ``starting()``
         builds the run's model as the run started it (its builder's weights, or ``run.init_from``'s), on the CPU,
-        without adapters: what a task compares the trained model with (DPO's reference). Called only when used."""
+        without adapters: what a task compares the trained model with (DPO's reference). ``splits``: the dataset's
+        splits the worker reads (None where Ray Data streams them, or no run trains), before any loader iterates
+        them; ``device`` and ``dtype``: the models' (a collective may run here, on every rank)."""
 
     def on_validation_start(self, epoch: int | None = None, max_epochs: int | None = None) -> bool:
         """Every rank, before a pass over a split (``epoch``: the epoch just trained, 1-based, of ``max_epochs``;

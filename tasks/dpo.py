@@ -11,7 +11,9 @@ the whole accumulation window on every worker (``recipe/step.py``), so the loss 
 
 The reference: with LoRA (``peft=lora``), the same model with its adapters switched off (peft's
 ``disable_adapter``): no second copy. Without, a frozen copy built as the run starts (the model's builder, then
-``run.init_from``'s weights: ``Task.on_setup``), in eval mode. Dropout is off in the policy (``disable_dropout``):
+``run.init_from``'s weights: ``Task.on_setup``), in eval mode. With ``precompute_reference``, the reference's
+log-probabilities of every training and validation pair are computed once as the run starts (each worker a share)
+and go with the pairs' batches: no reference is held, and no step runs it. Dropout is off in the policy (``disable_dropout``):
 the first step's loss is then ln 2 exactly, the policy being the reference.
 
 Reports (``train_*``, ``val_*``, exact across workers): ``loss``, ``rewards_chosen``, ``rewards_rejected``,
@@ -30,6 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.data.preference import PreferenceRows
 from hydra_raytrain.data.token_rows import supervised_positions
 
 from .base import StepOutput, Task
@@ -54,6 +57,7 @@ class DPO(Task):
         label_smoothing: float = 0.0,
         disable_dropout: bool = True,
         supervised_logits_only: bool = True,
+        precompute_reference: bool = False,
     ):
         if not isinstance(beta, (int, float)) or beta <= 0:
             raise ConfigError("task.beta", beta, "weighs the rewards: a number above 0.", "0.1 (TRL's default)")
@@ -66,12 +70,31 @@ class DPO(Task):
             )  # fmt: skip
         self.beta, self.loss, self.label_smoothing = float(beta), loss, float(label_smoothing)
         self.disable_dropout, self.supervised_logits_only = disable_dropout, supervised_logits_only
+        self.precompute_reference = precompute_reference
         self.starting: Callable[[], nn.Module] | None = None
         self.reference: nn.Module | None = None
         self.dropout_off = False
 
-    def on_setup(self, starting: Callable[[], Any]) -> None:
+    def on_setup(
+        self,
+        starting: Callable[[], Any],
+        splits: Any = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """Keeps ``starting``; with ``precompute_reference``, the starting model's log-probabilities of every pair
+        of the training and validation splits, computed here once (each rank a share, then gathered), go with the
+        pairs' batches (``reference_logps``) and no reference is held while training. A split scored after
+        training (``test_*``, ``evaluate``) computes its reference as it scores."""
         self.starting = starting
+        parts = [getattr(splits, name, None) for name in ("train", "val")]
+        parts = [part for part in parts if isinstance(part, PreferenceRows)]
+        if not self.precompute_reference or not parts:
+            return
+        model = starting().to(device=device, dtype=dtype).eval()
+        for part in parts:
+            part.reference = reference_table(model, part, device, self.supervised_logits_only)
+        del model
 
     def training_step(self, model, batch) -> StepOutput:
         policy = model.module if isinstance(model, DistributedDataParallel) else model
@@ -80,9 +103,13 @@ class DPO(Task):
                 if isinstance(module, nn.Dropout):
                     module.p = 0.0
             self.dropout_off = True
-        with torch.no_grad():
-            reference = self._reference_logps(policy, batch)
+        if "reference_logps" in batch:  # precomputed (precompute_reference)
+            reference = batch["reference_logps"]
+        else:
+            with torch.no_grad():
+                reference = self._reference_logps(policy, batch)
         logps, tokens = sequence_logps(model, batch, self.supervised_logits_only)
+        reference = reference.to(logps.dtype)
         if self.loss == "ipo":  # IPO compares log-probabilities per token (TRL's)
             logps, reference = logps / tokens, reference / tokens
         pairs = len(logps) // 2
@@ -118,6 +145,32 @@ class DPO(Task):
             weight = next(policy.parameters())
             self.reference = self.starting().to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
         return sequence_logps(self.reference, batch, self.supervised_logits_only)[0]
+
+
+def reference_table(
+    model: nn.Module, pairs: PreferenceRows, device: torch.device | None, supervised_only: bool, batch_size: int = 16
+) -> dict[int, tuple[float, float]]:
+    """``model``'s log-probabilities of each pair's sides, by pair number: each rank scores every world-size-th
+    pair, then every rank gathers all of them (a collective when a process group runs)."""
+    import torch.distributed as dist
+
+    grouped = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if grouped else (0, 1)
+    mine = list(range(rank, len(pairs), world))
+    table: dict[int, tuple[float, float]] = {}
+    with torch.no_grad():
+        for start in range(0, len(mine), batch_size):
+            indices = mine[start : start + batch_size]
+            batch = pairs.collate([pairs[i] for i in indices])
+            batch = {name: value.to(device) for name, value in batch.items()}
+            logps = sequence_logps(model, batch, supervised_only)[0].double().cpu()
+            for offset, index in enumerate(indices):
+                table[int(pairs.rows[index])] = (float(logps[offset]), float(logps[len(indices) + offset]))
+    if grouped:
+        shares: list[Any] = [None] * world
+        dist.all_gather_object(shares, table)
+        table = {pair: values for share in shares for pair, values in share.items()}
+    return table
 
 
 def preference_loss(

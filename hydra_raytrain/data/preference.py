@@ -97,10 +97,13 @@ def report_ties(key: str, tied: np.ndarray, sampled: bool) -> None:
 class PreferenceRows(TokenizedRows):
     """Preference pairs: ``rows`` are pair numbers, pair p's chosen side row 2p of the chunks, its rejected side row
     2p + 1. An item is ``{"chosen": row, "rejected": row}`` (each ``{"input_ids", "labels"}``); :meth:`collate` pads
-    B pairs as 2B rows, the B chosen ones first."""
+    B pairs as 2B rows, the B chosen ones first. ``reference``, once a task set it (``{pair number: (chosen,
+    rejected)}``: a reference model's log-probabilities, computed once), goes with each batch as
+    ``reference_logps`` (2B values, in the rows' order)."""
 
     def __init__(self, chunks: Sequence[Chunk], rows: Sequence[int] | np.ndarray, pad_id: int):
         super().__init__(chunks, rows, pad_id)
+        self.reference: dict[int, tuple[float, float]] | None = None
 
     def lengths(self) -> np.ndarray:
         """Each pair's longer side, in pair order."""
@@ -113,7 +116,14 @@ class PreferenceRows(TokenizedRows):
         if not -len(self) <= index < len(self):
             raise IndexError(f"pair {index} of {len(self)}")
         pair = int(self.rows[index])
-        return {"chosen": self.row(2 * pair), "rejected": self.row(2 * pair + 1)}
+        item = {"chosen": self.row(2 * pair), "rejected": self.row(2 * pair + 1)}
+        if self.reference is not None:
+            item["reference"] = {"logps": torch.tensor(self.reference[pair], dtype=torch.float64)}
+        return item
 
     def collate(self, pairs: Sequence[dict[str, dict[str, torch.Tensor]]]) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        return super().collate([pair["chosen"] for pair in pairs] + [pair["rejected"] for pair in pairs])
+        batch = super().collate([pair["chosen"] for pair in pairs] + [pair["rejected"] for pair in pairs])
+        if self.reference is not None:
+            logps = torch.stack([pair["reference"]["logps"] for pair in pairs])  # (B, 2)
+            batch["reference_logps"] = torch.cat([logps[:, 0], logps[:, 1]])
+        return batch

@@ -131,12 +131,17 @@ class Recipe:
         # The same seed on every rank for the initial weights (DDP also broadcasts rank 0's at wrap time)...
         seed_everything(trainer.seed)
         self.task = instantiate(self.cfg.task)
-        self.task.on_setup(lambda: warm_start.starting_model(self.cfg.model, self.cfg.run.init_from))
         place = Place(self.rank, self.world_size, self.device, self.float_dtype)
         loaders = build_loaders(self.cfg, place, self.rows, self.built)
         self.train_loader, self.val_loader, self.batch_size = loaders.train, loaders.val, loaders.batch_size
         self.train_batches, self.val_batches = loaders.train_batches, loaders.val_batches
         models = build_models(self.cfg, place, loaders.splits)
+        self.task.on_setup(  # before a loader iterates: what the task keeps with the splits goes into its batches
+            lambda: warm_start.starting_model(self.cfg.model, self.cfg.run.init_from),
+            loaders.splits,
+            self.device,
+            self.float_dtype or torch.float32,
+        )
         if self.float_dtype is not None:  # after the models: float64 weights start from float32's initial values
             torch.set_default_dtype(self.float_dtype)
         self.step = build_step(self.cfg, models, self.train_batches, self.device)

@@ -48,6 +48,11 @@ LAYOUTS = {
         "trainer.accumulate_grad_batches=2",
     ),
     "2 workers x 4": ("scaling.num_workers=2", "trainer.batch_size=8"),
+    "2 workers x 4, reference precomputed": (
+        "scaling.num_workers=2",
+        "trainer.batch_size=8",
+        "task.precompute_reference=true",
+    ),
 }
 METRICS = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin", "logps_chosen")
 
@@ -56,7 +61,8 @@ def test_dpo_starts_at_ln_2_and_its_loss_is_exact_in_pairs_whatever_the_workers(
     """The first step's loss is ln 2 to float64's accuracy, the reference being the policy: LoRA's adapters off and
     a frozen copy alike. 1 worker with 8 pairs a step, 1 worker with 4 x 2 accumulated and 2 workers with 4 each take
     the same steps (float64, 1e-9): each step divides by its pairs on all workers and micro-batches, and every
-    metric is a sum over pairs."""
+    metric is a sum over pairs. The reference's log-probabilities computed once as the run starts (each worker a
+    share, gathered) are the frozen copy's."""
     for reference in ("peft=none", "peft=lora"):
         first = ("scaling.num_workers=0", "trainer.max_epochs=1", "trainer.limit_train_batches=1", reference)
         run_dir = tmp_path / f"first_{reference}"
@@ -66,7 +72,7 @@ def test_dpo_starts_at_ln_2_and_its_loss_is_exact_in_pairs_whatever_the_workers(
         assert epoch["train_reward_margin"] == 0.0 and epoch["train_reward_accuracy"] == 0.0, reference
     runs = {}
     for label, layout in LAYOUTS.items():
-        run_dir = tmp_path / label.replace(" ", "_")
+        run_dir = tmp_path / label.replace(" ", "_").replace(",", "")
         summary = train(compose_config(*dpo_run, *layout), run_dir=str(run_dir))
         assert summary["status"] == "completed", summary
         runs[label] = run_dir
