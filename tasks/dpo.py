@@ -13,8 +13,8 @@ The reference: with LoRA (``peft=lora``), the same model with its adapters switc
 ``disable_adapter``): no second copy. Without, a frozen copy built as the run starts (the model's builder, then
 ``run.init_from``'s weights: ``Task.on_setup``), in eval mode. With ``precompute_reference``, the reference's
 log-probabilities of every training and validation pair are computed once as the run starts (each worker a share)
-and go with the pairs' batches: no reference is held, and no step runs it. Dropout is off in the policy (``disable_dropout``):
-the first step's loss is then ln 2 exactly, the policy being the reference.
+and go with the pairs' batches: no reference is held, and no step runs it. Dropout is off in the policy
+(``disable_dropout``): the first step's loss is then ln 2 exactly, the policy being the reference.
 
 Reports (``train_*``, ``val_*``, exact across workers): ``loss``, ``rewards_chosen``, ``rewards_rejected``,
 ``reward_accuracy`` (the share of pairs whose chosen reward is higher), ``reward_margin``, and ``logps_chosen`` /
