@@ -87,8 +87,7 @@ class DPO(Task):
         pairs' batches (``reference_logps``) and no reference is held while training. A split scored after
         training (``test_*``, ``evaluate``) computes its reference as it scores."""
         self.starting = starting
-        parts = [getattr(splits, name, None) for name in ("train", "val")]
-        parts = [part for part in parts if isinstance(part, PreferenceRows)]
+        parts = [part for name in ("train", "val") if isinstance(part := getattr(splits, name, None), PreferenceRows)]
         if not self.precompute_reference or not parts:
             return
         model = starting().to(device=device, dtype=dtype).eval()
