@@ -35,7 +35,7 @@ from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.preference import PreferenceRows
 from hydra_raytrain.data.token_rows import supervised_positions
 
-from .base import StepOutput, Task
+from .base import StepOutput, Sums, Task
 from .causal_lm import inputs_of, supervised_head
 
 LOSSES = ("sigmoid", "ipo")
@@ -48,7 +48,7 @@ class DPO(Task):
         f"{split}_{name}": "max"
         for split in ("val", "test")
         for name in ("reward_accuracy", "reward_margin", "rewards_chosen", "logps_chosen")
-    }
+    }  # the directions of the metrics that rise as the pairs are learned
 
     def __init__(
         self,
@@ -118,16 +118,8 @@ class DPO(Task):
         )
         rewards_chosen = self.beta * (chosen - reference[:pairs]).detach()
         rewards_rejected = self.beta * (rejected - reference[pairs:]).detach()
-        sums = {
-            "loss": losses.detach().sum(),
-            "rewards_chosen": rewards_chosen.sum(),
-            "rewards_rejected": rewards_rejected.sum(),
-            "reward_accuracy": (rewards_chosen > rewards_rejected).sum().to(losses.dtype),
-            "reward_margin": (rewards_chosen - rewards_rejected).sum(),
-            "logps_chosen": chosen.detach().sum(),
-            "logps_rejected": rejected.detach().sum(),
-            "count": torch.tensor(pairs, device=losses.device),
-        }
+        sums = pair_sums(losses, rewards_chosen, rewards_rejected)
+        sums.update(logps_chosen=chosen.detach().sum(), logps_rejected=rejected.detach().sum())
         return StepOutput(losses.sum(), sums, normalizer=sums["count"])
 
     def _reference_logps(self, policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -144,6 +136,19 @@ class DPO(Task):
             weight = next(policy.parameters())
             self.reference = self.starting().to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
         return sequence_logps(self.reference, batch, self.supervised_logits_only)[0]
+
+
+def pair_sums(losses: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> Sums:
+    """The sums of a step's pairs: their losses, their chosen and rejected rewards, how many pairs reward the chosen
+    side more (``reward_accuracy``), the margins, and ``count``, the pairs."""
+    return {
+        "loss": losses.detach().sum(),
+        "rewards_chosen": chosen.sum(),
+        "rewards_rejected": rejected.sum(),
+        "reward_accuracy": (chosen > rejected).sum().to(losses.dtype),
+        "reward_margin": (chosen - rejected).sum(),
+        "count": torch.tensor(len(losses), device=losses.device),
+    }
 
 
 def reference_table(

@@ -14,6 +14,8 @@ from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.text_files import read_rows
 
 CLASSIFICATION = "classification"  # the dataset.format
+SCORE = "score"  # the one class of a reward model's head (dataset.format=preference)
+PAIR_TASKS = (".DPO", ".RewardModel")  # the tasks that learn from preference pairs
 COLUMNS = {"text": "text", "label": "label"}  # what it reads; ``text_pair`` too, where a file has it
 PAIR = "text_pair"
 
@@ -24,7 +26,10 @@ def label_column(columns: Mapping[str, Any] | None) -> str:
 
 
 def text_classes(path: str, format: str = "text", columns: Mapping[str, Any] | None = None) -> list[Any] | None:
-    """``dataset.classes``: the labels of ``path``'s rows (a classification's), sorted; None for other formats."""
+    """``dataset.classes``: the labels of ``path``'s rows (a classification's), sorted; preference pairs' one score
+    (a reward model's head: ``[score]``); None for other formats."""
+    if format == "preference":
+        return [SCORE]
     if format != CLASSIFICATION:
         return None
     column = label_column(columns)
@@ -91,10 +96,10 @@ def check_text_task(dataset: Mapping[str, Any], task: Mapping[str, Any]) -> None
     ``task=text_classification`` on another dataset) otherwise."""
     format, target = dataset.get("format"), str(task.get("_target_", ""))
     if dataset.get("_target_") != "hydra_raytrain.data.text":
-        if target.endswith(".DPO"):
+        if target.endswith(PAIR_TASKS):
             raise ConfigError(
-                "task", "dpo", f"learns from preference pairs; {dataset.get('_target_')} holds none.",
-                "dataset=text dataset.format=preference model=causal_lm",
+                "task", target, f"learns from preference pairs; {dataset.get('_target_')} holds none.",
+                "dataset=text dataset.format=preference",
             )  # fmt: skip
         if target.endswith(".TextClassification"):
             raise ConfigError(
@@ -108,9 +113,9 @@ def check_text_task(dataset: Mapping[str, Any], task: Mapping[str, Any]) -> None
             "dataset.format=classification (columns text and label; dataset.columns renames them)",
         )  # fmt: skip
     pairs = format == "preference"
-    if target.endswith(".DPO") and not pairs:
+    if target.endswith(PAIR_TASKS) and not pairs:
         raise ConfigError(
-            "dataset.format", format, "task=dpo learns from pairs: a prompt, a chosen and a rejected completion.",
+            "dataset.format", format, f"{target} learns from pairs: a prompt, a chosen and a rejected completion.",
             "dataset.format=preference (columns prompt, chosen, rejected; dataset.columns renames them)",
         )  # fmt: skip
     if pairs and target.endswith((".CausalLM", ".TextClassification")):

@@ -322,10 +322,17 @@ class Tokenize:
         return [(row, row) for row in ids]
 
     def _prompt_completion(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
-        prompts = self._ids([row[self.columns["prompt"]] for row in rows], True)
-        eos = [self.tokenizer.eos_token_id]
-        completions = [row + eos for row in self._ids([row[self.columns["completion"]] for row in rows], False)]
-        return [(p + c, [IGNORE] * len(p) + c) for p, c in zip(prompts, completions, strict=True)]
+        return self.completed(
+            [row[self.columns["prompt"]] for row in rows], [row[self.columns["completion"]] for row in rows]
+        )
+
+    def completed(self, prompts: list[str], completions: list[str]) -> list[tuple[list[int], list[int]]]:
+        """Each prompt (with the tokenizer's special tokens), then its completion and the end-of-sequence token;
+        the prompt's labels masked."""
+        heads = self._ids(prompts, True)
+        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        tails = [row + eos for row in self._ids(completions, False)]
+        return [(p + c, [IGNORE] * len(p) + c) for p, c in zip(heads, tails, strict=True)]
 
     def _classification(self, rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
         """Each row's text (and ``text_pair``, when the file has that column) as the tokenizer encodes it for a
@@ -356,14 +363,8 @@ class Tokenize:
                     "rejected strings",
                 )  # fmt: skip
             return [self._conversation(turns, "last_assistant") for pair in whole for turns in pair]
-        prompts = self._ids([row[self.columns["prompt"]] for row in rows], True)
-        eos = [self.tokenizer.eos_token_id]
-        sides = [self._ids([row[self.columns[side]] for row in rows], False) for side in SIDES]
-        return [
-            (prompt + completion + eos, [IGNORE] * len(prompt) + completion + eos)
-            for prompt, *completions in zip(prompts, *sides, strict=True)
-            for completion in completions
-        ]
+        prompts = [row[self.columns["prompt"]] for row in rows for _ in SIDES]
+        return self.completed(prompts, [row[self.columns[side]] for row in rows for side in SIDES])
 
     def _conversation(self, messages: list[dict[str, Any]], train_on: str | None = None) -> tuple[list[int], list[int]]:
         """The whole conversation's ids; supervised: each assistant turn learned (``train_on``, else the dataset's),

@@ -1,6 +1,9 @@
 """A text classifier's run (``task=text_classification``) answering texts: what ``predict`` writes for a file of
 texts (``prediction``: the class, ``probability``: its softmax probability, beside the input's columns) and
 ``serve`` answers for ``{"inputs": ["text", ...]}``: ``{"predictions": [{"label": ..., "probability": ...}]}``.
+A reward model's run (``task=reward_model``: one output) answers a score per text instead (``prediction``: the
+score; serve's ``{"score": ...}``), each text read as training read a pair's side: after the input's prompt column
+where it has the run's (``dataset.columns.prompt``), else after an empty prompt, and ended by the end token.
 
 Texts are encoded as training encoded them (``Tokenize``: the run's tokenizer, cut at ``dataset.max_length``, token
 types where its tokenizer makes them), ``batch_size`` texts a model call."""
@@ -13,13 +16,22 @@ from typing import Any
 import numpy as np
 
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.data.preference import COLUMNS as PAIR_COLUMNS
+from hydra_raytrain.data.preference import PREFERENCE
 from hydra_raytrain.data.text_labels import CLASSIFICATION, COLUMNS, PAIR
 from hydra_raytrain.inference.export_text import is_text
 
 
 def is_classifier(cfg: dict[str, Any]) -> bool:
-    """Whether a run trained a text classifier (``dataset=text dataset.format=classification``)."""
-    return is_text(cfg) and (cfg.get("dataset") or {}).get("format") == CLASSIFICATION
+    """Whether a run trained a text classifier (``dataset=text dataset.format=classification``) or a reward model
+    (:func:`is_scorer`)."""
+    return is_text(cfg) and (cfg.get("dataset") or {}).get("format") == CLASSIFICATION or is_scorer(cfg)
+
+
+def is_scorer(cfg: dict[str, Any]) -> bool:
+    """Whether a run trained a reward model (``task=reward_model`` on ``dataset.format=preference``)."""
+    target = str((cfg.get("task") or {}).get("_target_", ""))
+    return is_text(cfg) and (cfg.get("dataset") or {}).get("format") == PREFERENCE and target.endswith(".RewardModel")
 
 
 class TextClassifier:
@@ -42,7 +54,23 @@ class TextClassifier:
         self.model.to(self.device).eval()  # type: ignore[union-attr]
         self.classes = list(dataset["classes"])
         self.pad_id, self.types = tokenizer.pad_token_id, "token_type_ids" in tokenizer.model_input_names
-        self.tokenize = Tokenize(tokenizer, CLASSIFICATION, {"text": "text", PAIR: PAIR}, int(dataset["max_length"]))
+        self.scorer, self.max_length = is_scorer(config), int(dataset["max_length"])
+        self.tokenize = Tokenize(tokenizer, CLASSIFICATION, {"text": "text", PAIR: PAIR}, self.max_length)
+
+    def scores(self, texts: list[str], prompts: list[str] | None = None) -> np.ndarray:
+        """A reward model's score of each text (after its prompt), ``(texts,)``."""
+        from hydra_raytrain.data.token_rows import TokenizedRows
+
+        sides = self.tokenize.completed(list(prompts) if prompts else [""] * len(texts), texts)
+        cut = [np.asarray(ids[: self.max_length]) for ids, _ in sides]
+        every = TokenizedRows.of([(ids, ids) for ids in cut], self.pad_id)
+        outputs = []
+        with self.torch.no_grad():
+            for start in range(0, len(texts), self.batch_size):
+                batch = every.collate([every[i] for i in range(start, min(start + self.batch_size, len(texts)))])
+                inputs = {name: batch[name].to(self.device) for name in ("input_ids", "attention_mask")}
+                outputs.append(self.model(**inputs).logits[:, 0].float().cpu())
+        return self.torch.cat(outputs).numpy() if outputs else np.zeros(0, np.float32)
 
     def classify(self, texts: list[str], pairs: list[str] | None = None) -> tuple[list[Any], np.ndarray]:
         """Each text's class (of the run's classes) and every class's probability ``(texts, classes)``."""
@@ -62,7 +90,9 @@ class TextClassifier:
         return [self.classes[i] for i in probabilities.argmax(axis=1)], probabilities
 
     def answers(self, texts: list[str]) -> list[dict[str, Any]]:
-        """serve's answer: each text's ``{"label", "probability"}``."""
+        """serve's answer: each text's ``{"label", "probability"}`` (a reward model's: ``{"score"}``)."""
+        if self.scorer:
+            return [{"score": float(score)} for score in self.scores(texts)]
         labels, probabilities = self.classify(texts)
         return [
             {"label": label, "probability": float(row.max())} for label, row in zip(labels, probabilities, strict=True)
@@ -82,6 +112,8 @@ class LabelledRows(TextClassifier):
 
         texts = [str(text) for text in batch.column(self.column).to_pylist()]
         pairs = [str(text) for text in batch.column(self.pair).to_pylist()] if self.pair else None
+        if self.scorer:  # the second column: the texts' prompts
+            return batch.append_column("prediction", pa.array(self.scores(texts, pairs), type=pa.float32()))
         labels, probabilities = self.classify(texts, pairs)
         chosen = probabilities.max(axis=1, initial=0.0).astype(np.float32)
         return batch.append_column("prediction", pa.array(labels)).append_column("probability", pa.array(chosen))
@@ -89,9 +121,12 @@ class LabelledRows(TextClassifier):
 
 def text_columns(data: Any, cfg: dict[str, Any], columns: list[str] | None) -> tuple[str, str | None]:
     """The input's column of texts (``--features`` names it, else the run's: ``dataset.columns.text``) and of second
-    texts (the run's ``text_pair`` column, where the input has it); checked on the schema."""
+    texts (the run's ``text_pair`` column, where the input has it; a reward model's: its prompt column); checked on
+    the schema."""
     names = list(data.schema().names)
     mapping = {**COLUMNS, PAIR: PAIR, **((cfg["dataset"].get("columns")) or {})}
+    if is_scorer(cfg):  # a pair's prompt: read before each text
+        mapping[PAIR] = {**PAIR_COLUMNS, **((cfg["dataset"].get("columns")) or {})}["prompt"]
     column = columns[0] if columns else mapping["text"]
     if column not in names or (columns and len(columns) > 1):
         raise ConfigError(

@@ -12,7 +12,8 @@ scalar columns joined in order), are reshaped to the run's ``input_shape``, as s
 For a run trained on images (``imagefolder``, ``images``, ``mnist``, ``cifar10``, ...) INPUT is an image file or a
 folder (or ``s3://`` prefix) of images, class folders or not. For a text run, INPUT's rows hold text: a causal LM's
 ``prompt`` column is completed (``prediction``); a text classifier's text column (the run's ``dataset.columns.text``)
-is classified (``prediction``: the class, ``probability``: its probability); ``--features NAME`` names another.
+is classified (``prediction``: the class, ``probability``: its probability), or a reward model's scored
+(``prediction``: the score, after the row's ``prompt`` where INPUT has it); ``--features NAME`` names another.
 Each row or image is decoded as training decoded it (the same column mapping, image transforms and
 ``input_shape``), the model is the run's (``load_model``), and the output is a folder of Parquet files: the input's
 other columns (ids, labels; an image's ``path``, and its class folder as ``label`` where that is one of the run's

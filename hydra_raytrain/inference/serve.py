@@ -9,6 +9,8 @@
       -> {"predictions": ["<greedy completion>", ...]}                (--max-new-tokens new tokens at most)
     curl -s 127.0.0.1:8000/predict -d '{"inputs": ["a great film", ...]}'     (a text classifier's run)
       -> {"predictions": [{"label": "positive", "probability": 0.98}, ...]}
+    curl -s 127.0.0.1:8000/predict -d '{"inputs": ["Q: 2+2? A: 4", ...]}'    (a reward model's run)
+      -> {"predictions": [{"score": 1.73}, ...]}
     curl -s 127.0.0.1:8000/health
       -> {"status": "ready", "run": ..., "input_shape": [...], "classes": [...]}
 

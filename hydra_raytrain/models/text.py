@@ -51,10 +51,10 @@ def text_classifier(
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging
 
-    if not labels or len(labels) < 2:
+    if not labels:
         raise ConfigError(
-            "model.labels", labels, "a classifier needs two classes or more.",
-            "model.labels=${dataset.classes} (dataset=text dataset.format=classification reads them)",
+            "model.labels", labels, "a classifier needs its classes (one: a head of one output, a reward model's).",
+            "model.labels=${dataset.classes} (dataset=text dataset.format=classification or preference gives them)",
         )  # fmt: skip
     names = {i: str(label) for i, label in enumerate(labels)}
     heads = {"num_labels": len(names), "id2label": names, "label2id": {name: i for i, name in names.items()}}

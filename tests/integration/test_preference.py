@@ -4,12 +4,16 @@ the workers and accumulation."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from hydra_raytrain import train
-from tests.conftest import compose_config
+from tests.conftest import ROOT, compose_config, unused_port
 from tests.helpers.text import PAIRS, preference_rows, write_jsonl, write_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
@@ -47,22 +51,22 @@ LAYOUTS = {
         "trainer.batch_size=4",
         "trainer.accumulate_grad_batches=2",
     ),
-    "2 workers x 4": ("scaling.num_workers=2", "trainer.batch_size=8"),
     "2 workers x 4, reference precomputed": (
         "scaling.num_workers=2",
         "trainer.batch_size=8",
         "task.precompute_reference=true",
     ),
 }
+SIDE_NAMES = ("chosen", "rejected")
 METRICS = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin", "logps_chosen")
 
 
 def test_dpo_starts_at_ln_2_and_its_loss_is_exact_in_pairs_whatever_the_workers(ray_address, dpo_run, tmp_path):
     """The first step's loss is ln 2 to float64's accuracy, the reference being the policy: LoRA's adapters off and
-    a frozen copy alike. 1 worker with 8 pairs a step, 1 worker with 4 x 2 accumulated and 2 workers with 4 each take
-    the same steps (float64, 1e-9): each step divides by its pairs on all workers and micro-batches, and every
-    metric is a sum over pairs. The reference's log-probabilities computed once as the run starts (each worker a
-    share, gathered) are the frozen copy's."""
+    a frozen copy alike. 1 worker with 8 pairs a step (a frozen copy), 1 worker with 4 x 2 accumulated and 2 workers
+    with 4 each, their reference's log-probabilities computed once as the run starts (each worker a share, gathered),
+    take the same steps (float64, 1e-9): each step divides by its pairs on all workers and micro-batches, and every
+    metric is a sum over pairs. (2 workers with a frozen copy each: the long tier's DPO-after-SFT test.)"""
     for reference in ("peft=none", "peft=lora"):
         first = ("scaling.num_workers=0", "trainer.max_epochs=1", "trainer.limit_train_batches=1", reference)
         run_dir = tmp_path / f"first_{reference}"
@@ -168,3 +172,78 @@ def test_dpo_after_sft_prefers_the_memorised_completions_and_generates_them(ray_
     lora_dpo = tmp_path / "dpo_lora"
     done = train(compose_config(*dpo, *first, f"run.init_from={lora_dir}"), run_dir=str(lora_dpo))
     assert done["status"] == "completed" and history(lora_dpo)[0]["train_loss"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def keyword_pairs(count, seed):
+    """Pairs whose chosen review holds a keyword the rejected one (the same words otherwise) lacks."""
+    import random
+
+    from tests.helpers.text import FILLER, KEYWORDS
+
+    draw = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        words = draw.choices(FILLER, k=draw.randint(4, 10))
+        kept = list(words)
+        words.insert(draw.randrange(len(words) + 1), draw.choice(KEYWORDS))
+        rows.append({"prompt": "review:", "chosen": " " + " ".join(words), "rejected": " " + " ".join(kept)})
+    return rows
+
+
+def test_a_reward_model_learns_a_preference_and_export_predict_and_serve_score_alike(ray_address, tmp_path):
+    """task=reward_model: a tiny Llama with a score head (one output) scores the chosen side of >= 95% of held-out
+    pairs higher; export --format hf loads in transformers as a sequence classifier of one label; predict writes
+    each row's score after its prompt, as the exported model gives it, and serve answers the same scores."""
+    from transformers import AutoModelForSequenceClassification
+
+    from hydra_raytrain.inference.classify_text import TextClassifier
+    from hydra_raytrain.inference.export import export
+    from tests.helpers.serving import ask, serving
+
+    model = write_model(tmp_path / "llama", "llama")
+    train_pairs = write_jsonl(tmp_path / "train.jsonl", keyword_pairs(160, seed=0))
+    val_pairs = write_jsonl(tmp_path / "val.jsonl", keyword_pairs(40, seed=1))
+    run = tmp_path / "run"
+    overrides = (
+        "task=reward_model", "model=text_classifier", f"model.path={model}", "dataset=text",
+        f"dataset.path={train_pairs}", f"dataset.val_path={val_pairs}", "dataset.format=preference",
+        "optimizer=adamw", "optimizer.lr=3e-3", "trainer.batch_size=16", "trainer.max_epochs=8",
+        "scaling.num_workers=0", "trainer.progress_bar=false",
+    )  # fmt: skip
+    summary = train(compose_config(*overrides), run_dir=str(run))
+    assert summary["status"] == "completed", summary
+    assert summary["final"]["val_reward_accuracy"] >= 0.95 and summary["final"]["val_reward_margin"] > 0
+
+    assert export(str(run), "hf")["max_abs_diff"] <= 1e-4
+    exported = AutoModelForSequenceClassification.from_pretrained(str(run / "export" / "hf")).eval()
+    assert exported.config.num_labels == 1 and exported.config.id2label == {0: "score"}
+    new = keyword_pairs(10, seed=2)
+    rows = [{"prompt": row["prompt"], "text": row[side]} for row in new for side in SIDE_NAMES]
+    rows = [{"id": i, **row} for i, row in enumerate(rows)]
+    scorer = TextClassifier(str(run))
+    expected = scorer.scores([row["text"] for row in rows], [row["prompt"] for row in rows])
+    ids = scorer.tokenize.completed([rows[0]["prompt"]], [rows[0]["text"]])[0][0]
+    with torch.no_grad():
+        assert exported(torch.tensor([ids])).logits[0, 0].item() == pytest.approx(float(expected[0]), abs=1e-4)
+    assert sum(expected[0::2] > expected[1::2]) >= 9  # the keyword's side
+
+    data = write_jsonl(tmp_path / "new.jsonl", rows)
+    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(data), "--output", "scored"]
+    done = subprocess.run(
+        [*command, "--address", ray_address], capture_output=True, text=True, cwd=str(tmp_path),
+        env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = pq.read_table(tmp_path / "scored").to_pydict()
+    scores = [score for _, score in sorted(zip(written["id"], written["prediction"], strict=True))]
+    assert scores == pytest.approx(expected.tolist(), abs=1e-5)
+
+    port = unused_port()
+    command = [sys.executable, "-m", "hydra_raytrain.serve", str(run), "--port", str(port)]
+    texts = [row["text"] for row in rows[:4]]
+    with serving([*command, "--address", ray_address], tmp_path, port) as server:
+        status, text = ask(port, "POST", "/predict", json.dumps({"inputs": texts}).encode())
+        assert status == 200, text
+        answered = [answer["score"] for answer in json.loads(text)["predictions"]]
+        assert answered == pytest.approx(scorer.scores(texts).tolist(), abs=1e-5)
+    assert server.process.returncode == 0, server.errors.read_text()[-3000:]

@@ -46,6 +46,7 @@ TEXT = ["task=causal_lm", "model=causal_lm", "model.path=lm", "dataset=text", "d
 REQUIRED.update({option: TEXT for option in (("dataset", "text"), ("model", "causal_lm"), ("task", "causal_lm"))})
 REQUIRED[("peft", "lora")] = TEXT
 REQUIRED[("task", "dpo")] = [*TEXT[1:4], "dataset.path=pairs.jsonl", "dataset.format=preference"]
+REQUIRED[("task", "reward_model")] = ["model=text_classifier", "model.path=lm", *REQUIRED[("task", "dpo")][2:]]
 # A text classifier: a 1-layer BERT built from its type with that tokenizer, learning labelled.jsonl's two classes.
 CLASSIFIER = ["task=text_classification", "model=text_classifier", "model.path=null", "model.model_type=bert"]
 CLASSIFIER += ["model.tokenizer=lm", "+model.hidden_size=16", "+model.num_hidden_layers=1"]

@@ -100,8 +100,9 @@ def test_the_classifier_names_its_classes_and_lora_trains_its_new_head_with_the_
     model = text_classifier(str(bert), labels=["negative", "positive"])
     assert model.config.id2label == {0: "negative", 1: "positive"} and model.num_labels == 2
     with pytest.raises(ConfigError) as caught:
-        text_classifier(str(bert), labels=["only"])
+        text_classifier(str(bert), labels=[])
     assert caught.value.key == "model.labels"
+    assert text_classifier(str(bert), labels=["score"]).num_labels == 1  # a score head: a reward model's
     adapted = add_adapters(model, PeftConfig(method="lora", r=4, alpha=8))
     trainable = {name for name, p in adapted.named_parameters() if p.requires_grad}
     assert any("lora_A" in name for name in trainable)
