@@ -186,10 +186,15 @@ def test_text_page(tmp_path):
     write_jsonl(tmp_path / "data" / "train.jsonl", pair_rows(2))
     chats = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": c}]} for p, c in PAIRS]
     write_jsonl(tmp_path / "data" / "chats.jsonl", chats)
+    prefs = [{"prompt": p, "chosen": c, "rejected": PAIRS[(i + 1) % len(PAIRS)][1]} for i, (p, c) in enumerate(PAIRS)]
+    write_jsonl(tmp_path / "data" / "prefs.jsonl", prefs)
     done = run_page("text.md", tmp_path)
-    assert len(done) == 5
+    assert len(done) == 7
     every = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "outputs/runs/*/summary.json"))]
-    assert sorted(s["status"] for s in every) == ["completed"] * 5
+    assert sorted(s["status"] for s in every) == ["completed"] * 7
+    preferring = [s for s in every if "val_reward_accuracy" in s["final"]]  # DPO's and the reward model's
+    assert len(preferring) == 2 and sum("val_logps_chosen" in s["final"] for s in preferring) == 1
+    every = [s for s in every if s not in preferring]
     (scored,) = [s for s in every if "val_exact_match" in s["final"]]  # and my_metrics.py's figure
     assert scored["monitor"] == "val_exact_match" and scored["final"]["val_length_ratio"] > 0
     (classified,) = [s for s in every if "val_accuracy" in s["final"]]  # a smoke run: it ran, and scored its classes
