@@ -12,6 +12,7 @@ import torch
 from hydra_raytrain.tasks.base import StepOutput
 from hydra_raytrain.tasks.causal_lm import CausalLM
 from hydra_raytrain.tasks.classification import Classification
+from hydra_raytrain.tasks.dpo import DPO
 from hydra_raytrain.tasks.gan import GAN
 
 
@@ -195,6 +196,10 @@ class MeanPerBatchLM(CausalLM):
 
 
 class CrashOnceLM(_CrashOnce, CausalLM):
+    pass
+
+
+class CrashOnceDPO(_CrashOnce, DPO):
     pass
 
 

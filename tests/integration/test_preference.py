@@ -247,3 +247,69 @@ def test_a_reward_model_learns_a_preference_and_export_predict_and_serve_score_a
         answered = [answer["score"] for answer in json.loads(text)["predictions"]]
         assert answered == pytest.approx(scorer.scores(texts).tolist(), abs=1e-5)
     assert server.process.returncode == 0, server.errors.read_text()[-3000:]
+
+
+LORA = ("peft=lora", "peft.r=4", "peft.alpha=8", "optimizer.lr=0.01")
+# 5 optimizer steps an epoch, a checkpoint every 3: rank 1 is SIGKILLed before its 8th batch (epoch 2), once step 6's
+# checkpoint (one batch into epoch 2) is counted; the run resumes there.
+CRASH = (
+    "checkpoint.every_n_steps=3",
+    "task._target_=tests.helpers.tasks.CrashOnceDPO",
+    "+task.at_step=8",
+    "+task.after=step_00000006",
+    "failure.max_failures=1",
+)
+
+
+@pytest.mark.long("the gate's DPO test is its exactness on DDP; this is resume and FSDP2 (LoRA's reference there)")
+def test_dpo_with_lora_resumes_a_kill_mid_epoch_and_fsdp2_trains_it_as_one_worker(ray_address, dpo_run, tmp_path):
+    """DPO with LoRA (the reference: the adapters off) on 2 DDP workers with gradient checkpointing, rank 1 killed
+    mid-epoch and the run resumed from a checkpoint of adapters, and on 2 FSDP2 workers (the reference's
+    log-probabilities precomputed on the starting model, unsharded, each rank a share) ends with a 1-worker run's
+    adapters (float64: losses to 1e-9, adapters to 1e-6) and reward metrics."""
+    one, two, sharded = tmp_path / "one", tmp_path / "two", tmp_path / "sharded"
+    layout = ("scaling.num_workers=2", "trainer.batch_size=8")
+    done = train(compose_config(*dpo_run, *LORA, *LAYOUTS["1 worker x 8"]), run_dir=str(one))
+    assert done["status"] == "completed", done
+    crash = (*CRASH, f"+task.marker={tmp_path / 'crashed'}", "model.gradient_checkpointing=true")
+    done = train(compose_config(*dpo_run, *LORA, *layout, *crash), run_dir=str(two))
+    assert done["status"] == "completed" and (tmp_path / "crashed").exists(), done
+    fsdp = (
+        "trainer.parallel_strategy=fsdp",
+        "fsdp.shard_modules=[LlamaDecoderLayer]",
+        "task.precompute_reference=true",
+    )
+    done = train(compose_config(*dpo_run, *LORA, *layout, *fsdp), run_dir=str(sharded))
+    assert done["status"] == "completed", done
+    adapters = torch.load(one / "model.pt", weights_only=True)
+    assert adapters and all("lora_" in name for name in adapters)
+    for run_dir in (two, sharded):
+        for name, tensor in torch.load(run_dir / "model.pt", weights_only=True).items():
+            assert torch.allclose(tensor, adapters[name], rtol=1e-6, atol=1e-7), (run_dir.name, name)
+        for epoch, expected in zip(history(run_dir), history(one), strict=True):
+            for metric in ("train_loss", "val_loss", "val_reward_accuracy", "val_reward_margin"):
+                assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (run_dir.name, metric)
+
+
+@pytest.mark.long("the gate's sweeps carry the sweeper; this is one on a preference metric, its direction the task's")
+def test_a_sweep_on_reward_accuracy_picks_the_learning_rate_that_learns_upwards(ray_address, tmp_path):
+    """A sweep of a reward model's learning rate on val_reward_accuracy (no mode given: the task's, upwards): the
+    rate that learns the keyword preference is the best, the one that barely moves is not."""
+    from tests.conftest import run_cli
+
+    model = write_model(tmp_path / "llama", "llama")
+    train_pairs = write_jsonl(tmp_path / "train.jsonl", keyword_pairs(96, seed=0))
+    val_pairs = write_jsonl(tmp_path / "val.jsonl", keyword_pairs(32, seed=1))
+    args = [
+        "-m", "hydra/sweeper=ray_tune", "hydra.sweeper.max_concurrent_trials=2", f"ray.address={ray_address}",
+        "task=reward_model", "model=text_classifier", f"model.path={model}", "dataset=text",
+        f"dataset.path={train_pairs}", f"dataset.val_path={val_pairs}", "dataset.format=preference",
+        "optimizer=adamw", "trainer.batch_size=16", "trainer.max_epochs=6", "trainer.progress_bar=false",
+        "scaling.num_workers=1", "hydra.sweeper.metric=val_reward_accuracy", "optimizer.lr=3e-3,1e-9",
+        "hydra.sweep.dir=sweep",
+    ]  # fmt: skip
+    done = run_cli(args, cwd=str(tmp_path), timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
+    assert summary["mode"] == "max" and summary["best"]["overrides"] == "optimizer.lr=0.003", summary
+    assert summary["best"]["best"] >= 0.9, summary["best"]
