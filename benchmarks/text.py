@@ -27,6 +27,12 @@ the packed run and TRL's alone.
 A text classifier (``--only classifier``, and after the rest): examples/s of ``task=text_classification`` on one
 worker against a plain PyTorch loop over the same BERT (hidden 256, 4 layers, new weights), reviews (the tests'
 keyword rule: 4-13 words), batches of 32 in the same seeded order, fused AdamW and threads.
+
+DPO (``--only dpo``, and after the rest): pairs/s of ``task=dpo`` on one worker against TRL's ``DPOTrainer`` with the
+same model (a frozen copy as the reference in both), pairs (prompt, chosen, rejected strings: the varied rows, each
+completion chosen over the next row's), 16 pairs a step, beta, learning rate, fused AdamW and threads; and ours with
+``task.precompute_reference=true`` (the reference scored once as the run starts: its time is in the first epoch,
+which the median leaves out).
 """
 
 from __future__ import annotations
@@ -45,7 +51,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.helpers.text import review_rows, varied_rows, write_bert, write_jsonl, write_model  # noqa: E402
+from tests.helpers.text import (  # noqa: E402
+    preference_rows,
+    review_rows,
+    varied_rows,
+    write_bert,
+    write_jsonl,
+    write_model,
+)
 
 BATCH, LR = 16, 1e-3
 EVERY = "ours, every position's logits"
@@ -314,6 +327,52 @@ def plain_classifier_loop(folder: Path, data: Path, epochs: int) -> list[float]:
     return rates
 
 
+BETA = 0.1
+DPO = ("task=dpo", "model=causal_lm", "dataset.format=preference")
+
+
+def dpo(folder: Path, scratch: str, rows: int, epochs: int) -> dict[str, float]:
+    """Pairs/s of ``task=dpo`` on one worker (a frozen reference, then a precomputed one) and of TRL's DPOTrainer."""
+    data = write_jsonl(Path(scratch, "pairs.jsonl"), preference_rows(rows))
+    figures = {}
+    for name, overrides in (("ours, frozen copy", ()), ("ours, precomputed", ("task.precompute_reference=true",))):
+        rates = ours(folder, data, epochs, scratch, f"task.beta={BETA}", *overrides, key="samples_per_second", task=DPO)
+        figures[name] = steady(rates)
+    figures["TRL DPOTrainer"] = steady(trl_dpo(folder, data, epochs, scratch))
+    for name, rate in figures.items():
+        print(f"DPO, {name:24s} {rate:10,.1f} pairs/s", flush=True)
+    trl = figures["TRL DPOTrainer"]
+    print(f"DPO, ours / TRL: {figures['ours, frozen copy'] / trl:.2f}x (frozen copy), "
+          f"{figures['ours, precomputed'] / trl:.2f}x (precomputed)", flush=True)  # fmt: skip
+    return figures
+
+
+def trl_dpo(folder: Path, data: Path, epochs: int, scratch: str) -> list[float]:
+    """Pairs/s of each epoch of TRL's DPOTrainer on our run's training pairs (its reference: a frozen copy)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from hydra_raytrain.data.tokenized import text
+
+    train = text(str(data), str(folder), "preference", max_length=256, val_fraction=0.05).train
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    clock, ends = epoch_clock()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    config = DPOConfig(
+        output_dir=os.path.join(scratch, "trl_dpo"), per_device_train_batch_size=BATCH, num_train_epochs=epochs,
+        learning_rate=LR, beta=BETA, max_length=256, save_strategy="no", eval_strategy="no", logging_strategy="no",
+        report_to=[], use_cpu=True, dataloader_num_workers=0, lr_scheduler_type="constant", warmup_steps=0,
+        disable_tqdm=True, optim="adamw_torch_fused", weight_decay=0.0, bf16=False,
+    )  # fmt: skip
+    dataset = Dataset.from_list([rows[int(i)] for i in train.rows])
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    DPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer, callbacks=[clock]).train()
+    return [len(train) / (end - start) for start, end in zip(ends[::2], ends[1::2], strict=True)]
+
+
 def steady(rates: list[float]) -> float:
     return statistics.median(rates[1:] or rates)
 
@@ -325,7 +384,8 @@ def main() -> None:
     parser.add_argument("--tokenized-rows", type=int, default=500_000, help="rows of the tokenization figures")
     parser.add_argument("--packed-rows", type=int, default=3000, help="rows of the packing figures")
     parser.add_argument("--classified-rows", type=int, default=4000, help="rows of the classifier's figures")
-    parser.add_argument("--only", choices=["packing", "trl", "classifier"], help="only this part")
+    parser.add_argument("--dpo-rows", type=int, default=1000, help="pairs of the DPO figures")
+    parser.add_argument("--only", choices=["packing", "trl", "classifier", "dpo"], help="only this part")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = write_model(Path(scratch, "llama"), "llama", **SIZES, max_position_embeddings=PACK_LENGTH)
@@ -334,6 +394,9 @@ def main() -> None:
             return
         if options.only == "classifier":
             classifier(scratch, options.classified_rows, options.epochs)
+            return
+        if options.only == "dpo":
+            dpo(folder, scratch, options.dpo_rows, options.epochs)
             return
         rows = varied_rows(options.rows)
         data = write_jsonl(Path(scratch, "train.jsonl"), rows)
@@ -358,6 +421,7 @@ def main() -> None:
             print(f"tokenization, {name:28s} {rate:10,.0f} rows/s ({rate / plain:.2f}x a plain loop)", flush=True)
         packing(folder, scratch, options.packed_rows, options.epochs)
         classifier(scratch, options.classified_rows, options.epochs)
+        dpo(folder, scratch, options.dpo_rows, options.epochs)
 
 
 if __name__ == "__main__":
