@@ -90,6 +90,20 @@ def few(values: Sequence[Any], shown: int = 8) -> str:
     return listed + (f", ... ({len(values)} in all)" if len(values) > shown else "")
 
 
+def check_reference(task: Mapping[str, Any], model: Mapping[str, Any], peft: str, init_from: str | None) -> None:
+    """DPO's reference is the run's starting weights, built again (a frozen copy, or the precomputed figures) unless
+    LoRA's adapters are switched off: weights the builder draws anew each time (``model.path=null``) cannot be, and
+    are refused by name, unless ``run.init_from`` gives them."""
+    target = str(task.get("_target_", ""))
+    rebuilt = peft == "none" or task.get("precompute_reference")
+    if target.endswith(".DPO") and rebuilt and "_target_" in model and not model.get("path") and not init_from:
+        raise ConfigError(
+            "model.path", model.get("path"), "task=dpo compares the policy with its starting weights, built again; "
+            "new weights (model.model_type) are drawn anew each time.",
+            "model.path=DIR (save_pretrained's), run.init_from=RUN, or peft=lora (the reference: the adapters off)",
+        )  # fmt: skip
+
+
 def check_text_task(dataset: Mapping[str, Any], task: Mapping[str, Any]) -> None:
     """A text dataset's format fits its task: a classification's rows (``format=classification``) for
     ``task=text_classification``, and only for it; a ConfigError naming ``dataset.format`` (or ``task``, for

@@ -33,7 +33,7 @@ from hydra_raytrain.config.schema import (
     cluster_address,
 )
 from hydra_raytrain.data import roads
-from hydra_raytrain.data.text_labels import check_text_task
+from hydra_raytrain.data.text_labels import check_reference, check_text_task
 from hydra_raytrain.data.tokenized import embed_chat_template
 from hydra_raytrain.internals import child_node
 from hydra_raytrain.preflight import rehearsal
@@ -175,6 +175,12 @@ def _rehearse_step(cfg: Sections) -> None:
 
 CHECKS = (
     Check(("dataset", "task"), lambda cfg: check_text_task(cfg.plain["dataset"], cfg.plain["task"])),
+    Check(
+        ("model", "task", "peft", "run"),
+        lambda cfg: check_reference(
+            cfg.plain["task"], cfg.plain["model"], cfg.plain["peft"]["method"], cfg.plain["run"].get("init_from")
+        ),
+    ),
     Check(("model", "task"), _models_and_optimizers),
     Check(
         ("trainer", "dataset", "scaling"), lambda cfg: check_streamed(cfg.plain["dataset"], cfg.trainer, cfg.scaling)

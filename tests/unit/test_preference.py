@@ -161,3 +161,22 @@ def test_a_dpo_setting_out_of_range_is_refused_by_name():
         assert refused.value.key == key
     with pytest.raises(ConfigError, match="task.label_smoothing"):
         DPO(loss="ipo", label_smoothing=0.1)
+
+
+def test_a_dpo_reference_that_cannot_be_built_again_is_refused_by_name():
+    """New weights (model.path=null) are drawn anew at each build: a frozen or precomputed reference of them would
+    not be the policy's start. LoRA's adapters off, or run.init_from's weights, are."""
+    from hydra_raytrain.data.text_labels import check_reference
+
+    dpo, new = (
+        {"_target_": "hydra_raytrain.tasks.dpo.DPO"},
+        {"_target_": "hydra_raytrain.models.causal_lm", "path": None},
+    )
+    with pytest.raises(ConfigError) as refused:
+        check_reference(dpo, new, "none", None)
+    assert refused.value.key == "model.path" and "peft=lora" in str(refused.value)
+    with pytest.raises(ConfigError):
+        check_reference({**dpo, "precompute_reference": True}, new, "lora", None)
+    check_reference(dpo, new, "lora", None)
+    check_reference(dpo, new, "none", "outputs/runs/sft")
+    check_reference(dpo, {**new, "path": "models/base"}, "none", None)
