@@ -313,3 +313,34 @@ def test_a_sweep_on_reward_accuracy_picks_the_learning_rate_that_learns_upwards(
     summary = json.loads((tmp_path / "sweep" / "sweep_summary.json").read_text())
     assert summary["mode"] == "max" and summary["best"]["overrides"] == "optimizer.lr=0.003", summary
     assert summary["best"]["best"] >= 0.9, summary["best"]
+
+
+@pytest.mark.long("the gate's DPO test shows the pairs' division on 1 and 2 workers; this is the reward model's step")
+def test_a_reward_model_s_loss_is_exact_in_pairs_whatever_the_workers(ray_address, tmp_path):
+    """task=reward_model in float64: 1 worker with 8 pairs a step, 1 worker with 4 x 2 accumulated and 2 workers
+    with 4 each take the same steps (losses and reward metrics to 1e-9, weights to 1e-9)."""
+    model = write_model(tmp_path / "llama", "llama")
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", keyword_pairs(48, seed=0))
+    overrides = (
+        "task=reward_model", "model=text_classifier", f"model.path={model}", "dataset=text", f"dataset.path={pairs}",
+        "dataset.format=preference", "dataset.val_fraction=0.25", "trainer.max_epochs=2", "trainer.precision=64",
+        "optimizer.lr=0.001", "trainer.progress_bar=false",
+    )  # fmt: skip
+    layouts = {**LAYOUTS, "2 workers x 4": ("scaling.num_workers=2", "trainer.batch_size=8")}
+    runs = {}
+    for label, layout in layouts.items():
+        if "precomputed" in label:
+            continue
+        run_dir = tmp_path / label.replace(" ", "_")
+        assert train(compose_config(*overrides, *layout), run_dir=str(run_dir))["status"] == "completed", label
+        runs[label] = run_dir
+    reference = history(runs["1 worker x 8"])
+    assert [epoch["step"] for epoch in reference] == [5, 10]
+    names = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
+    for label, run_dir in runs.items():
+        for epoch, expected in zip(history(run_dir), reference, strict=True):
+            for metric in (f"{split}_{name}" for split in ("train", "val") for name in names):
+                assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
+        final = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+        for name, tensor in torch.load(runs["1 worker x 8"] / "model.pt", weights_only=True).items():
+            assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
