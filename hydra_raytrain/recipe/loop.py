@@ -16,6 +16,7 @@ import itertools
 import logging
 import sys
 import time
+from functools import partial
 from typing import Any, cast
 
 import ray.train
@@ -136,12 +137,8 @@ class Recipe:
         self.train_loader, self.val_loader, self.batch_size = loaders.train, loaders.val, loaders.batch_size
         self.train_batches, self.val_batches = loaders.train_batches, loaders.val_batches
         models = build_models(self.cfg, place, loaders.splits)
-        self.task.on_setup(  # before a loader iterates: what the task keeps with the splits goes into its batches
-            lambda: warm_start.starting_model(self.cfg.model, self.cfg.run.init_from),
-            loaders.splits,
-            self.device,
-            self.float_dtype or torch.float32,
-        )
+        starting = partial(warm_start.starting_model, self.cfg.model, self.cfg.run.init_from)
+        self.task.on_setup(starting, loaders.splits, self.device, self.float_dtype or torch.float32)  # before loaders
         if self.float_dtype is not None:  # after the models: float64 weights start from float32's initial values
             torch.set_default_dtype(self.float_dtype)
         self.step = build_step(self.cfg, models, self.train_batches, self.device)
@@ -159,10 +156,7 @@ class Recipe:
         self.loggers = build_loggers(self.cfg.logger) if self.rank == 0 else {}
         self.callbacks = Callbacks.build(self.cfg.callbacks)  # every rank's; their state resumes with the run
         self.run_state = RunState(self.rank, self.world_size, self.run_dir, self.step.unwrapped, self.step.optimizers)
-        run = self.cfg.run
-        built_start = warm_start.starts_built(self.cfg.peft.method, run.init_from, run.init_full_state)
-        if run.init_from and ray.train.get_checkpoint() is None and not built_start:  # a resumed run's are newer
-            self._continue_from() if run.init_full_state else self._warm_start()
+        self._from_another_run()
         rng = self._resume()
         # After resuming: a tracker continues the run whose id the checkpoint stored.
         config = {"cfg": self.saved, "run_name": self.run_name, "provenance": self.provenance}
@@ -252,6 +246,14 @@ class Recipe:
         self.history = list(train["history"])
         self.callbacks.load_state_dict(train.get("callbacks") or {})  # a PBT exploit continues the donor's too
         return train
+
+    def _from_another_run(self) -> None:
+        """``run.init_from``, unless the run resumes (its checkpoint is newer) or the weights came in as the models
+        were built (``warm_start.starts_built``): the source's full state continued, or its weights."""
+        run = self.cfg.run
+        built_start = warm_start.starts_built(self.cfg.peft.method, run.init_from, run.init_full_state)
+        if run.init_from and ray.train.get_checkpoint() is None and not built_start:
+            self._continue_from() if run.init_full_state else self._warm_start()
 
     def _continue_from(self) -> None:
         """``run.init_full_state``: another run's checkpoint continued as this run's own (a PBT exploit), with this
