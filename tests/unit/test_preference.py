@@ -8,18 +8,7 @@ import torch
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.data.tokenized import IGNORE, text
-from hydra_raytrain.models.text import load_tokenizer
-from tests.helpers.text import write_jsonl, write_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return write_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir):
-    return load_tokenizer(str(tokenizer_dir))
+from tests.helpers.text import write_jsonl
 
 
 def ids(tokenizer, text):

@@ -9,17 +9,7 @@ from hydra_raytrain.config.finetuning import PeftConfig
 from hydra_raytrain.data.tokenized import IGNORE, text
 from hydra_raytrain.models.text import causal_lm, load_tokenizer
 from hydra_raytrain.recipe.step import divide_gradients
-from tests.helpers.text import QWEN3_STYLE_TEMPLATE, THINKING, TRAINING_TEMPLATE, write_jsonl, write_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return write_tokenizer(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tokenizer_dir):
-    return load_tokenizer(str(tokenizer_dir))
+from tests.helpers.text import QWEN3_STYLE_TEMPLATE, THINKING, TRAINING_TEMPLATE, write_jsonl
 
 
 def rows_of(dataset):
