@@ -22,7 +22,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.cli_run import epoch_metrics  # noqa: E402
-from hydra_raytrain.reach import free_port  # noqa: E402
+from hydra_raytrain.runtime.reach import free_port  # noqa: E402
 from tests.helpers.s3 import s3_environment, start_moto_server  # noqa: E402  (the tests' loopback S3 server)
 
 COMMON = [

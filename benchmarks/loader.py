@@ -34,8 +34,8 @@ def main() -> None:
     from hydra.utils import instantiate
     from torch.utils.data import DataLoader
 
-    from hydra_raytrain.host import machine_cores
     from hydra_raytrain.recipe.loaders import build_loader
+    from hydra_raytrain.runtime.host import machine_cores
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)

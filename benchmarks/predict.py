@@ -115,7 +115,7 @@ def sizes(text: str) -> list[int]:
 
 
 def main() -> None:
-    from hydra_raytrain.program import at_least_one
+    from hydra_raytrain.shell.program import at_least_one
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -130,7 +130,7 @@ def main() -> None:
         run = train(folder, table, options.hidden)
         small = os.path.join(folder, "small.parquet")
         write_rows(small, 1000)
-        from hydra_raytrain.host import machine_cores
+        from hydra_raytrain.runtime.host import machine_cores
 
         threads = max(1, machine_cores() - 1)  # what one model actor gets on a local cluster of this machine
         on = f"{threads} thread{'s' if threads > 1 else ''}"

@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from hydra_raytrain.host import TIMELINE_ENV, mark
+from hydra_raytrain.runtime.host import TIMELINE_ENV, mark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS, BATCH, TRAIN, VAL, SHAPE = 6, 64, 2048, 256, (3, 32, 32)

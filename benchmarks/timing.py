@@ -4,7 +4,7 @@ import time
 
 import ray.train
 
-from hydra_raytrain.rundir import write_json
+from hydra_raytrain.storage.rundir import write_json
 from hydra_raytrain.tasks.classification import Classification
 
 

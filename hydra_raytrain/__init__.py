@@ -12,10 +12,10 @@ What a program or an extension imports, from this one place:
 - a logger of your own (docs/architecture.md): the ``Logger`` protocol.
 
 The exports load on first use: Ray Train's controller and Tune's trial processes unpickle our callbacks
-(hydra_raytrain.rundir ...) and should not pay for torch, Hydra and rich through this file.
+(hydra_raytrain.storage.rundir ...) and should not pay for torch, Hydra and rich through this file.
 """
 
-from hydra_raytrain.lazy import lazy_exports
+from hydra_raytrain.runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "train": "driver.run",

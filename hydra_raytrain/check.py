@@ -26,8 +26,8 @@ from omegaconf import DictConfig
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.overrides import check_command_line
-from hydra_raytrain.program import BAD_INPUT, end_quickly, refuse
+from hydra_raytrain.shell.overrides import check_command_line
+from hydra_raytrain.shell.program import BAD_INPUT, end_quickly, refuse
 
 
 def check(cfg: DictConfig, cwd: str | None = None, datasets: Any = None) -> Resolved:

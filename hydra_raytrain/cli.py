@@ -1,7 +1,7 @@
 """The command line: ``hydra-raytrain [COMMAND] ...`` (or ``python -m hydra_raytrain``), one console script for
 every command; without a command word it trains (``hydra-raytrain model=mlp`` is ``hydra-raytrain train
 model=mlp``). Each command also has its own address (``python -m hydra_raytrain.predict ...``), and they share one
-shell (``program.py``): its refusals, its exit codes (bad input 2, refused or failed 1, preempted 75), its end.
+shell (``shell/program.py``): its refusals, its exit codes (bad input 2, refused or failed 1, preempted 75), its end.
 Nothing heavy is imported before the command is known."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError
-from hydra_raytrain.program import FAILED, end_quickly, refuse
+from hydra_raytrain.shell.program import FAILED, end_quickly, refuse
 
 # The commands, by the word that names them: (module, function called with the rest of the command line, what it does)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": ("hydra_raytrain.inference.serve", "main", "serve a finished run over HTTP with Ray Serve"),
 }
 
-# What Hydra itself writes into a run dir before our code runs, and the run's hold of it (locks.py).
+# What Hydra itself writes into a run dir before our code runs, and the run's hold of it (storage/locks.py).
 HYDRA_FILES = {".hydra", "train.log", ".lock"}
 
 
@@ -53,7 +53,7 @@ def train_main() -> None:
     """``hydra-raytrain [train] [overrides]``: the command line checked, then ``train`` under Hydra."""
     import hydra
 
-    from hydra_raytrain.overrides import check_command_line
+    from hydra_raytrain.shell.overrides import check_command_line
 
     end_quickly()
     try:
@@ -72,8 +72,8 @@ def train_main() -> None:
 
 def _train(cfg: Any, datasets: Any) -> float | None:
     from hydra_raytrain.driver.run import TrainingFailed, train
-    from hydra_raytrain.locks import Held
-    from hydra_raytrain.notice import PREEMPTED_EXIT_CODE
+    from hydra_raytrain.messages.notice import PREEMPTED_EXIT_CODE
+    from hydra_raytrain.storage.locks import Held
 
     try:
         summary = train(cfg, datasets=datasets)
@@ -95,7 +95,7 @@ def _train(cfg: Any, datasets: Any) -> float | None:
 def _remove_untouched_run_dir() -> None:
     """A refused config leaves nothing behind: drop the run dir if it holds only what Hydra wrote."""
     from hydra_raytrain.driver.run import hydra_run_dir
-    from hydra_raytrain.locks import held
+    from hydra_raytrain.storage.locks import held
 
     run_dir = hydra_run_dir()
     if run_dir and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= HYDRA_FILES and not held(run_dir):

@@ -29,7 +29,7 @@ from torch import nn
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.data.token_rows import IGNORE, supervised_positions  # IGNORE: the prompt's labels, padding's
-from hydra_raytrain.rundir import SAMPLES_FILE
+from hydra_raytrain.storage.rundir import SAMPLES_FILE
 
 from .base import StepOutput, Sums, Task
 from .generation import EXACT_MATCH, GenerationScores

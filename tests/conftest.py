@@ -129,7 +129,7 @@ def s3_endpoint(session_environment, s3_network):
 def ray_address(session_environment):
     import ray
 
-    from hydra_raytrain.reach import local_cluster_environment
+    from hydra_raytrain.runtime.reach import local_cluster_environment
 
     # As hydra_raytrain starts a local cluster (its own state API address, no preemption watcher).
     ray.init(address="local", num_cpus=TEST_CLUSTER_CPUS, logging_level="WARNING", **local_cluster_environment(None))

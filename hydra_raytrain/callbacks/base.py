@@ -21,7 +21,7 @@ from ray.train import UserCallback
 from torch import nn
 
 from hydra_raytrain.config.errors import one_line
-from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.messages.outcome import RunStatus
 
 log = logging.getLogger(__name__)
 

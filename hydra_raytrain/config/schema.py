@@ -499,7 +499,7 @@ class RunSettings:
         python -m hydra_raytrain run.resume=never    # discard that run's previous state and train from scratch
 
     The identical command finds the same run: an unfinished one resumes from its latest checkpoint, a finished one
-    is reported as complete. One run at a time holds its run dir (``locks.py``): the same command started again
+    is reported as complete. One run at a time holds its run dir (``storage/locks.py``): the same command started again
     while the first runs is refused at once, naming it (``if_running=wait``: waits for it to end, then resumes or
     reports it); a killed run's hold ends with its process. ``init_from`` starts a new run from another run's
     weights (recipe/warm_start.py)::

@@ -1,7 +1,7 @@
 """Dataset builders: each returns the train and validation splits (``Splits``) for the config's ``dataset`` node.
 Exports resolve lazily: validating ``hydra_raytrain.data.digits`` on the driver does not import torchvision."""
 
-from hydra_raytrain.lazy import lazy_exports
+from hydra_raytrain.runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "Splits": "splits",

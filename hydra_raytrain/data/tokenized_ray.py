@@ -254,7 +254,7 @@ def _read(files: list[str], kind: str) -> Any:
 def actor_env() -> dict[str, str]:
     """The tokenizer actors' environment: the driver's import path and where the Hugging Face hub's files are (not
     its token: a runtime environment is shown by Ray's dashboard)."""
-    from hydra_raytrain.host import import_path
+    from hydra_raytrain.runtime.host import import_path
 
     hub = {name: os.environ[name] for name in HUB_SETTINGS if name in os.environ}
     return {"PYTHONPATH": import_path(), **hub}

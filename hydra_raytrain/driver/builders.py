@@ -7,10 +7,10 @@ from typing import Any
 
 from ray.train import CheckpointConfig, DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
-from hydra_raytrain import storage_retry
 from hydra_raytrain.config import schema
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.driver.storage import is_uri
+from hydra_raytrain.storage import retry
 
 
 def scaling_config(scaling: schema.ScalingConfig) -> ScalingConfig:
@@ -72,10 +72,10 @@ def run_config(
     worker_env: Mapping[str, str] | None = None,
 ) -> RunConfig:
     """``name``: the run's identity, computed from the config as given (the driver sizes workers afterwards). A URI
-    storage is handed to Ray as a filesystem that retries its transient errors (``storage_retry.py``)."""
+    storage is handed to Ray as a filesystem that retries its transient errors (``retry.py``)."""
     filesystem = None
     if is_uri(storage_path) and cfg.storage.retry_window_s > 0:
-        filesystem, storage_path = storage_retry.retrying(storage_path, cfg.storage.retry_window_s, name)
+        filesystem, storage_path = retry.retrying(storage_path, cfg.storage.retry_window_s, name)
     return RunConfig(
         name=name,
         storage_path=storage_path,

@@ -1,5 +1,5 @@
-"""Sizing a run for Ray: a local cluster sized for the run (started by ``reach.py``, the one door to Ray), or the
-run checked against a cluster it joins; refuse what cannot be served.
+"""Sizing a run for Ray: a local cluster sized for the run (started by ``runtime/reach.py``, the one door to Ray), or
+the run checked against a cluster it joins; refuse what cannot be served.
 
 How a local cluster is sized: Ray schedules by *logical* resources. A run asking for more CPUs than the
 machine has cores (4 workers x 1 CPU on 2 cores) gets a local cluster that promises that many CPUs, so the
@@ -20,9 +20,9 @@ import ray
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import RayConfig, ScalingConfig
 from hydra_raytrain.driver.builders import scaling_config
-from hydra_raytrain.host import machine_cores
-from hydra_raytrain.internals import resources_per_worker
-from hydra_raytrain.reach import address_key, check_reachable, reach_ray, started_here
+from hydra_raytrain.runtime.host import machine_cores
+from hydra_raytrain.runtime.internals import resources_per_worker
+from hydra_raytrain.runtime.reach import address_key, check_reachable, reach_ray, started_here
 
 # A CPU worker process with torch and Ray imported holds about this much memory before any model or data.
 WORKER_MEMORY_BYTES = 700 * 2**20

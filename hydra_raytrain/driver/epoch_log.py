@@ -9,8 +9,8 @@ from typing import Any
 from ray.train import UserCallback
 
 from hydra_raytrain.driver.storage import checkpoint_uri
-from hydra_raytrain.logfiles import link_process_logs
-from hydra_raytrain.rundir import METRICS_FILE, append_jsonl, format_epoch, read_history, write_jsonl
+from hydra_raytrain.storage.logfiles import link_process_logs
+from hydra_raytrain.storage.rundir import METRICS_FILE, append_jsonl, format_epoch, read_history, write_jsonl
 
 
 class EpochLog(UserCallback):

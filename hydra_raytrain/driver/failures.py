@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 from ray.train import UserCallback
 
 from hydra_raytrain.config.errors import one_line, redacted
-from hydra_raytrain.internals import RAY_TRAIN_CONTROLLER_LOGGER
-from hydra_raytrain.rundir import read_jsonl
+from hydra_raytrain.runtime.internals import RAY_TRAIN_CONTROLLER_LOGGER
+from hydra_raytrain.storage.rundir import read_jsonl
 
 if TYPE_CHECKING:  # FailureLog runs in Ray Train's controller: Hydra's import (~0.3 s) stays out of its start
     from hydra_raytrain.config import schema
 
 FAILURES_FILE = "failures.jsonl"
 STOP_TRAINING = "StopTraining:"  # hydra_raytrain.callbacks' stop: never retried, whatever failure.retry_on says
-STORAGE_UNAVAILABLE = "StorageUnavailable:"  # storage_retry's window ran out: retrying would wait it again
+STORAGE_UNAVAILABLE = "StorageUnavailable:"  # storage/retry.py's window ran out: retrying would wait it again
 
 
 class NotRetried(RuntimeError):

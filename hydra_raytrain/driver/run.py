@@ -24,7 +24,6 @@ from ray.train import TrainingFailedError
 from ray.train.torch import TorchTrainer
 from rich.console import Console
 
-from hydra_raytrain import locks, rundir
 from hydra_raytrain.callbacks.base import driver_callbacks
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.config.monitor import monitored
@@ -39,18 +38,19 @@ from hydra_raytrain.driver.provenance import provenance
 from hydra_raytrain.driver.storage import check_storage, checkpoint_uri
 from hydra_raytrain.driver.storage import delete as delete_storage
 from hydra_raytrain.driver.storage import outages as storage_outages
-from hydra_raytrain.host import import_path, mark
 from hydra_raytrain.inference.scoring import has_test_split, scalars, score, shown, with_example
-from hydra_raytrain.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.loggers.base import replay
-from hydra_raytrain.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
-from hydra_raytrain.outcome import RunStatus, WorkerResult
+from hydra_raytrain.messages.notice import PREEMPTED_EXIT_CODE, posted_on_sigterm
+from hydra_raytrain.messages.outcome import RunStatus, WorkerResult
 from hydra_raytrain.preflight.rehearsal import Datasets
 from hydra_raytrain.recipe.checkpoint import local_reports
 from hydra_raytrain.recipe.lightning_setup import is_lightning
 from hydra_raytrain.recipe.loop import train_loop_per_worker
-from hydra_raytrain.storage_retry import StorageUnavailable
+from hydra_raytrain.runtime.host import import_path, mark
+from hydra_raytrain.storage import locks, rundir
+from hydra_raytrain.storage.logfiles import DRIVER_LOG, keep_process_logs, quiet_ray_train, tee_output
+from hydra_raytrain.storage.retry import StorageUnavailable
 
 # Read by Ray Train's controller and workers (RAY_TRAIN_* variables propagate from the driver).
 RAY_TRAIN_ENV = {

@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow.fs
 
-from hydra_raytrain import storage_retry
 from hydra_raytrain.config.errors import ConfigError
+from hydra_raytrain.storage import retry
 
 
 def is_uri(path: str) -> bool:
@@ -20,9 +20,9 @@ def is_uri(path: str) -> bool:
 
 def filesystem(path: str, retry_window_s: float = 0) -> tuple[pyarrow.fs.FileSystem, str]:
     """pyarrow's filesystem of ``path`` and the path on it; a URI's calls retried through an outage of up to
-    ``retry_window_s`` (``storage_retry.py``). A local path is never retried: a full disk fails at once."""
+    ``retry_window_s`` (``retry.py``). A local path is never retried: a full disk fails at once."""
     if is_uri(path) and retry_window_s > 0:
-        return storage_retry.retrying(path, retry_window_s)
+        return retry.retrying(path, retry_window_s)
     return pyarrow.fs.FileSystem.from_uri(path if "://" in path else f"file://{path}")
 
 
@@ -62,7 +62,7 @@ def delete(path: str, retry_window_s: float = 0) -> bool:
 
 def checkpoint_uri(checkpoint: Any) -> str:
     """A checkpoint's place as a user names it: a local path, or a URI (``s3://bucket/...``, ``gs://...``)."""
-    fs = storage_retry.inner(checkpoint.filesystem)
+    fs = retry.inner(checkpoint.filesystem)
     scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(getattr(fs, "type_name", "local"))
     return f"{scheme}://{checkpoint.path}" if scheme else checkpoint.path
 
@@ -75,6 +75,6 @@ def outages(checkpoints: str) -> list[dict[str, Any]]:
         return []
     try:
         fs, location = filesystem(checkpoints)
-        return storage_retry.read_outages(fs, location)
+        return retry.read_outages(fs, location)
     except Exception:  # noqa: BLE001  (the outages were said on the terminal as they ended)
         return []

@@ -22,7 +22,7 @@ def model_actor_env(import_path: str) -> dict[str, str]:
     returned a big model's freed activations: every batch got fresh pages (an MLP 64-2,048-2,048-10, batches of
     1,024: ~30 MB more per batch, 9 GiB resident after 300 batches, a sixth of the actor's time in page faults).
     On jemalloc the actor's memory stays flat, and beyond its start it predicts as fast as a plain loop."""
-    from hydra_raytrain.internals import ray_jemalloc
+    from hydra_raytrain.runtime.internals import ray_jemalloc
 
     env = {"PYTHONPATH": import_path}
     env.update({name: os.environ[name] for name in ("LD_PRELOAD", "MALLOC_CONF") if name in os.environ})

@@ -20,8 +20,8 @@ import torch
 
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.scoring import SPLITS, score, shown
-from hydra_raytrain.program import Command
-from hydra_raytrain.rundir import write_json
+from hydra_raytrain.shell.program import Command
+from hydra_raytrain.storage.rundir import write_json
 
 EVALUATION_FILE = "evaluation.json"
 

@@ -27,8 +27,8 @@ import torch
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.inference.export_text import FOLDERS, export_text, is_text
 from hydra_raytrain.inference.finished import FinishedRun
-from hydra_raytrain.program import Command
-from hydra_raytrain.rundir import write_json
+from hydra_raytrain.shell.program import Command
+from hydra_raytrain.storage.rundir import write_json
 
 FORMATS = {
     "onnx": "model.onnx",

@@ -15,7 +15,7 @@ from hydra_raytrain.config.errors import ConfigError, Problems
 from hydra_raytrain.config.plain import as_dict
 from hydra_raytrain.preflight.resolvers import register_resolvers
 from hydra_raytrain.preflight.targets import check_targets
-from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
+from hydra_raytrain.storage.rundir import CONFIG_FILE, MODEL_FILE, SUMMARY_FILE
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Where ``predict`` writes: an output folder that must not exist yet (a path, or an ``s3://`` prefix with nothing
 under it), written complete or not at all (``writing``: a local one beside its target, renamed into place and
-marked ``_SUCCESS``; one predict at a time, ``locks.py``)."""
+marked ``_SUCCESS``; one predict at a time, ``storage/locks.py``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import shutil
 from collections.abc import Iterator
 
-from hydra_raytrain import locks
 from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.data.files import absolute_location, filesystem_of
+from hydra_raytrain.storage import locks
 
 
 def check_output(output: str) -> str:

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from hydra_raytrain import locks
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.data import streamed, tables
 from hydra_raytrain.data.decode import FEATURES, LABELS, resized
@@ -58,7 +57,8 @@ from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.generate import completions, prompt_column
 from hydra_raytrain.inference.output import check_output, writing
 from hydra_raytrain.models.sampling import GREEDY, Sampling
-from hydra_raytrain.program import Command, at_least_one
+from hydra_raytrain.shell.program import Command, at_least_one
+from hydra_raytrain.storage import locks
 
 READERS = {
     ".parquet": "read_parquet",
@@ -432,7 +432,7 @@ def predict(
     patterns; default: ``input_columns``'). The plan is printed."""
     from ray.data import ActorPoolStrategy
 
-    from hydra_raytrain.host import import_path
+    from hydra_raytrain.runtime.host import import_path
 
     cfg = FinishedRun.read(run).checked("predict").config
     location = check_output(output)
@@ -544,8 +544,8 @@ def _options(parser: argparse.ArgumentParser) -> None:
 def _predict(options: argparse.Namespace) -> None:
     import ray
 
-    from hydra_raytrain.host import machine_cores
-    from hydra_raytrain.reach import reach_ray
+    from hydra_raytrain.runtime.host import machine_cores
+    from hydra_raytrain.runtime.reach import reach_ray
 
     sampling = Sampling(options.temperature, options.top_p, options.seed, tuple(options.stop))  # before Ray starts
     # A local cluster of its own: the cores this command may use, or a CPU for every actor and one for the reads

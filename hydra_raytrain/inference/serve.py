@@ -55,7 +55,7 @@ from hydra_raytrain.config.errors import ConfigError, one_line
 from hydra_raytrain.config.schema import cluster_address
 from hydra_raytrain.inference.finished import FinishedRun
 from hydra_raytrain.inference.http_body import BadRequest, read_body
-from hydra_raytrain.program import BAD_INPUT, Command, at_least_one
+from hydra_raytrain.shell.program import BAD_INPUT, Command, at_least_one
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # How long a batch waits to fill unless --batch-wait-timeout-s says: a model call of milliseconds (/predict) starts at
@@ -306,7 +306,7 @@ def _fastapi(run_name: str, docs: bool) -> Any:
 
 def deployment_options(options: argparse.Namespace) -> dict[str, Any]:
     """The replicas' options for ``serve.deployment``: their resources, import path and queues."""
-    from hydra_raytrain.host import import_path
+    from hydra_raytrain.runtime.host import import_path
 
     return {
         "num_replicas": options.num_replicas,
@@ -368,7 +368,7 @@ def serve_run(options: argparse.Namespace, started: Started) -> None:
     import ray
     from ray import serve
 
-    from hydra_raytrain.reach import reach_ray
+    from hydra_raytrain.runtime.reach import reach_ray
 
     finished = FinishedRun.read(options.run).checked("serve")
     description = served(finished.config, options.run)

@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 from hydra.utils import instantiate
 
 from hydra_raytrain.config.errors import one_line
-from hydra_raytrain.outcome import RunStatus
-from hydra_raytrain.rundir import MODEL_FILE
+from hydra_raytrain.messages.outcome import RunStatus
+from hydra_raytrain.storage.rundir import MODEL_FILE
 
 log = logging.getLogger(__name__)
 

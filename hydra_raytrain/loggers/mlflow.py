@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 from hydra_raytrain.config.errors import one_line, redacted
 from hydra_raytrain.loggers.base import DriverSide, Ending, flat_settings, replay, server_problem, warn
-from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.messages.outcome import RunStatus
 
 ARTIFACTS = ("none", "best", "last")  # log_artifacts: no files, the best checkpoint's model, the final model
 DEFAULT_EXPERIMENT = "hydra_raytrain"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra_raytrain.loggers.base import flat_settings
-from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.messages.outcome import RunStatus
 
 HPARAMS_PLUGIN, START_TAG, END_TAG = "hparams", "_hparams_/session_start_info", "_hparams_/session_end_info"
 STATUSES = {"completed": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "preempted": "STATUS_UNKNOWN"}

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from hydra_raytrain.config.errors import one_line
 from hydra_raytrain.loggers.base import DriverSide, Ending, build_loggers, server_problem, warn
-from hydra_raytrain.outcome import RunStatus
-from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
+from hydra_raytrain.messages.outcome import RunStatus
+from hydra_raytrain.storage.rundir import CONFIG_FILE, MODEL_FILE
 
 MODES = ("online", "offline", "disabled")
 DEFAULT_PROJECT = "hydra_raytrain"

@@ -1,7 +1,7 @@
 """Model builders that adapt to the dataset through config (``input_shape``, ``num_outputs``).
 Exports resolve lazily: a config without a zoo model never imports torchvision, timm or transformers."""
 
-from hydra_raytrain.lazy import lazy_exports
+from hydra_raytrain.runtime.lazy import lazy_exports
 
 _EXPORTS = {
     "MLP": "mlp",

@@ -35,7 +35,6 @@ from hydra_raytrain.config.schema import (
 from hydra_raytrain.data import roads
 from hydra_raytrain.data.text_labels import check_reference, check_text_task
 from hydra_raytrain.data.tokenized import embed_chat_template
-from hydra_raytrain.internals import child_node
 from hydra_raytrain.preflight import rehearsal
 from hydra_raytrain.preflight.targets import HYDRA_KEYS, absolute, check_targets
 from hydra_raytrain.recipe.lightning_setup import (
@@ -48,6 +47,7 @@ from hydra_raytrain.recipe.lightning_setup import (
 )
 from hydra_raytrain.recipe.loaders import per_worker_batch_size
 from hydra_raytrain.recipe.warm_start import locate as locate_warm_start
+from hydra_raytrain.runtime.internals import child_node
 from hydra_raytrain.tasks.base import Task
 
 # The free-form component nodes, each a `_target_` node (or a tree holding some).

@@ -38,9 +38,9 @@ import ray.train
 import torch
 from torch import nn
 
-from hydra_raytrain import storage_retry
 from hydra_raytrain.recipe.parallel import unwrap
-from hydra_raytrain.rundir import CONFIG_FILE, MODEL_FILE
+from hydra_raytrain.storage import retry
+from hydra_raytrain.storage.rundir import CONFIG_FILE, MODEL_FILE
 
 # torch.distributed.checkpoint is imported where it is used: importing it takes 0.6 s (sympy, for its planner), of
 # every driver's and worker's start-up before the first step, which needs none of it.
@@ -313,7 +313,7 @@ def read_newest_loadable(
                 if state["sharded"] is not None:
                     load_sharded(state["sharded"], models or {}, optimizers or {})  # its errors reach every rank
                 return {**state, "name": os.path.basename(checkpoint.path.rstrip("/"))}
-        except storage_retry.StorageUnavailable:
+        except retry.StorageUnavailable:
             raise  # not this checkpoint's fault: the previous one is as far away
         except Exception as error:
             warn(
@@ -394,7 +394,7 @@ class Uploads:
             checkpoint=checkpoint,
             checkpoint_dir_name=name,
             checkpoint_upload_mode=self.mode,
-            checkpoint_upload_fn=storage_retry.upload,  # Ray's own upload, its files retried through an outage
+            checkpoint_upload_fn=retry.upload,  # Ray's own upload, its files retried through an outage
         )
 
     def discard(self) -> None:

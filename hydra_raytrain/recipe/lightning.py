@@ -31,10 +31,9 @@ from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
-from hydra_raytrain.notice import NoticeReader
-from hydra_raytrain.outcome import RunStatus, WorkerResult
+from hydra_raytrain.messages.notice import NoticeReader
+from hydra_raytrain.messages.outcome import RunStatus, WorkerResult
 from hydra_raytrain.recipe import checkpoint
 from hydra_raytrain.recipe.cadence import Cadence
 from hydra_raytrain.recipe.lightning_setup import MODULE_LOADERS, check_module
@@ -46,7 +45,8 @@ from hydra_raytrain.recipe.loaders import (
     worker_cpus,
 )
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything
-from hydra_raytrain.rundir import CONFIG_FILE, write_json
+from hydra_raytrain.storage.logfiles import link_process_logs, quiet_ray_train
+from hydra_raytrain.storage.rundir import CONFIG_FILE, write_json
 from hydra_raytrain.tasks.lightning import Lightning
 
 CHECKPOINT_FILE = "checkpoint.ckpt"  # Ray's RayTrainReportCallback name for the Lightning checkpoint

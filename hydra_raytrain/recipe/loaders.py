@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import DataLoaderConfig
-from hydra_raytrain.host import machine_cores
 from hydra_raytrain.recipe.sampler import SeededSamples, ShardedSampler
+from hydra_raytrain.runtime.host import machine_cores
 
 
 def _seed_loader_worker(worker_id: int) -> None:

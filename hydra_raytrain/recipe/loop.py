@@ -28,11 +28,9 @@ from hydra_raytrain.callbacks.base import Callbacks, RunState
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.redact import redact_tree
 from hydra_raytrain.config.resolved import Resolved
-from hydra_raytrain.host import mark
-from hydra_raytrain.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.loggers.base import build_loggers, finish_all, log_all, start_all
-from hydra_raytrain.notice import NoticeReader
-from hydra_raytrain.outcome import RunStatus, WorkerResult
+from hydra_raytrain.messages.notice import NoticeReader
+from hydra_raytrain.messages.outcome import RunStatus, WorkerResult
 from hydra_raytrain.recipe import checkpoint, ema, parallel, warm_start
 from hydra_raytrain.recipe.augment import Augment
 from hydra_raytrain.recipe.building import Place, build_loaders, build_models, build_profiler, build_step
@@ -48,6 +46,8 @@ from hydra_raytrain.recipe.sampler import ShardedSampler
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
 from hydra_raytrain.recipe.step import PARAM_DTYPES, sync_debug
 from hydra_raytrain.recipe.streaming import StreamLoader
+from hydra_raytrain.runtime.host import mark
+from hydra_raytrain.storage.logfiles import link_process_logs, quiet_ray_train
 from hydra_raytrain.tasks.base import Task
 
 logger = logging.getLogger(__name__)

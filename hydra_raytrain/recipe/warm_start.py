@@ -20,7 +20,7 @@ from typing import Any
 
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.recipe.checkpoint import STATE_FILE, has_weights
-from hydra_raytrain.rundir import CONFIG_FILE, SUMMARY_FILE
+from hydra_raytrain.storage.rundir import CONFIG_FILE, SUMMARY_FILE
 
 KEY = "run.init_from"
 

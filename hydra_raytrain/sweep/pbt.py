@@ -383,7 +383,7 @@ def _donor_history(checkpoint: str) -> list[dict[str, Any]]:
 def _write_history(run_dir: str, history: list[dict[str, Any]]) -> None:
     """The trial's ``metrics.jsonl`` after an exploit: the history of the weights it continues (the donor's
     epochs); its own epochs since the last exploit are in its Tune results."""
-    from hydra_raytrain.rundir import METRICS_FILE, write_jsonl
+    from hydra_raytrain.storage.rundir import METRICS_FILE, write_jsonl
 
     write_jsonl(os.path.join(run_dir, METRICS_FILE), history)
 

@@ -23,9 +23,9 @@ from typing import Any, ClassVar
 
 from ray.tune.search import Searcher
 
-from hydra_raytrain import rundir
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.redact import secret_name
+from hydra_raytrain.storage import rundir
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.space import Parameter
 

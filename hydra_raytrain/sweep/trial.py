@@ -55,10 +55,10 @@ def run_trial(
 ) -> None:
     from ray import tune
 
-    from hydra_raytrain import rundir
     from hydra_raytrain.config.redact import redact_text
     from hydra_raytrain.data.tokenized_ray import key_of
     from hydra_raytrain.driver.run import train
+    from hydra_raytrain.storage import rundir
     from hydra_raytrain.sweep.search import read_job
 
     # The basic search hands every job over up front; a search algorithm's jobs are written by the driver as
@@ -95,9 +95,9 @@ def _train_reporting_to_tune(job: Job, run_dir: str, text: Any) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from hydra_raytrain import rundir
     from hydra_raytrain.driver.epoch_log import EpochReportsOnly
     from hydra_raytrain.driver.run import train
+    from hydra_raytrain.storage import rundir
 
     epochs_before = len(rundir.read_history(run_dir))
     local = job.cfg.scaling.num_workers == 0

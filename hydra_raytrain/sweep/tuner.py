@@ -23,7 +23,6 @@ from omegaconf import DictConfig, open_dict
 from ray.tune import Callback
 from ray.tune.schedulers import HyperBandForBOHB
 
-from hydra_raytrain import rundir
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
@@ -33,6 +32,7 @@ from hydra_raytrain.preflight.rehearsal import Datasets, check_every_epoch
 from hydra_raytrain.preflight.replaced import apply_overrides
 from hydra_raytrain.preflight.validate import validate
 from hydra_raytrain.recipe.lightning_setup import is_lightning
+from hydra_raytrain.storage import rundir
 from hydra_raytrain.sweep import pbt, results
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.search import (
@@ -381,7 +381,7 @@ def _trainable(
     import ray
     from ray import tune
 
-    from hydra_raytrain.host import import_path
+    from hydra_raytrain.runtime.host import import_path
 
     node = f"node:{ray.util.get_node_ip_address()}"
     trial = tune.with_parameters(

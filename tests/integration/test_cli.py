@@ -140,7 +140,7 @@ def test_the_default_run_predicts_its_validation_rows_as_load_model_does(default
     assert predicted["prediction"] == expected.argmax(dim=1).tolist()
     assert predicted["label"] == y[order].tolist()  # carried through
     # An output another predict is writing is refused at once, naming it (exit 1), and left to it
-    from hydra_raytrain.locks import holding
+    from hydra_raytrain.storage.locks import holding
 
     with holding(str(tmp_path / ".busy.partial"), "a predict writes it", "Wait for it to end."):
         busy = predict("busy")

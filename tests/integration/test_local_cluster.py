@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hydra_raytrain.host import machine_cores
+from hydra_raytrain.runtime.host import machine_cores
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.workers]
 # process holds it by the time this cluster's dashboard starts.
 RACE = """
 import os, socket, ray
-from hydra_raytrain import reach
+from hydra_raytrain.runtime import reach
 from hydra_raytrain.driver import cluster
 
 holder, checked, real = socket.socket(), [], reach.port_is_free

@@ -10,7 +10,7 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from hydra_raytrain import train
 from hydra_raytrain.preflight.validate import validate
-from hydra_raytrain.reach import free_port
+from hydra_raytrain.runtime.reach import free_port
 from tests.conftest import WANDB_TEST_KEY, compose_config
 from tests.helpers.wandb_files import records, run_record, wandb_runs
 

@@ -8,8 +8,9 @@ import time
 import pyarrow.fs
 import pytest
 
-from hydra_raytrain import storage_retry, train
+from hydra_raytrain import train
 from hydra_raytrain.driver.run import TrainingFailed
+from hydra_raytrain.storage import retry
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.integration
@@ -145,7 +146,7 @@ def test_a_throttling_or_failing_server_is_waited_for_and_a_refusal_is_not(
 ):
     """The S3 server's own answers, as pyarrow reports them (``reported``): every request answered ``status`` for
     10 s, longer than pyarrow's S3 client retries a request by itself (a 5 s throttle it can ride out alone)."""
-    fs, path = storage_retry.retrying(f"{bucket}/answers", 60, run_name=code)
+    fs, path = retry.retrying(f"{bucket}/answers", 60, run_name=code)
     data = bytes(range(256)) * 1000
     s3_network.throttle(status, code)
     back = threading.Timer(10, s3_network.restore)
@@ -168,5 +169,5 @@ def test_a_throttling_or_failing_server_is_waited_for_and_a_refusal_is_not(
         back.join()
     with fs.open_input_stream(f"{path}/{code}/file.bin") as stream:
         assert stream.read() == data
-    [outage] = storage_retry.read_outages(fs, f"{path}/{code}")
+    [outage] = retry.read_outages(fs, f"{path}/{code}")
     assert outage["calls_retried"] >= 1 and outage["seconds"] >= 3 and reported in outage["error"], outage

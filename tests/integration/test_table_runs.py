@@ -21,7 +21,7 @@ from hydra_raytrain import evaluate, load_model
 from hydra_raytrain.data import tables
 from hydra_raytrain.data.bundled import digits_arrays
 from hydra_raytrain.data.rowsplit import row_split, val_mask, val_threshold
-from hydra_raytrain.host import machine_cores
+from hydra_raytrain.runtime.host import machine_cores
 from tests.conftest import ROOT, run_cli
 from tests.helpers.loggers import read_scalars
 

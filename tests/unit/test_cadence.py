@@ -49,7 +49,7 @@ def test_nothing_is_due_without_settings():
 def test_a_node_drain_is_a_notice_naming_the_node_and_its_deadline():
     from ray.train import PreemptionInfo
 
-    from hydra_raytrain.notice import drain_notice
+    from hydra_raytrain.messages.notice import drain_notice
 
     assert drain_notice(None) is None
     assert drain_notice(PreemptionInfo(None, {"b2": [1], "a1": [0]})) == "Ray drains node a1, b2"
@@ -68,7 +68,7 @@ def test_rank_zero_reads_a_drain_from_ray_trains_preemption_context(monkeypatch)
     from ray.train.v2._internal.execution import context
     from ray.train.v2._internal.execution.preemption import PreemptionContext
 
-    from hydra_raytrain.notice import drain_notice, preemption_context
+    from hydra_raytrain.messages.notice import drain_notice, preemption_context
 
     assert "preemption_context" in {field.name for field in dataclasses.fields(context.TrainContext)}
     assert preemption_context() is None  # outside a worker: no train context, drains not watched (a warning)

@@ -68,7 +68,7 @@ def test_storage_that_is_away_is_not_taken_for_a_broken_checkpoint(tmp_path):
     """A download that ran out of storage.retry_window_s ends the search: the previous checkpoint is as far away."""
     import pyarrow.fs
 
-    from hydra_raytrain.storage_retry import RetryingHandler, StorageUnavailable
+    from hydra_raytrain.storage.retry import RetryingHandler, StorageUnavailable
 
     class Away(RetryingHandler):
         def _call(self, what, function):

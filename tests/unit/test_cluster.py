@@ -77,7 +77,7 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
 ):
     import socket
 
-    from hydra_raytrain.reach import DASHBOARD_PORT, joined_cluster_environment, local_cluster_environment
+    from hydra_raytrain.runtime.reach import DASHBOARD_PORT, joined_cluster_environment, local_cluster_environment
 
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
@@ -100,9 +100,9 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
 
 
 def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_environment_says(monkeypatch):
-    from hydra_raytrain import reach
     from hydra_raytrain.data.streamed import FOOTER_READERS_ENV
-    from hydra_raytrain.reach import local_cluster_environment
+    from hydra_raytrain.runtime import reach
+    from hydra_raytrain.runtime.reach import local_cluster_environment
 
     monkeypatch.setattr(os, "environ", dict(os.environ))  # what else it sets stays in this test
     monkeypatch.setattr(reach, "_watcher_turned_off", reach._watcher_turned_off)
@@ -115,9 +115,9 @@ def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_e
 
 
 def test_a_local_cluster_starts_at_least_8_worker_processes_at_once_unless_the_environment_says(monkeypatch):
-    from hydra_raytrain import reach
-    from hydra_raytrain.host import machine_cores
-    from hydra_raytrain.reach import STARTUP_CONCURRENCY_ENV, local_cluster_environment
+    from hydra_raytrain.runtime import reach
+    from hydra_raytrain.runtime.host import machine_cores
+    from hydra_raytrain.runtime.reach import STARTUP_CONCURRENCY_ENV, local_cluster_environment
 
     monkeypatch.setattr(os, "environ", dict(os.environ))
     monkeypatch.setattr(reach, "_watcher_turned_off", reach._watcher_turned_off)
@@ -133,7 +133,7 @@ def test_a_local_cluster_without_its_dashboard_quiets_the_placement_group_cleane
     import importlib
     import logging
 
-    from hydra_raytrain.reach import QUIET_CLEANER_HOOK, local_runtime_env
+    from hydra_raytrain.runtime.reach import QUIET_CLEANER_HOOK, local_runtime_env
 
     user = {"env_vars": {"A": "1"}}
     assert local_runtime_env(None, None) is None and local_runtime_env(user, True) is user
@@ -199,7 +199,7 @@ def test_the_cluster_is_ray_address_else_the_environments_ray_address_and_local_
 
 
 def test_start_up_marks_go_to_the_timeline_file_only_when_one_is_named(tmp_path, monkeypatch):
-    from hydra_raytrain.host import TIMELINE_ENV, mark
+    from hydra_raytrain.runtime.host import TIMELINE_ENV, mark
 
     monkeypatch.delenv(TIMELINE_ENV, raising=False)
     mark("composed")  # nothing named: nothing written, no error

@@ -25,32 +25,26 @@ SOURCES["hydra_plugins"] = "hydra_plugins"
 # From the ground up; a module belongs to the floor of the longest prefix that names it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "ground: the schema, errors, path markers, run names; run outcomes; Ray's private names; lazy exports; notices;"
-        " the host's facts; what every command does about its options and its end",
+        "ground: the schema, errors, path markers, run names; run outcomes and notices (messages/); the host's facts,"
+        " Ray's private names, lazy exports (runtime/); what every command does about its options and its end",
         (
             "hydra_raytrain.config",
-            "hydra_raytrain.outcome",
-            "hydra_raytrain.internals",
-            "hydra_raytrain.lazy",
-            "hydra_raytrain.notice",
-            "hydra_raytrain.host",
-            "hydra_raytrain.program",
+            "hydra_raytrain.messages",
+            "hydra_raytrain.runtime",
+            "hydra_raytrain.shell",
         ),
     ),
     (
-        "the worker side's parts: data, models, tasks, loggers, callbacks, the run dir's files, logs and hold, "
-        "storage that retries; the one door to Ray",
+        "the worker side's parts: data, models, tasks, loggers, callbacks; the run dir's files, logs and hold, "
+        "storage that retries (storage/); the one door to Ray (runtime/reach.py)",
         (
             "hydra_raytrain.data",
             "hydra_raytrain.models",
             "hydra_raytrain.tasks",
             "hydra_raytrain.loggers",
             "hydra_raytrain.callbacks",
-            "hydra_raytrain.rundir",
-            "hydra_raytrain.locks",
-            "hydra_raytrain.logfiles",
-            "hydra_raytrain.storage_retry",
-            "hydra_raytrain.reach",
+            "hydra_raytrain.storage",
+            "hydra_raytrain.runtime.reach",
         ),
     ),
     ("the recipe: what every Ray Train worker runs", ("hydra_raytrain.recipe",)),
@@ -73,7 +67,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.export",
             "hydra_raytrain.predict",
             "hydra_raytrain.serve",
-            "hydra_raytrain.overrides",
+            "hydra_raytrain.shell.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",
         ),
@@ -127,6 +121,18 @@ def test_every_module_is_read():
     assert "hydra_raytrain.recipe.step" in IMPORTS["hydra_raytrain.recipe.loop"]  # imports are read
 
 
+# The package root is the front door: what a user runs with python -m (and the package's face); every other
+# module lives in a folder that says what it serves.
+ROOT_MODULES = {"__init__", "__main__", "cli", "check", "evaluate", "export", "predict", "serve"}
+
+
+def test_the_package_root_holds_only_what_a_user_runs():
+    at_root = {path.stem for path in (ROOT / "hydra_raytrain").glob("*.py")}
+    assert at_root == ROOT_MODULES, f"at the root, not a command: {sorted(at_root - ROOT_MODULES)}"
+    for folder in sorted(path.parent for path in (ROOT / "hydra_raytrain").glob("*/__init__.py")):
+        assert ast.get_docstring(ast.parse((folder / "__init__.py").read_text())), f"{folder.name}/ says nothing"
+
+
 def test_no_import_climbs_a_floor():
     climbing = [
         f"{module} (floor {floor_of(module)}) imports {target} (floor {floor_of(target)}: "
@@ -163,7 +169,8 @@ def test_no_import_circle():
 
 
 @pytest.mark.parametrize(
-    "module", sorted(name for name in MODULES if name.startswith(("hydra_raytrain.config", "hydra_raytrain.outcome")))
+    "module",
+    sorted(name for name in MODULES if name.startswith(("hydra_raytrain.config", "hydra_raytrain.messages.outcome"))),
 )
 def test_the_ground_floor_imports_neither_torch_nor_ray(module):
     code = (

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from hydra_raytrain.locks import LOCK_FILE, Held, holding
+from hydra_raytrain.storage.locks import LOCK_FILE, Held, holding
 
 HOLD = """
 import sys, time
-from hydra_raytrain.locks import holding
+from hydra_raytrain.storage.locks import holding
 with holding(sys.argv[1], "a test holds it", "wait"):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -3,8 +3,8 @@
 import os
 import sys
 
-from hydra_raytrain.logfiles import keep_process_logs, tee_output
 from hydra_raytrain.preflight.validate import validate
+from hydra_raytrain.storage.logfiles import keep_process_logs, tee_output
 from tests.conftest import compose_config
 
 

@@ -12,7 +12,7 @@ from hydra_raytrain.loggers.mlflow import (
     plan,
     resolve,
 )
-from hydra_raytrain.reach import free_port
+from hydra_raytrain.runtime.reach import free_port
 
 EMPTY = {"tracking_uri": None, "experiment_name": None, "run_id": None, "sweep_dir": None}
 

@@ -4,7 +4,7 @@ suggestions; overrides Hydra cannot parse and option files that are not YAML, ea
 import pytest
 
 from hydra_raytrain.config import ConfigError
-from hydra_raytrain.overrides import check_command_line, check_override_keys
+from hydra_raytrain.shell.overrides import check_command_line, check_override_keys
 
 
 def test_misspelt_key_suggests_the_right_one_and_lists_valid_keys():

@@ -18,13 +18,13 @@ def test_every_python_package_folder_is_listed():
 
 
 def test_the_package_exports_load_lazily_and_stay_functions():
-    """Ray Train's controller unpickles our callbacks (hydra_raytrain.rundir): that must not import torch.
+    """Ray Train's controller unpickles our callbacks (hydra_raytrain.storage.rundir): that must not import torch.
     The function ``evaluate`` stays a function although a submodule has the same name."""
     import subprocess
     import sys
 
     code = (
-        "import sys, hydra_raytrain.rundir; assert 'torch' not in sys.modules, 'torch imported'; "
+        "import sys, hydra_raytrain.storage.rundir; assert 'torch' not in sys.modules, 'torch imported'; "
         "from hydra_raytrain import load_model, evaluate; assert callable(evaluate) and callable(load_model), evaluate"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

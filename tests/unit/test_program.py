@@ -1,4 +1,4 @@
-"""Every command ends without its interpreter's last garbage collection (hydra_raytrain.program)."""
+"""Every command ends without its interpreter's last garbage collection (hydra_raytrain.shell.program)."""
 
 import json
 import subprocess
@@ -18,7 +18,7 @@ COMMANDS = [
 SCRIPT = """
 import atexit, gc, json, runpy, sys
 atexit.register(lambda: print("FROZEN", gc.get_freeze_count() > 0, flush=True))
-from hydra_raytrain import program
+from hydra_raytrain.shell import program
 asked = {}
 for module in json.loads(sys.argv[1]):
     program._ending_quickly = False
@@ -56,7 +56,7 @@ def test_a_count_below_one_is_refused_by_name_before_anything_starts(tmp_path):
 
 
 def _command(body, **fields):
-    from hydra_raytrain.program import Command
+    from hydra_raytrain.shell.program import Command
 
     def options(parser):
         parser.add_argument("run")

@@ -5,8 +5,8 @@ import io
 from PIL import Image
 from rich.console import Console
 
-from hydra_raytrain import rundir
 from hydra_raytrain.driver import report
+from hydra_raytrain.storage import rundir
 
 
 def history(n=4):

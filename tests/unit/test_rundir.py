@@ -2,8 +2,8 @@
 
 import json
 
-from hydra_raytrain import rundir
 from hydra_raytrain.driver.epoch_log import EpochLog
+from hydra_raytrain.storage import rundir
 
 
 def metrics(epoch, accuracy):

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hydra_raytrain.reach import free_port
 from hydra_raytrain.recipe.metrics import reported, should_stop
 from hydra_raytrain.recipe.step import Precision, TrainStep
+from hydra_raytrain.runtime.reach import free_port
 
 CPU = torch.device("cpu")
 

@@ -5,8 +5,8 @@ import pickle
 import pyarrow.fs
 import pytest
 
-from hydra_raytrain import storage_retry
-from hydra_raytrain.storage_retry import RetryingHandler, StorageUnavailable, Window, short, transient
+from hydra_raytrain.storage import retry
+from hydra_raytrain.storage.retry import RetryingHandler, StorageUnavailable, Window, short, transient
 
 # Messages as pyarrow's S3 filesystem raises them (taken from runs on the loopback S3 server).
 REFUSED = (
@@ -66,14 +66,14 @@ def flaky(failures, error=None):
 @pytest.fixture
 def quick(monkeypatch):
     """Short delays, and no outage of another test in this process's record."""
-    monkeypatch.setattr(storage_retry, "FIRST_DELAY_S", 0.01)
-    monkeypatch.setattr(storage_retry, "MAX_DELAY_S", 0.02)
+    monkeypatch.setattr(retry, "FIRST_DELAY_S", 0.01)
+    monkeypatch.setattr(retry, "MAX_DELAY_S", 0.02)
     monkeypatch.setattr(Window, "_outages", {})
 
 
 def test_credentials_in_a_storage_uri_are_never_shown():
-    assert storage_retry.shown("s3://KEY:SECRET@bucket/runs?secret_key=S&region=x") == "s3://***@bucket/runs"
-    assert storage_retry.shown("gs://bucket/a/b") == "gs://bucket/a/b"
+    assert retry.shown("s3://KEY:SECRET@bucket/runs?secret_key=S&region=x") == "s3://***@bucket/runs"
+    assert retry.shown("gs://bucket/a/b") == "gs://bucket/a/b"
 
 
 def test_a_call_is_retried_through_an_outage_that_is_said_and_recorded(quick, tmp_path, capsys):
@@ -84,7 +84,7 @@ def test_a_call_is_retried_through_an_outage_that_is_said_and_recorded(quick, tm
     out = capsys.readouterr().out
     assert "Storage s3://b/runs is not answering (reading k: NETWORK_CONNECTION" in out
     assert "Storage s3://b/runs is answering again after" in out and "(3 calls retried)" in out
-    [record] = storage_retry.read_outages(local, str(tmp_path))
+    [record] = retry.read_outages(local, str(tmp_path))
     assert record["storage"] == "s3://b/runs" and record["calls_retried"] == 3 and record["seconds"] < 30
 
 
@@ -112,7 +112,7 @@ def test_the_retrying_filesystem_writes_and_reads_whole_files_and_pickles_to_the
         out.write(data[:5])
         out.write(data[5:])
     assert (tmp_path / "a" / "f.bin").read_bytes() == data
-    assert storage_retry.inner(fs).type_name == "local" and fs.type_name == "py::retrying+local"
+    assert retry.inner(fs).type_name == "local" and fs.type_name == "py::retrying+local"
     handler.put_folder(str(tmp_path / "a"), str(tmp_path / "b"))  # a checkpoint's upload (``upload``)
     assert (tmp_path / "b" / "f.bin").read_bytes() == data
     with fs.open_input_file(str(tmp_path / "b" / "f.bin")) as file:  # read whole, then served from the buffer

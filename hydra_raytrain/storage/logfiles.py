@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from hydra_raytrain.config.errors import redacted
-from hydra_raytrain.internals import (
+from hydra_raytrain.runtime.internals import (
     RAY_TRAIN_PLACEMENT_GROUP_CLEANER_LOGGER,
     RAY_TRAIN_USER_ERROR_LOGGER,
     ray_logs_dir,

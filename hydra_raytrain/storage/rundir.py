@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from hydra_raytrain.config.errors import redacted
-from hydra_raytrain.outcome import RunStatus
+from hydra_raytrain.messages.outcome import RunStatus
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"

@@ -18,7 +18,7 @@ import ray
 from hydra_raytrain.config.errors import ConfigError
 from hydra_raytrain.config.schema import RAY_ADDRESS_ENV, cluster_address
 from hydra_raytrain.data import streamed
-from hydra_raytrain.host import machine_cores
+from hydra_raytrain.runtime.host import machine_cores
 
 
 def reach_ray(
@@ -166,7 +166,7 @@ WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet when it starts
 STARTUP_CONCURRENCY_ENV = "RAY_worker_maximum_startup_concurrency"  # the raylet: worker processes started at once
 _watcher_turned_off = False  # this process set WATCHER_ENV for a local cluster (not the user)
-QUIET_CLEANER_HOOK = "hydra_raytrain.logfiles.quiet_placement_group_cleaner"
+QUIET_CLEANER_HOOK = "hydra_raytrain.storage.logfiles.quiet_placement_group_cleaner"
 
 
 def port_is_free(port: int) -> bool:
