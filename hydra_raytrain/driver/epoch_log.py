@@ -69,5 +69,5 @@ class QueueReports(UserCallback):
 
 
 def is_epoch_report(metrics: dict[str, Any]) -> bool:
-    """An epoch's metrics, not a mid-epoch checkpoint's report (recipe/loop.py ``_save_mid_epoch``)."""
+    """An epoch's metrics, not a mid-epoch checkpoint's report (recipe/saving.py ``_save_mid_epoch``)."""
     return "epoch_progress" not in metrics

@@ -6,15 +6,17 @@ the end, or when early stopping ends the run; mid-epoch ones every ``checkpoint.
 ``checkpoint.every_n_minutes``, and on a preemption notice, after which the run stops). The config arrives
 resolved from the driver (a plain dict, absolute paths): ``${hydra:...}`` and the driver's working directory mean
 nothing in a worker.
+
+An epoch: its order set (``_start_epoch``), its batches (``_train_epoch``: the step is ``step.py``'s), validation,
+its metrics, what follows them (``_end_epoch``), its report and checkpoint (``saving.py``). Where a run starts from
+(a checkpoint, another run) is ``resuming.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import logging
-import sys
 import time
 from functools import partial
 from typing import Any, cast
@@ -42,7 +44,9 @@ from hydra_raytrain.recipe.loaders import (
     prefetched,
 )
 from hydra_raytrain.recipe.metrics import SumMeter, rates, reported, should_stop, validation_totals
+from hydra_raytrain.recipe.resuming import Resuming
 from hydra_raytrain.recipe.sampler import ShardedSampler
+from hydra_raytrain.recipe.saving import Saving
 from hydra_raytrain.recipe.seed import rank_seed, seed_everything, use_deterministic_algorithms
 from hydra_raytrain.recipe.step import PARAM_DTYPES, sync_debug
 from hydra_raytrain.recipe.streaming import StreamLoader
@@ -88,7 +92,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> WorkerResult | None:
     return WorkerResult(status, recipe.history, recipe.global_step, weights, notice)
 
 
-class Recipe:
+class Recipe(Resuming, Saving):
+    """A worker's run in fixed phases: ``setup``, ``train`` (its epochs), ``cleanup``. Where it starts from is
+    ``resuming.py``'s, what it saves ``saving.py``'s; the state they share is named in ``state.py``."""
+
     def __init__(
         self,
         cfg: Resolved,
@@ -183,12 +190,6 @@ class Recipe:
         self._hook("on_run_start")
         self.started = True  # on_run_end is called for a run whose on_run_start was
 
-    def _hook(self, hook: str, *args: Any) -> None:
-        """Every callback's ``hook`` (hydra_raytrain/callbacks/base.py), with the run as it stands."""
-        if self.callbacks:
-            self.run_state.global_step = self.global_step
-            self.callbacks.call(hook, self.run_state, *args)
-
     def cleanup(self, status: RunStatus) -> None:
         torch.set_default_dtype(self.default_dtype)
         if status == "failed" and getattr(self, "uploads", None) is not None:
@@ -201,163 +202,23 @@ class Recipe:
         for error in finish_all(getattr(self, "loggers", {}), status):
             logger.warning(f"a logger failed to finish: {error}")
 
-    def _resume(self) -> dict[str, Any] | None:
-        """Continue from Ray's latest checkpoint (after a worker failure, or a re-run of the same run);
-        a checkpoint that does not load is skipped for the one before it. Returns this rank's RNG states to set
-        once setup is done (None: not resumed, or a rank the checkpoint did not have)."""
-        latest = ray.train.get_checkpoint()
-        if latest is None:
-            return None
-        # Newest first: Ray lists them by score when checkpoint_score_attribute is set; every report has its step.
-        reported = sorted(ray.train.get_all_reported_checkpoints(), key=lambda r: -r.metrics.get("step", -1))
-        older = [r.checkpoint for r in reported]
-        candidates = [latest] + [c for c in older if c.path != latest.path]
-        state = checkpoint.read_newest_loadable(
-            candidates, self.rank, lambda message: logger.warning(message), self.step.models, self.step.optimizers
-        )
-        if state is None:
-            raise RuntimeError(f"None of the run's {len(candidates)} checkpoints loads; see the warnings above.")
-        train = self._load_full_state(state)
-        if self.rank == 0:
-            where = (
-                f"epoch {self.start_epoch + 1}, after batch {self.position['batches']}/{self.train_batches}"
-                if self.position
-                else f"the start of epoch {self.start_epoch + 1}"
-            )
-            print(f"Resuming from checkpoint {state['name']}: {where}, optimizer step {self.global_step}", flush=True)
-        self.tracker_ids = dict(train.get("tracker_ids") or {})
-        return state["rng"]
-
-    def _load_full_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A full-state checkpoint's weights, optimizers, schedules, epoch, step and history; its train state."""
-        train = state["train"]
-        if state["model"] is not None:  # a full-state checkpoint (a sharded one loaded in read_newest_loadable)
-            saved = checkpoint.unpack_models(state["model"], self.several_models)
-            averaged = train.get("ema")  # trainer.ema: model.pt holds the averages, the raw weights are here
-            models = checkpoint.unpack_models(averaged["raw"], self.several_models) if averaged else saved
-            checkpoint.load(
-                self.step.models, self.step.optimizers, models, train["optimizers"], trained_only=self.trained_only
-            )
-            if averaged and self.averages:
-                ema.load(self.averages, saved, averaged["n_averaged"])
-        self.step.load_state_dict(train["step"])
-        self.start_epoch, self.global_step = train["epoch"], train["global_step"]
-        self.position = self._position_now(train.get("position"))
-        self.history = list(train["history"])
-        self.callbacks.load_state_dict(train.get("callbacks") or {})  # a PBT exploit continues the donor's too
-        return train
-
-    def _from_another_run(self) -> None:
-        """``run.init_from``, unless the run resumes (its checkpoint is newer) or the weights came in as the models
-        were built (``warm_start.starts_built``): the source's full state continued, or its weights."""
-        run = self.cfg.run
-        built_start = warm_start.starts_built(self.cfg.peft.method, run.init_from, run.init_full_state)
-        if run.init_from and ray.train.get_checkpoint() is None and not built_start:
-            self._continue_from() if run.init_full_state else self._warm_start()
-
-    def _continue_from(self) -> None:
-        """``run.init_full_state``: another run's checkpoint continued as this run's own (a PBT exploit), with this
-        run's optimizer settings in the live optimizers. Not its trackers' runs (this is another run), nor its RNG
-        streams: this run's own seeded ones go on."""
-        source = self.cfg.run.init_from
-        assert source is not None
-        configured = {name: warm_start.hyperparameters(o) for name, o in self.step.optimizers.items()}
-        state = checkpoint.read_newest_loadable(
-            [ray.train.Checkpoint(path=source)],
-            self.rank,
-            lambda message: logger.warning(message),
-            self.step.models,
-            self.step.optimizers,
-        )
-        if state is None:
-            raise RuntimeError(f"run.init_from={source} does not load; see the warning above.")
-        self._load_full_state(state)
-        for name, optimizer in self.step.optimizers.items():
-            schedules = list(self.step.lr_schedulers.get(name, [])) + [self.step.warmups.get(name)]
-            warm_start.carry_over(optimizer, [s for s in schedules if s is not None], configured[name])
-        if self.rank == 0:
-            print(
-                f"Continuing run.init_from={source}: epoch {self.start_epoch + 1}, optimizer step {self.global_step}",
-                flush=True,
-            )
-
-    def _position_now(self, position: dict[str, Any] | None) -> dict[str, Any] | None:
-        """A mid-epoch position in this run's batches: the same unless the world size changed with a per-worker
-        batch size; an epoch whose consumed samples do not split into whole batches now starts again."""
-        if position is None:
-            return None
-        samples, per_step = position["samples"], self.batch_size * self.world_size
-        if samples % per_step:
-            logger.warning(
-                f"the checkpoint stopped {samples} samples into epoch {self.start_epoch + 1}, which is no whole number "
-                f"of this run's batches ({per_step} samples each): the epoch starts again"
-            )
-            return None
-        return {**position, "batches": samples // per_step}
-
-    def _warm_start(self) -> None:
-        """``run.init_from``: another run's weights (and optimizer state, ``run.init_optimizer``) as the start."""
-        run = self.cfg.run
-        assert run.init_from is not None
-        state = warm_start.read(run.init_from, run.init_optimizer)
-        saved = checkpoint.unpack_models(state["model"], self.several_models)
-        warm_start.check_fit(self.step.unwrapped, saved, run.init_from, run.init_from_strict)
-        models = {name: warm_start.fitting(m.state_dict(), saved[name]) for name, m in self.step.unwrapped.items()}
-        optimizers = self.step.optimizers if state["optimizers"] else {}
-        configured = {name: warm_start.hyperparameters(optimizer) for name, optimizer in optimizers.items()}
-        checkpoint.load(self.step.models, optimizers, models, state["optimizers"] or {}, strict=run.init_from_strict)
-        for name, optimizer in optimizers.items():  # the state (moments, step counts) came; the settings stay ours
-            for group, settings in zip(optimizer.param_groups, configured[name], strict=True):
-                group.update(settings)
-        if self.rank == 0:
-            loaded = sum(len(states) for states in models.values())
-            also = " and the optimizer state" if state["optimizers"] else ""
-            print(f"Starting from run.init_from={run.init_from}: {loaded} weights{also}", flush=True)
-
     def train(self) -> bytes | None:
         """The epochs left; the final weights' bytes on rank 0, None when a preemption notice stopped the run."""
         max_epochs, weights, reported_final = self.cfg.trainer.max_epochs, None, False
         for epoch in range(self.start_epoch, max_epochs):
             if self._stop_early():  # a resumed run that had already stopped
                 break
-            position, self.position = self.position or {"samples": 0, "batches": 0, "sums": {}}, None
-            # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
-            # A resumed epoch starts after what its ranks consumed before the checkpoint.
-            if isinstance(self.train_loader, StreamLoader):  # a new pass over the data: it cannot seek
-                self.train_loader.set_epoch(epoch)
-            else:
-                cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=position["samples"])
-                # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
-                # draw exactly what the uninterrupted one drew.
-                self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
-            self.run_state.epoch = epoch + 1
-            self._hook("on_epoch_start")
+            position = self._start_epoch(epoch)
             started = time.perf_counter()
             meter = SumMeter.resumed(position["sums"], self.rank, self.device)
             train = self._train_epoch(epoch, position["batches"], meter)
             if train is None:  # preempted: checkpointed, every rank stops here
                 self.status = "preempted"
                 break
-            train_seconds = time.perf_counter() - started
+            speed = rates(train, position["sums"], time.perf_counter() - started)
             val = self._validate(epoch + 1)
-            metrics = {
-                "epoch": epoch + 1,
-                **{f"train_{k}": v for k, v in self.task.compute(train).items()},
-                **{f"val_{k}": v for k, v in self.task.compute(val).items()},
-                "lr": next(iter(self.step.optimizers.values())).param_groups[0]["lr"],
-                "step": self.global_step,
-                "world_size": self.world_size,
-                **rates(train, position["sums"], train_seconds),
-                "epoch_seconds": time.perf_counter() - started,
-                **parallel.memory(self.step.models.values(), self.step.optimizers.values()),  # rank 0's share
-                **self.step.timer.pop(),
-            }
-            if self.callbacks:
-                metrics.update(self.callbacks.validation_end(self.run_state, metrics))
-            self.step.end_epoch()
-            log_all(self.loggers, metrics, step=epoch + 1)
-            self.history.append(metrics)
-            self._on_epoch_end(epoch + 1)
+            metrics = self._epoch_metrics(epoch + 1, train, val, speed, started)
+            self._end_epoch(epoch + 1, metrics)
             final = epoch + 1 == max_epochs or self._stop_early()
             weights = self._report(metrics, epoch + 1, final=final)
             self._hook("on_epoch_end", metrics)
@@ -371,6 +232,50 @@ class Recipe:
         if not reported_final and self.status == "completed":  # resumed from the last one: nothing left to train
             weights = self._weights()  # on every rank (a collective under FSDP)
         return weights
+
+    def _start_epoch(self, epoch: int) -> dict[str, Any]:
+        """The epoch's data order set on every rank, and where in it to start: its first batch, or where a mid-epoch
+        checkpoint left off (``samples`` of its order consumed, ``batches`` of this run's, the partial ``sums``)."""
+        position, self.position = self.position or {"samples": 0, "batches": 0, "sums": {}}, None
+        # A new permutation each epoch, agreed by every rank; without this every epoch repeats epoch 0's order.
+        # A resumed epoch starts after what its ranks consumed before the checkpoint.
+        if isinstance(self.train_loader, StreamLoader):  # a new pass over the data: it cannot seek
+            self.train_loader.set_epoch(epoch)
+        else:
+            cast(ShardedSampler, self.train_loader.sampler).set_epoch(epoch, start=position["samples"])
+            # Loader workers' seeds derive from this generator: reseeding per epoch makes a resumed epoch
+            # draw exactly what the uninterrupted one drew.
+            self.train_loader.generator.manual_seed(loader_seed(self.cfg.trainer.seed, self.rank, epoch))
+        self.run_state.epoch = epoch + 1
+        self._hook("on_epoch_start")
+        return position
+
+    def _epoch_metrics(
+        self, epochs_done: int, train: dict[str, float], val: dict[str, float], speed: dict[str, float], started: float
+    ) -> dict[str, Any]:
+        """The epoch's report: the task's metrics of both splits, the learning rate, the speed, memory, timings."""
+        return {
+            "epoch": epochs_done,
+            **{f"train_{k}": v for k, v in self.task.compute(train).items()},
+            **{f"val_{k}": v for k, v in self.task.compute(val).items()},
+            "lr": next(iter(self.step.optimizers.values())).param_groups[0]["lr"],
+            "step": self.global_step,
+            "world_size": self.world_size,
+            **speed,
+            "epoch_seconds": time.perf_counter() - started,
+            **parallel.memory(self.step.models.values(), self.step.optimizers.values()),  # rank 0's share
+            **self.step.timer.pop(),
+        }
+
+    def _end_epoch(self, epochs_done: int, metrics: dict[str, Any]) -> None:
+        """What follows an epoch's validation: the callbacks' metrics added, the schedules stepped, the trackers
+        fed, the history grown, the task's ``on_epoch_end``."""
+        if self.callbacks:
+            metrics.update(self.callbacks.validation_end(self.run_state, metrics))
+        self.step.end_epoch()
+        log_all(self.loggers, metrics, step=epochs_done)
+        self.history.append(metrics)
+        self._task_epoch_end(epochs_done)
 
     def _stop_early(self) -> bool:
         """Early stopping, decided from the epoch history (all-reduced metrics, so every rank agrees)."""
@@ -466,7 +371,7 @@ class Recipe:
         torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
         return int(most.item())
 
-    def _on_epoch_end(self, epochs_done: int) -> None:
+    def _task_epoch_end(self, epochs_done: int) -> None:
         """The task's hook, on rank 0, with the unwrapped models (under FSDP, every unit's parameters gathered on
         every rank first: rank 0's forwards then need no collective)."""
         if type(self.task).on_epoch_end is Task.on_epoch_end:  # the default does nothing
@@ -492,98 +397,3 @@ class Recipe:
         count = len(batch[0] if isinstance(batch, (list, tuple)) else batch)
         first = index * self.batch_size
         return self.rank + self.world_size * torch.arange(first, first + count, device=self.device)
-
-    def _weights(self) -> bytes | None:
-        """The full model weights (their averages with ``trainer.ema``) as ``torch.save`` bytes on rank 0 (None
-        elsewhere); a collective under FSDP."""
-        if self.averages:  # never sharded (FSDP refuses trainer.ema)
-            averages = checkpoint.pack_models(ema.states(self.averages), self.several_models)
-            return _to_bytes(averages) if self.rank == 0 else None
-        model_states, _ = checkpoint.gather(self.step.models, {}, self.trained_only)
-        return _to_bytes(checkpoint.pack_models(model_states, self.several_models)) if self.rank == 0 else None
-
-    def _epoch_checkpoint_due(self, epochs_done: int) -> bool:
-        return epochs_done == self.cfg.trainer.max_epochs or epochs_done % self.cfg.checkpoint.every_n_epochs == 0
-
-    def _report(self, metrics: dict[str, float], epochs_done: int, final: bool) -> bytes | None:
-        """Every rank reports (a barrier). Every ``checkpoint.every_n_epochs`` epochs and at the end, each rank
-        adds its share of a full-state checkpoint; at the end rank 0 also returns the weights' bytes."""
-        if not (final or self._epoch_checkpoint_due(epochs_done)):
-            self.uploads.report(metrics)
-            return None
-        weights = self._checkpoint(metrics, f"epoch_{epochs_done:04d}", epochs_done, position=None, final=final)
-        return weights if final else None
-
-    def _save_mid_epoch(self, epoch: int, batches: int, meter: SumMeter) -> None:
-        """A checkpoint after ``batches`` batches of ``epoch`` (0-based): its report carries no epoch metrics (the
-        driver's metrics.jsonl and a sweep's Tune results take epoch reports only), and ranks last among the
-        best checkpoints when ``checkpoint.checkpoint_score_attribute`` orders them."""
-        samples = batches * self.batch_size * self.world_size  # positions of the epoch's order consumed
-        position = {"samples": samples, "sums": meter.totals()}  # sums: over every rank
-        metrics: dict[str, Any] = {"step": self.global_step, "epoch_progress": epoch + batches / self.train_batches}
-        score = self.cfg.checkpoint.checkpoint_score_attribute
-        if score is not None and score not in metrics:  # the worst score there is, and finite: Ray saves it as JSON
-            metrics[score] = (
-                -sys.float_info.max if self.cfg.checkpoint.checkpoint_score_order == "max" else sys.float_info.max
-            )
-        self._checkpoint(metrics, f"step_{self.global_step:08d}", epoch, position)
-
-    def _checkpoint(
-        self, metrics: dict[str, Any], name: str, epoch: int, position: dict[str, Any] | None, final: bool = False
-    ) -> bytes | None:
-        """Every rank reports its share of a full-state checkpoint named ``name`` (a barrier); rank 0 returns the
-        weights' bytes (sharded: only when ``final``). ``epoch`` is the epoch to train next (0-based), ``position``
-        how far into it."""
-        sharded, weights, model_state, optimizer_states = self.sharded, None, None, None
-        if sharded:  # every rank writes its shards; the full weights are gathered only for the final model.pt
-            weights = self._weights() if final else None
-        else:
-            model_states, optimizer_states = checkpoint.gather(  # every rank
-                self.step.models, self.step.optimizers, self.trained_only
-            )
-            if self.rank == 0:
-                model_state = checkpoint.pack_models(model_states, self.several_models)
-        averaged = None  # with trainer.ema: model.pt holds the averages, the train state the raw weights
-        if self.averages and self.rank == 0:
-            averaged = {"raw": model_state, "n_averaged": ema.counts(self.averages)}
-            model_state = checkpoint.pack_models(ema.states(self.averages), self.several_models)
-        if model_state is not None:
-            weights = _to_bytes(model_state)
-        train_state = self._train_state(epoch, optimizer_states, position) if self.rank == 0 else None
-        if train_state is not None and averaged is not None:
-            train_state["ema"] = averaged
-        config = self.saved if self.rank == 0 else None
-
-        def write(folder: str) -> None:
-            if sharded:
-                checkpoint.write_sharded(folder, self.step.models, self.step.optimizers)  # a collective
-            checkpoint.write(folder, self.rank, model_state, train_state, config)
-
-        self.uploads.report(metrics, write, name)
-        self.cadence.saved()
-        self._hook("on_checkpoint", name)
-        return weights
-
-    def _train_state(
-        self, epoch: int, optimizer_states: dict[str, Any] | None, position: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        monitor, mode = monitored(self.task, (self.cfg.trainer.monitor, self.cfg.trainer.monitor_mode))
-        scores = [m[monitor] for m in self.history if monitor in m]
-        pick = max if mode == "max" else min
-        return {
-            "optimizers": optimizer_states,  # None in a sharded checkpoint: they are in sharded/
-            "step": self.step.state_dict(),  # LR schedules, warm-ups, the fp16 scaler
-            "epoch": epoch,  # the epoch to train next (0-based): the sampler's
-            "position": position,  # None at an epoch's end; mid-epoch: samples of its order consumed, partial sums
-            "global_step": self.global_step,  # optimizer steps
-            "best": {"monitor": monitor, "value": pick(scores) if scores else None},
-            "history": self.history,
-            "tracker_ids": self.tracker_ids,  # so a resumed run continues the same tracker runs
-            "callbacks": self.callbacks.state_dict(),  # rank 0's callbacks' (hydra_raytrain/callbacks/base.py)
-        }
-
-
-def _to_bytes(state: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()

@@ -86,7 +86,7 @@ def read(source: str, init_optimizer: bool, config: bool = False) -> dict[str, A
 def starts_built(peft_method: str, init_from: str | None, init_full_state: bool) -> bool:
     """Whether ``run.init_from``'s weights go into the model as it is built, before its adapters (``peft``): new
     adapters on the source's weights (a LoRA source's adapters merged into them first). Else the loop loads them
-    into the built model (``Recipe._warm_start``), or continues the source's full state."""
+    into the built model (``recipe/resuming.py``'s ``_warm_start``), or continues the source's full state."""
     return peft_method != "none" and bool(init_from) and not init_full_state
 
 
