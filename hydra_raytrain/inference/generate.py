@@ -185,12 +185,12 @@ def stream_rows(model: Any, tokenizer: Any, asks: Sequence[Ask], emit: Callable[
     import torch
     from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
+    from hydra_raytrain.models.text import left_padded
+
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ends = {tokenizer.eos_token_id, *listed(model.generation_config.eos_token_id)} - {None}
     rows = [RowText(tokenizer, ask, ends) for ask in asks]
-    width = max(len(ask.prompt_ids) for ask in asks)
-    ids = torch.tensor([[pad] * (width - len(a.prompt_ids)) + a.prompt_ids for a in asks])
-    mask = torch.tensor([[0] * (width - len(a.prompt_ids)) + [1] * len(a.prompt_ids) for a in asks])
+    ids, mask = left_padded([ask.prompt_ids for ask in asks], pad)
 
     class Watch(StoppingCriteria):  # called after each step with every row's tokens: the new one last
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:

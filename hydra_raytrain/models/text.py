@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -262,9 +263,8 @@ def generated(model: Any, pad: int, prompts: list[list[int]], max_new_tokens: in
     /predict) and the validation's generation (``tasks/causal_lm.py``) run."""
     import torch
 
-    device, width = next(model.parameters()).device, max(len(ids) for ids in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    ids, mask = left_padded(prompts, pad, next(model.parameters()).device)
+    width = ids.shape[1]
     options.setdefault("do_sample", False)
     # Each caller generates on its own: on an FSDP-managed model transformers would step in lockstep with the other
     # ranks (an all-reduce a step) that never join it (validation gathers the units' parameters first)
@@ -274,3 +274,15 @@ def generated(model: Any, pad: int, prompts: list[list[int]], max_new_tokens: in
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, **options
         )  # fmt: skip
     return out[:, width:].tolist()
+
+
+def left_padded(prompts: Sequence[Sequence[int]], pad: int, device: Any = None) -> tuple[Any, Any]:
+    """The prompts' ids padded on the left with ``pad`` to the longest, and their attention mask: every prompt's last
+    token where generation starts. What validation's, predict's and serve's generation (``generated``) and the
+    OpenAI API's batches (``inference/generate.py``) feed ``generate``."""
+    import torch
+
+    width = max(len(ids) for ids in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
