@@ -132,7 +132,7 @@ def replay_asha(history, order, metric, max_epochs, concurrent=2):
     ``concurrent`` at a time, every epoch taking the same time: the epochs each trial would run."""
     from types import SimpleNamespace
 
-    from hydra_raytrain.sweep.settings import SweepSettings
+    from hydra_raytrain.config.sweeper import SweepSettings
     from hydra_raytrain.sweep.tuner import asha_scheduler
 
     scheduler = asha_scheduler(SweepSettings(scheduler="asha"), max_epochs)

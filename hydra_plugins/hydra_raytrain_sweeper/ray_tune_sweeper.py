@@ -19,7 +19,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from hydra_raytrain.sweep.settings import SweepSettings
+from hydra_raytrain.config.sweeper import SweepSettings
 
 
 @dataclass

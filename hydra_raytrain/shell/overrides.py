@@ -14,7 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hydra_raytrain.config.errors import ConfigError, did_you_mean
 from hydra_raytrain.config.schema import TYPED_SECTIONS, TrainConfig
-from hydra_raytrain.sweep.settings import SweepSettings
+from hydra_raytrain.config.sweeper import SweepSettings
 
 # What hydra/sweeper=ray_tune's node holds besides SweepSettings (hydra_plugins/.../ray_tune_sweeper.py).
 SWEEPER_KEYS = [field.name for field in dataclasses.fields(SweepSettings)] + ["params"]

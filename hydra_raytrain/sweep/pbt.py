@@ -35,8 +35,8 @@ from hydra_raytrain.sweep.lineage import append_lineage, bare, describe, read_li
 from hydra_raytrain.sweep.space import Parameter
 
 if TYPE_CHECKING:
+    from hydra_raytrain.config.sweeper import SweepSettings
     from hydra_raytrain.sweep.job import Job
-    from hydra_raytrain.sweep.settings import SweepSettings
 
 POINTER_FILE = "pbt.json"
 MUTABLE = "optimizer."  # what a running trial can change: its optimizers' settings

@@ -13,10 +13,10 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from hydra_raytrain.config.redact import redact_text, redact_tree
+from hydra_raytrain.config.sweeper import PAUSING
 from hydra_raytrain.messages.outcome import RunStatus, TrialStatus
 from hydra_raytrain.storage import rundir
 from hydra_raytrain.sweep.lineage import bare, describe, final_values, read_lineage, typed
-from hydra_raytrain.sweep.settings import PAUSING
 from hydra_raytrain.sweep.trial import TRIAL_FILE
 
 if TYPE_CHECKING:

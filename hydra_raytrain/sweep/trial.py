@@ -27,7 +27,7 @@ def trains_in_trial(jobs: Sequence[Job], scheduler: str) -> bool:
     no worker group to start), which then holds a CPU; otherwise it only waits on its workers. Refused under a
     ``scheduler`` that continues trials from their checkpoints, of which local mode stores none."""
     from hydra_raytrain.config import ConfigError
-    from hydra_raytrain.sweep.settings import PAUSING
+    from hydra_raytrain.config.sweeper import PAUSING
 
     local = any(job.cfg.scaling.num_workers == 0 for job in jobs)
     if local and scheduler in PAUSING:

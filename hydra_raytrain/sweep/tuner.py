@@ -26,6 +26,7 @@ from ray.tune.schedulers import HyperBandForBOHB
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.monitor import monitored
 from hydra_raytrain.config.schema import RayConfig
+from hydra_raytrain.config.sweeper import EVOLVING, PAUSING, SweepSettings
 from hydra_raytrain.data.tokenized_ray import for_sweep
 from hydra_raytrain.loggers import base as trackers
 from hydra_raytrain.preflight.rehearsal import Datasets, check_every_epoch
@@ -44,7 +45,6 @@ from hydra_raytrain.sweep.search import (
     replayed,
     shared_secrets,
 )
-from hydra_raytrain.sweep.settings import EVOLVING, PAUSING, SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from hydra_raytrain.sweep.trial import run_trial, trains_in_trial
 

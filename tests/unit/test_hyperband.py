@@ -6,8 +6,8 @@ import pytest
 from ray.tune.schedulers import HyperBandForBOHB, HyperBandScheduler
 
 from hydra_raytrain.config import ConfigError
+from hydra_raytrain.config.sweeper import SweepSettings
 from hydra_raytrain.sweep import tuner
-from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import parameter_space
 
 

@@ -12,11 +12,11 @@ from omegaconf import OmegaConf
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
 from hydra_raytrain.config.schema import RunSettings
+from hydra_raytrain.config.sweeper import SweepSettings
 from hydra_raytrain.recipe.warm_start import carry_over, hyperparameters
 from hydra_raytrain.sweep import pbt, results
 from hydra_raytrain.sweep.job import Job
 from hydra_raytrain.sweep.lineage import LINEAGE_FILE, append_lineage, describe, read_lineage, typed
-from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import parameter_space
 from tests.conftest import compose_config
 from tests.unit.test_sweep_results import config, default_config

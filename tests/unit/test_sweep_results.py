@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.config.resolved import Resolved
+from hydra_raytrain.config.sweeper import SweepSettings
 from hydra_raytrain.sweep import results, search, tuner
 from hydra_raytrain.sweep.job import Job
-from hydra_raytrain.sweep.settings import SweepSettings
 from hydra_raytrain.sweep.space import Parameter, parameter_space, start_order, trial_overrides
 from tests.conftest import compose_config
 
