@@ -44,16 +44,6 @@ from hydra_raytrain.data.files import (
 from hydra_raytrain.data.sizing import check_sample_values, label_is_class
 
 SHUFFLES = ("files", "blocks", "full", "none")
-FOOTER_READERS_ENV = "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"
-
-
-def few_footer_readers() -> None:
-    """Before a local cluster starts (its processes inherit the environment): Ray Data lists a Parquet read's
-    files with a pool of footer-reading actors, 32 by default and a new process each, sized for thousands of files
-    on a large cluster, and a streamed dataset is read again every epoch. One machine needs one (it keeps 128
-    reads in flight): measured on 2 cores, a 12-epoch streamed Parquet run's test 71 -> 58 s, a 1,000-row predict
-    ~1 s sooner. Unless the environment sets it."""
-    os.environ.setdefault(FOOTER_READERS_ENV, "1")
 
 
 @dataclass(frozen=True)

@@ -100,9 +100,8 @@ def test_a_new_local_cluster_names_its_own_state_api_and_drops_the_preemption_wa
 
 
 def test_a_local_cluster_lists_parquet_files_with_one_footer_reader_unless_the_environment_says(monkeypatch):
-    from hydra_raytrain.data.streamed import FOOTER_READERS_ENV
     from hydra_raytrain.runtime import reach
-    from hydra_raytrain.runtime.reach import local_cluster_environment
+    from hydra_raytrain.runtime.reach import FOOTER_READERS_ENV, local_cluster_environment
 
     monkeypatch.setattr(os, "environ", dict(os.environ))  # what else it sets stays in this test
     monkeypatch.setattr(reach, "_watcher_turned_off", reach._watcher_turned_off)
