@@ -25,8 +25,9 @@ SOURCES["hydra_plugins"] = "hydra_plugins"
 # From the ground up; a module belongs to the floor of the longest prefix that names it.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     (
-        "ground: the schema, errors, path markers, run names; run outcomes and notices (messages/); the host's facts,"
-        " Ray's private names, lazy exports (runtime/); what every command does about its options and its end",
+        "ground: the schema, errors, path markers, run names, the sweeper's settings; run outcomes and notices"
+        " (messages/); the one door to Ray, the host's facts, Ray's private names, lazy exports (runtime/); the"
+        " commands' shell: their options, their end, the command line's keys (shell/)",
         (
             "hydra_raytrain.config",
             "hydra_raytrain.messages",
@@ -36,7 +37,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "the worker side's parts: data, models, tasks, loggers, callbacks; the run dir's files, logs and hold, "
-        "storage that retries (storage/); the one door to Ray (runtime/reach.py)",
+        "storage that retries (storage/)",
         (
             "hydra_raytrain.data",
             "hydra_raytrain.models",
@@ -44,7 +45,6 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.loggers",
             "hydra_raytrain.callbacks",
             "hydra_raytrain.storage",
-            "hydra_raytrain.runtime.reach",
         ),
     ),
     ("the recipe: what every Ray Train worker runs", ("hydra_raytrain.recipe",)),
@@ -67,7 +67,6 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "hydra_raytrain.export",
             "hydra_raytrain.predict",
             "hydra_raytrain.serve",
-            "hydra_raytrain.shell.overrides",
             "hydra_raytrain.conf",
             "hydra_plugins",
         ),
