@@ -6,7 +6,7 @@ import torch
 
 from hydra_raytrain.config import ConfigError
 from hydra_raytrain.models.sampling import Sampling, cut_at_stop, nucleus
-from hydra_raytrain.models.text import complete, load_tokenizer
+from hydra_raytrain.models.text import complete, left_padded, load_tokenizer
 from tests.helpers.text import write_model
 
 PROMPTS = ["op add:", "op rev: a longer prompt than the others", "def f(a):", "x"]
@@ -35,6 +35,12 @@ def test_bad_sampling_settings_are_refused_by_name(settings, key):
     with pytest.raises(ConfigError) as caught:
         Sampling(**settings)
     assert caught.value.key == key
+
+
+def test_prompts_are_padded_on_the_left_so_that_each_ends_where_generation_starts():
+    ids, mask = left_padded([[5, 6, 7], [8], (9, 10)], pad=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 9, 10]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 1, 1]]
 
 
 def test_a_left_padded_greedy_batch_generates_what_one_prompt_at_a_time_does(llama):
