@@ -83,6 +83,20 @@ def run_cli(
     )
 
 
+def run_predict(run: object, data: object, output: str, cwd: object, address: str, *options: str) -> dict[str, list]:
+    """``python -m hydra_raytrain.predict RUN DATA --output OUTPUT OPTIONS`` on the cluster at ``address``, run in
+    ``cwd`` as a user runs it: the table it wrote (each column's values), after asserting it exited 0."""
+    import pyarrow.parquet as pq
+
+    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(data), "--output", output, *options]
+    done = subprocess.run(
+        [*command, "--address", address], capture_output=True, text=True, cwd=str(cwd),
+        env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return pq.read_table(os.path.join(str(cwd), output)).to_pydict()
+
+
 def unused_port(low: int = 20000, high: int = 30000) -> int:
     """A free port between Ray's worker ports (10002-19999) and the ephemeral range its other processes draw from,
     so that nothing of Ray's takes it before a server of the tests is started on it."""

@@ -4,16 +4,13 @@ the workers and accumulation."""
 
 import json
 import math
-import os
-import subprocess
 import sys
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from hydra_raytrain import train
-from tests.conftest import ROOT, compose_config, unused_port
+from tests.conftest import compose_config, run_predict, unused_port
 from tests.helpers.text import PAIRS, preference_rows, write_jsonl, write_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
@@ -61,6 +58,18 @@ SIDE_NAMES = ("chosen", "rejected")
 METRICS = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin", "logps_chosen")
 
 
+def assert_alike(runs, reference, names):
+    """Every run's epochs equal ``reference``'s in the ``names`` metrics of both splits, and its final weights the
+    first layout's (``1 worker x 8``), to float64's 1e-9."""
+    for label, run_dir in runs.items():
+        for epoch, expected in zip(history(run_dir), reference, strict=True):
+            for metric in (f"{split}_{name}" for split in ("train", "val") for name in names):
+                assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
+        final = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+        for name, tensor in torch.load(runs["1 worker x 8"] / "model.pt", weights_only=True).items():
+            assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
+
+
 def test_dpo_starts_at_ln_2_and_its_loss_is_exact_in_pairs_whatever_the_workers(ray_address, dpo_run, tmp_path):
     """The first step's loss is ln 2 to float64's accuracy, the reference being the policy: LoRA's adapters off and
     a frozen copy alike. 1 worker with 8 pairs a step (a frozen copy), 1 worker with 4 x 2 accumulated and 2 workers
@@ -85,13 +94,7 @@ def test_dpo_starts_at_ln_2_and_its_loss_is_exact_in_pairs_whatever_the_workers(
     # it learns the training pairs (each pair rejects the next one's chosen side: the first steps' moves conflict)
     assert reference[1]["train_loss"] < reference[0]["train_loss"]
     assert reference[1]["train_reward_accuracy"] > max(0.5, reference[0]["train_reward_accuracy"])
-    for label, run_dir in runs.items():
-        for epoch, expected in zip(history(run_dir), reference, strict=True):
-            for metric in (f"{split}_{name}" for split in ("train", "val") for name in METRICS):
-                assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
-        final = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
-        for name, tensor in torch.load(runs["1 worker x 8"] / "model.pt", weights_only=True).items():
-            assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
+    assert_alike(runs, reference, METRICS)
 
 
 def memorised_pairs(folder):
@@ -228,13 +231,7 @@ def test_a_reward_model_learns_a_preference_and_export_predict_and_serve_score_a
     assert sum(expected[0::2] > expected[1::2]) >= 9  # the keyword's side
 
     data = write_jsonl(tmp_path / "new.jsonl", rows)
-    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(data), "--output", "scored"]
-    done = subprocess.run(
-        [*command, "--address", ray_address], capture_output=True, text=True, cwd=str(tmp_path),
-        env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    written = pq.read_table(tmp_path / "scored").to_pydict()
+    written = run_predict(run, data, "scored", tmp_path, ray_address)
     scores = [score for _, score in sorted(zip(written["id"], written["prediction"], strict=True))]
     assert scores == pytest.approx(expected.tolist(), abs=1e-5)
 
@@ -336,11 +333,4 @@ def test_a_reward_model_s_loss_is_exact_in_pairs_whatever_the_workers(ray_addres
         runs[label] = run_dir
     reference = history(runs["1 worker x 8"])
     assert [epoch["step"] for epoch in reference] == [5, 10]
-    names = ("loss", "rewards_chosen", "rewards_rejected", "reward_accuracy", "reward_margin")
-    for label, run_dir in runs.items():
-        for epoch, expected in zip(history(run_dir), reference, strict=True):
-            for metric in (f"{split}_{name}" for split in ("train", "val") for name in names):
-                assert epoch[metric] == pytest.approx(expected[metric], rel=1e-9, abs=1e-9), (label, metric)
-        final = torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
-        for name, tensor in torch.load(runs["1 worker x 8"] / "model.pt", weights_only=True).items():
-            assert torch.allclose(final[name], tensor, rtol=1e-9, atol=1e-10), (label, name)
+    assert_alike(runs, reference, METRICS[:5])  # a reward model has no log-probabilities

@@ -3,13 +3,12 @@ Llama built here with a tokenizer trained here: the loss exact in supervised tok
 accumulation, LoRA's adapters alone training, the same on 1 and 2 workers."""
 
 import json
-import os
 
 import pytest
 import torch
 
 from hydra_raytrain import train
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_predict
 from tests.helpers.loggers import read_scalars
 from tests.helpers.preempt import sigterm_once_written
 from tests.helpers.text import text_overrides, write_jsonl, write_model
@@ -160,16 +159,11 @@ def test_predict_renders_conversations_and_samples_each_row_from_its_seed_alone(
     """A chat run's predict: a ``messages`` column is rendered by the run's chat template with its generation
     prompt, and completed sampled (--temperature, --top-p, --seed) as the same model completes it in this process;
     the completions are the same whatever the actors' batch size, and a stop text ends them."""
-    import subprocess
-    import sys
-
-    import pyarrow.parquet as pq
 
     from hydra_raytrain.inference.evaluate import load_model
     from hydra_raytrain.inference.finished import FinishedRun
     from hydra_raytrain.models.sampling import Sampling
     from hydra_raytrain.models.text import complete, run_tokenizer
-    from tests.conftest import ROOT
     from tests.helpers.text import PAIRS, THINKING
 
     data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": THINKING}] * 8)
@@ -180,24 +174,18 @@ def test_predict_renders_conversations_and_samples_each_row_from_its_seed_alone(
     asked = write_jsonl(tmp_path / "asked.jsonl", [{"id": i, "messages": m} for i, m in enumerate(conversations)])
     sampled = ["--temperature", "1.0", "--top-p", "0.9", "--seed", "3", "--max-new-tokens", "10"]
 
-    def predicted(output, *options):
-        command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(asked), "--output", output]
-        done = subprocess.run(
-            [*command, *sampled, *options, "--address", ray_address], capture_output=True, text=True,
-            cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        written = pq.read_table(tmp_path / output).to_pydict()
+    def sampled_texts(output, *options):
+        written = run_predict(run, asked, output, tmp_path, ray_address, *sampled, *options)
         return [text for _, text in sorted(zip(written["id"], written["prediction"], strict=True))]
 
     tokenizer, model = run_tokenizer(FinishedRun.read(str(run)).config), load_model(str(run))
     rendered = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
     assert all(text.endswith("<|assistant|>") for text in rendered)  # the template's generation prompt
     expected = complete(model, tokenizer, rendered, 10, 8, Sampling(1.0, 0.9, 3), special=False)
-    one_by_one = predicted("one", "--batch-size", "1")
-    assert one_by_one == expected == predicted("batched", "--batch-size", "4") and len(set(expected)) > 1
+    one_by_one = sampled_texts("one", "--batch-size", "1")
+    assert one_by_one == expected == sampled_texts("batched", "--batch-size", "4") and len(set(expected)) > 1
     stop = next(text for text in expected if len(text) > 4)[2:4]
-    assert predicted("stopped", "--stop", stop) == [text.split(stop)[0] for text in expected]
+    assert sampled_texts("stopped", "--stop", stop) == [text.split(stop)[0] for text in expected]
 
 
 LORA = ("peft=lora", "peft.r=4", "peft.alpha=8", "optimizer.lr=0.05")
@@ -433,22 +421,9 @@ def test_a_tiny_llama_memorises_20_pairs_and_export_predict_and_serve_complete_t
 def predicted(run, prompts, tmp_path, ray_address):
     """``predict``'s completions of ``prompts`` by ``run`` (a run dir or a checkpoint), greedy, 8 new tokens, on the
     session's cluster: in the prompts' order (its output keeps each row's id)."""
-    import os
-    import subprocess
-    import sys
-
-    import pyarrow.parquet as pq
-
-    from tests.conftest import ROOT
 
     rows = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i, "prompt": p} for i, p in enumerate(prompts)])
-    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(rows), "--output", "completions"]
-    done = subprocess.run(
-        [*command, "--max-new-tokens", "8", "--address", ray_address], capture_output=True, text=True,
-        cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    written = pq.read_table(tmp_path / "completions").to_pydict()
+    written = run_predict(run, rows, "completions", tmp_path, ray_address, "--max-new-tokens", "8")
     assert sorted(written["id"]) == list(range(len(prompts))), written
     said = dict(zip(written["id"], written["prediction"], strict=True))
     return [said[i] for i in range(len(prompts))]

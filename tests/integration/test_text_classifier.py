@@ -4,15 +4,12 @@ export loaded by transformers' pipeline with the label names, predict and serve 
 training the new head with its adapters."""
 
 import json
-import os
-import subprocess
 import sys
 
-import pyarrow.parquet as pq
 import pytest
 
 from hydra_raytrain import train
-from tests.conftest import ROOT, compose_config, unused_port
+from tests.conftest import compose_config, run_predict, unused_port
 from tests.helpers.text import classifier_overrides, review_rows, write_jsonl
 
 pytestmark = [pytest.mark.integration, pytest.mark.workers]
@@ -53,13 +50,7 @@ def test_a_tiny_bert_learns_a_keyword_rule_on_2_workers_and_export_predict_and_s
     assert sum(a["label"] == row["stars"] for a, row in zip(exported, new, strict=True)) >= 38
 
     data = write_jsonl(tmp_path / "new.jsonl", new)
-    command = [sys.executable, "-m", "hydra_raytrain.predict", str(run), str(data), "--output", "labelled"]
-    done = subprocess.run(
-        [*command, "--address", ray_address], capture_output=True, text=True, cwd=str(tmp_path),
-        env={**os.environ, "PYTHONPATH": ROOT}, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    written = sorted(zip(*pq.read_table(tmp_path / "labelled").to_pydict().values(), strict=True))
+    written = sorted(zip(*run_predict(run, data, "labelled", tmp_path, ray_address).values(), strict=True))
     assert [(i, review, stars) for i, review, stars, _, _ in written] == [tuple(row.values()) for row in new]
     for (_, _, _, label, probability), answer in zip(written, exported, strict=True):
         assert label == answer["label"] and probability == pytest.approx(answer["score"], abs=1e-5)
